@@ -1,0 +1,1 @@
+"""The mlxmem command line: a thin Typer layer over the mlxmem library."""

@@ -1,0 +1,7 @@
+"""`mlxmem chat`."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

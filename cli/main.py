@@ -1,0 +1,39 @@
+"""`mlxmem`: the root command, joining one sub-app per group."""
+
+import typer
+
+from mlxmem import __version__
+
+from . import bench, chat, history, memory, models
+
+app = typer.Typer(
+    name="mlxmem",
+    help="Long memory for small on-device language models on MLX.\n\n"
+    "Your chats live in a DuckDB file in the data directory ($MLXMEM_HOME, else the platform's "
+    "user data dir); the model sees a rolling summary, the newest turns and a few facts about "
+    "you that you can list, edit and delete.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlxmem {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Long memory for small on-device language models on MLX."""
+
+
+chat.register(app)
+app.add_typer(memory.app, name="memory")
+app.add_typer(history.app, name="history")
+app.add_typer(bench.app, name="bench")
+app.add_typer(models.app, name="models")

@@ -1,0 +1,5 @@
+"""`mlxmem models`."""
+
+import typer
+
+app = typer.Typer(help="models commands.", no_args_is_help=True)

@@ -1,0 +1,13 @@
+"""Named defaults shared by the library and the CLI."""
+
+DEFAULT_MODEL = "llama-3.2-3b"
+DEFAULT_CONTEXT_TOKENS = 4096
+DEFAULT_RESPONSE_RESERVE = 512
+DEFAULT_CONVERSATION = "default"
+DEFAULT_TEMP = 0.7
+DEFAULT_TOP_P = 0.95
+DEFAULT_SEED = 0
+CHAT_SLOT = "chat"
+FACTS_SLOT = "facts"
+# Slots held in memory at once, in bytes of KV state (the least recently used are saved and freed).
+DEFAULT_SLOT_MEMORY_BYTES = 2 * 1024**3
