@@ -1,0 +1,297 @@
+"""The generation engine: exact token counts on the chat template, and streaming generation
+that reuses the longest cached prefix of each prompt.
+
+`Engine` is the interface the memory layers talk to; `MLXEngine` runs a real model through
+MLX and mlx-lm; `mlxmem.fake.FakeEngine` implements the same interface for logic tests.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
+from .errors import InputError, ModelLoadError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    peak_memory_gb: float
+    finish_reason: str  # "stop" (end of turn), "length" (max tokens) or "interrupted"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed text; the last chunk of a call carries the stats."""
+
+    text: str
+    token: int | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+
+
+def check_text(text: str) -> str:
+    """Reject text that cannot be encoded (lone surrogates from invalid UTF-8 input)."""
+    if not isinstance(text, str):
+        raise InputError("message must be text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError("message is not valid UTF-8 text") from None
+    return text
+
+
+class Engine:
+    """What the memory layers need from a model. Subclasses implement the four methods."""
+
+    model_id: str = ""
+    special_tokens: Sequence[str] = ()  # control-token strings of the chat template
+
+    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` rendered by the chat template; message contents are encoded
+        as plain text, so special-token strings in them never become control tokens."""
+        raise NotImplementedError
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens parsed, none added)."""
+        raise NotImplementedError
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        slot: str = CHAT_SLOT,
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> Iterator[Chunk]:
+        """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix."""
+        raise NotImplementedError
+
+    def save_slots(self, names: Sequence[str] | None = None) -> None:
+        """Persist slots (all held in memory by default; no-op without a disk cache)."""
+
+    def drop_slot(self, slot: str) -> None:
+        """Forget a slot in memory and on disk."""
+
+    def count_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> int:
+        return len(self.encode_chat(messages, add_generation_prompt))
+
+    def count_text(self, text: str) -> int:
+        return len(self.encode_text(text))
+
+    def generate(self, prompt: Sequence[int], **kwargs) -> Generation:
+        """Collect a whole `stream` call."""
+        parts: list[str] = []
+        tokens: list[int] = []
+        stats = None
+        for chunk in self.stream(prompt, **kwargs):
+            parts.append(chunk.text)
+            if chunk.token is not None:
+                tokens.append(chunk.token)
+            stats = chunk.stats or stats
+        assert stats is not None
+        return Generation("".join(parts), tokens, stats)
+
+
+# Placeholders for message contents while the template renders: private-use characters that
+# no template touches, so the rendered text splits cleanly into template parts and contents.
+_PLACEHOLDER = "\ue000mlxmem{}\ue001"
+_PLACEHOLDER_RE = re.compile("\ue000mlxmem(\\d+)\ue001")
+
+
+class MLXEngine(Engine):
+    """A real model through MLX, with named KV slots persisted under `cache_dir`."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        model_id: str | None = None,
+        cache_dir: Path | None = None,
+        max_slot_bytes: int = DEFAULT_SLOT_MEMORY_BYTES,
+    ):
+        from mlx_lm import load
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from .kvslots import SlotPool
+
+        try:
+            self.model, self.tokenizer = load(str(model_path))
+        except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
+            raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
+        self.hf = self.tokenizer._tokenizer
+        self.special_tokens = sorted(
+            {str(t) for t in self.hf.all_special_tokens}
+            | {t.content for t in self.hf.added_tokens_decoder.values() if t.special}
+        )
+        self.model_path = Path(model_path)
+        self.model_id = model_id or model_identity(self.model_path)
+        self.slots = SlotPool(
+            lambda: make_prompt_cache(self.model), self.model_id, cache_dir, max_slot_bytes
+        )
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        rendered = self.hf.apply_chat_template(
+            [{"role": m.role, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+        ids: list[int] = []
+        bos = self.hf.bos_token
+        if bos and not rendered.startswith(bos) and self._adds_bos():
+            ids.append(self.hf.bos_token_id)
+        pos = 0
+        for match in _PLACEHOLDER_RE.finditer(rendered):
+            ids += self._encode_template(rendered[pos : match.start()])
+            ids += self.encode_text(messages[int(match.group(1))].content.strip())
+            pos = match.end()
+        ids += self._encode_template(rendered[pos:])
+        return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        check_text(text)
+        if not text:
+            return []
+        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def _encode_template(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False) if text else []
+
+    def _adds_bos(self) -> bool:
+        probe = self.hf.encode("a", add_special_tokens=True)
+        return bool(probe) and probe[0] == self.hf.bos_token_id
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.hf.decode(list(tokens))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self.tokenizer.eos_token_ids)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        slot: str = CHAT_SLOT,
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> Iterator[Chunk]:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.sample_utils import make_sampler
+
+        if not prompt:
+            raise InputError("empty prompt")
+        prompt = list(prompt)
+        kv = self.slots.get(slot)
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        cached = kv.reuse_prefix(prompt)
+        if seed is not None:
+            mx.random.seed(seed)
+        steps = generate_step(
+            mx.array(prompt[cached:]),
+            self.model,
+            max_tokens=max_tokens,
+            sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
+            prompt_cache=kv.cache,
+        )
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        out: list[int] = []
+        first = end = None
+        finish = "interrupted"
+        try:
+            for token, _ in steps:
+                first = first or time.perf_counter()
+                out.append(token)
+                if token in self.eos_token_ids:
+                    finish = "stop"
+                    break
+                detokenizer.add_token(token)
+                yield Chunk(detokenizer.last_segment, token)
+                if len(out) == max_tokens:
+                    finish = "length"
+                    break
+            end = time.perf_counter()
+            detokenizer.finalize()
+            first = first or end
+            stats = GenerationStats(
+                prompt_tokens=len(prompt),
+                cached_tokens=cached,
+                prefilled_tokens=len(prompt) - cached,
+                generated_tokens=len(out),
+                ttft_s=first - start,
+                prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
+                decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
+                peak_memory_gb=mx.get_peak_memory() / 1e9,
+                finish_reason=finish,
+            )
+            yield Chunk(detokenizer.last_segment, None, stats)
+        finally:
+            steps.close()
+            kv.sync_tokens(prompt + out)
+            self.slots.enforce_cap(keep=slot)
+
+    def save_slots(self, names: Sequence[str] | None = None) -> None:
+        for name in names if names is not None else self.slots.names():
+            self.slots.save(name)
+
+    def drop_slot(self, slot: str) -> None:
+        self.slots.drop(slot)
+
+
+def model_identity(path: Path) -> str:
+    """A cheap fingerprint of a model directory: its config plus the size, head and tail of
+    each weight file, so a re-generated or re-quantized model never reuses an old cache."""
+    import hashlib
+
+    h = hashlib.sha256()
+    config = path / "config.json"
+    if config.exists():
+        h.update(config.read_bytes())
+    for weights in sorted(path.glob("*.safetensors")):
+        size = weights.stat().st_size
+        h.update(f"{weights.name}:{size}".encode())
+        with open(weights, "rb") as f:
+            h.update(f.read(1 << 20))
+            f.seek(max(0, size - (1 << 20)))
+            h.update(f.read(1 << 20))
+    return f"{path.name}-{h.hexdigest()[:16]}"
