@@ -1,7 +1,210 @@
-"""`mlxmem chat`."""
+"""`mlxmem chat`: interactive, streaming, or one-shot with `-m` / stdin."""
+
+from __future__ import annotations
+
+import sys
+import warnings
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlxmem import paths
+from mlxmem.companion import ChatSettings, Companion, TurnResult
+from mlxmem.defaults import (
+    DEFAULT_CONVERSATION,
+    DEFAULT_MODEL,
+    DEFAULT_SEED,
+    DEFAULT_TEMP,
+    DEFAULT_TOP_P,
+)
+from mlxmem.engine import load_engine
+from mlxmem.errors import InputError, MlxmemError
+from mlxmem.store import Store
+
+from .common import handle_errors, print_json
+
+err = Console(stderr=True, highlight=False)
+
+HELP = """\
+Commands:
+  /memory          what mlxmem remembers about you (id, source, text)
+  /remember TEXT   add a fact yourself
+  /forget ID...    delete facts for good
+  /context         how the context budget is spent right now
+  /help            this list
+  /quit            leave (Ctrl-D works too; Ctrl-C stops a reply)"""
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("chat")(chat)
+
+
+@handle_errors
+def chat(
+    message: str = typer.Option(
+        None, "--message", "-m", help="Send one message, print the reply and exit."
+    ),
+    model: str = typer.Option(
+        DEFAULT_MODEL, "--model", help="A registry alias (see `mlxmem models list`) or a path."
+    ),
+    conversation: str = typer.Option(
+        DEFAULT_CONVERSATION, "--conversation", "-c", help="Which conversation to continue."
+    ),
+    temp: float = typer.Option(DEFAULT_TEMP, help="Sampling temperature (0: greedy)."),
+    top_p: float = typer.Option(DEFAULT_TOP_P, help="Nucleus sampling threshold."),
+    max_tokens: int = typer.Option(
+        None, help="Longest reply in tokens (default and limit: the model's response reserve)."
+    ),
+    seed: int = typer.Option(DEFAULT_SEED, help="Random seed for sampling."),
+    context_tokens: int = typer.Option(
+        None, help="Context budget in tokens, overriding the model's (try a small window)."
+    ),
+    facts: bool = typer.Option(
+        True, "--facts/--no-facts", help="Let the model note durable facts about you."
+    ),
+    json_output: bool = typer.Option(
+        False, "--json", help="With -m or stdin: print one JSON object with the reply and stats."
+    ),
+) -> None:
+    """Chat with a model that remembers.
+
+    Every turn is saved to the chat log first; the model sees a rolling summary of older turns,
+    the newest turns verbatim and the facts listed by `mlxmem memory list`. Without -m and with
+    nothing piped in, starts an interactive session (type /help there).
+    """
+    _one_line_warnings()
+    if message is None and not sys.stdin.isatty():
+        message = _read_stdin()
+    if message is not None and not message.strip():
+        raise InputError("empty message")
+    engine, spec = load_engine(model, cache_dir=paths.cache_dir())
+    companion = Companion(
+        engine,
+        Store(),
+        conversation,
+        context_tokens or spec.context_tokens,
+        spec.response_reserve,
+        ChatSettings(temp=temp, top_p=top_p, max_tokens=max_tokens, seed=seed, extract_facts=facts),
+    )
+    if message is not None:
+        _one_shot(companion, message, json_output, model)
+    else:
+        _interactive(companion)
+
+
+def _one_shot(companion: Companion, message: str, json_output: bool, model: str) -> None:
+    if json_output:
+        result = companion.send(message)
+        print_json({"conversation": companion.conversation, "model": model, **result.to_dict()})
+        return
+    result = companion.send(message, on_text=_write)
+    _write("\n")
+    _report_after(result)
+
+
+def _interactive(companion: Companion) -> None:
+    err.print(f"[dim]conversation {companion.conversation!r} - /help for commands[/dim]")
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            _write("\n")
+            return
+        except KeyboardInterrupt:
+            _write("\n")
+            return
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            if not _command(companion, line.strip()):
+                return
+            continue
+        try:
+            result = companion.send(line, on_text=_write, on_status=_status)
+        except MlxmemError as exc:
+            err.print(f"Error: {exc}")
+            continue
+        _write("\n")
+        _report_after(result)
+
+
+def _command(companion: Companion, line: str) -> bool:
+    """Run a slash command; False means quit."""
+    name, _, arg = line.partition(" ")
+    try:
+        if name in ("/quit", "/exit"):
+            return False
+        if name == "/help":
+            err.print(HELP)
+        elif name == "/memory":
+            _print_facts(companion)
+        elif name == "/remember":
+            fact = companion.remember(arg)
+            err.print(f"remembered [{fact.id}] {fact.text}")
+        elif name == "/forget":
+            ids = [int(x) for x in arg.split()] if arg.strip() else []
+            if not ids:
+                raise InputError("usage: /forget ID...")
+            err.print(f"forgot {companion.forget(ids)} fact(s)")
+        elif name == "/context":
+            _print_context(companion)
+        else:
+            err.print(f"unknown command {name}; /help lists them")
+    except ValueError:
+        err.print("Error: IDs are numbers (see /memory)")
+    except MlxmemError as exc:
+        err.print(f"Error: {exc}")
+    return True
+
+
+def _print_facts(companion: Companion) -> None:
+    facts = companion.store.facts()
+    if not facts:
+        err.print("nothing remembered yet; /remember TEXT adds a fact")
+    for f in facts:
+        err.print(f"[{f.id}] ({f.source}) {f.text}")
+
+
+def _print_context(companion: Companion) -> None:
+    prompt = companion.context()
+    table = Table(title=f"context budget: {prompt.budget} tokens")
+    table.add_column("layer")
+    table.add_column("tokens", justify="right")
+    table.add_column("share", justify="right")
+    for layer, tokens in prompt.layers.to_dict().items():
+        table.add_row(layer, str(tokens), f"{100 * tokens / prompt.budget:.0f}%")
+    err.print(table)
+    if prompt.facts_left_out:
+        err.print(f"{prompt.facts_left_out} fact(s) left out: the facts share is full")
+
+
+def _report_after(result: TurnResult) -> None:
+    if result.interrupted:
+        err.print("[dim](reply interrupted; kept in the log as interrupted)[/dim]")
+    if result.fact_added is not None:
+        err.print(f"[dim]remembered [{result.fact_added.id}] {result.fact_added.text}[/dim]")
+
+
+def _status(text: str) -> None:
+    err.print(f"[dim]... {text}[/dim]")
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+
+
+def _one_line_warnings() -> None:
+    def show(message, category, filename, lineno, file=None, line=None):
+        err.print(f"Warning: {message}", markup=False)
+
+    warnings.showwarning = show

@@ -278,6 +278,15 @@ class MLXEngine(Engine):
         self.slots.drop(slot)
 
 
+def load_engine(model: str, cache_dir: Path | None = None):
+    """Resolve a registry alias or a path, fetch it if needed, and load it.
+    Returns the engine and the model's registry entry."""
+    from .models import ensure_local, resolve
+
+    spec = resolve(model)
+    return MLXEngine(ensure_local(spec), cache_dir=cache_dir), spec
+
+
 def model_identity(path: Path) -> str:
     """A cheap fingerprint of a model directory: its config plus the size, head and tail of
     each weight file, so a re-generated or re-quantized model never reuses an old cache."""

@@ -1,0 +1,178 @@
+"""The budget assembler: packs facts, the rolling summary and the newest turns into a prompt
+whose exact token count plus the response reserve fits the model's context budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from .engine import Engine, Message
+
+DEFAULT_FACTS_SHARE = 0.15
+# A shortened message keeps at least this many tokens (head and tail).
+MIN_MESSAGE_TOKENS = 48
+FACTS_HEADER = "What you know about the user (they can see and edit this list):"
+SUMMARY_HEADER = "Summary of the earlier conversation:"
+
+
+class BudgetError(ValueError):
+    """The fixed parts (instructions, reserve) leave no room for a single message."""
+
+
+@dataclass
+class Layers:
+    """Tokens spent on each layer; the six fields add up to the budget."""
+
+    instructions: int
+    facts: int
+    summary: int
+    turns: int
+    reserve: int
+    free: int
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class AssembledPrompt:
+    messages: list[Message]
+    tokens: list[int]
+    layers: Layers
+    budget: int
+    facts_used: list[str] = field(default_factory=list)
+    facts_left_out: int = 0
+    shortened: int = 0  # messages shortened (head and tail kept) to fit
+    omitted: int = 0  # oldest turns left out of this prompt as a last resort
+
+
+def system_text(instructions: str, facts: Sequence[str], summary: str | None) -> str:
+    """The system message, laid out stable-first: instructions, facts, then the summary."""
+    parts = [instructions.strip()]
+    if facts:
+        parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in facts))
+    if summary:
+        parts.append(SUMMARY_HEADER + "\n" + summary.strip())
+    return "\n\n".join(parts)
+
+
+def shorten(engine: Engine, text: str, max_tokens: int) -> str:
+    """Keep the head and tail of `text` within about `max_tokens`, with a marker between."""
+    tokens = engine.encode_text(text)
+    if len(tokens) <= max_tokens:
+        return text
+    marker = f"\n[... {len(tokens) - max_tokens} tokens left out here ...]\n"
+    keep = max(2, max_tokens - engine.count_text(marker))
+    head, tail = tokens[: keep - keep // 2], tokens[len(tokens) - keep // 2 :]
+    return engine.decode(head) + marker + engine.decode(tail)
+
+
+class PromptBudget:
+    """Assembles prompts for one model and context budget."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        budget: int,
+        reserve: int,
+        facts_share: float = DEFAULT_FACTS_SHARE,
+    ):
+        self.engine = engine
+        self.budget = budget
+        self.reserve = reserve
+        self.facts_share = facts_share
+
+    @property
+    def available(self) -> int:
+        """Tokens the prompt itself may use."""
+        return self.budget - self.reserve
+
+    def system_tokens(self, instructions: str, facts: Sequence[str], summary: str | None) -> int:
+        return self.engine.count_chat(
+            [Message("system", system_text(instructions, facts, summary))], False
+        )
+
+    def pack_facts(self, instructions: str, facts: Sequence[str]) -> list[str]:
+        """The longest prefix of `facts` (in priority order) within the facts share."""
+        base = self.system_tokens(instructions, [], None)
+        cap = int(self.budget * self.facts_share)
+        used: list[str] = []
+        for fact in facts:
+            if self.system_tokens(instructions, used + [fact], None) - base > cap:
+                break
+            used.append(fact)
+        return used
+
+    def fits(self, system: Message, turns: Sequence[Message]) -> bool:
+        return self.engine.count_chat([system, *turns]) <= self.available
+
+    def assemble(
+        self,
+        instructions: str,
+        facts: Sequence[str],
+        summary: str | None,
+        turns: Sequence[Message],
+    ) -> AssembledPrompt:
+        """Facts first (capped), then the summary, then `turns` (oldest first, newest last),
+        shortening long messages and, only if that is not enough, leaving out the oldest."""
+        used = self.pack_facts(instructions, facts)
+        system = Message("system", system_text(instructions, used, summary))
+        turns = list(turns)
+        shortened = omitted = 0
+        stuck: set[int] = set()  # messages that shortening no longer makes smaller
+        tokens = self.engine.encode_chat([system, *turns])
+        while len(tokens) > self.available:
+            over = len(tokens) - self.available
+            i = self._longest_shrinkable(turns, stuck)
+            if i is not None:
+                size = self.engine.count_text(turns[i].content)
+                target = max(MIN_MESSAGE_TOKENS, size - over - 8)
+                short = shorten(self.engine, turns[i].content, target)
+                if self.engine.count_text(short) >= size:
+                    stuck.add(i)
+                    continue
+                turns[i] = Message(turns[i].role, short)
+                shortened += 1
+            elif len(turns) > 1:  # never the newest message
+                turns.pop(0)
+                stuck = {j - 1 for j in stuck if j > 0}
+                omitted += 1
+            else:
+                raise BudgetError(
+                    f"a context budget of {self.budget} tokens with {self.reserve} reserved for "
+                    "the reply leaves no room for a message; use a larger budget"
+                )
+            tokens = self.engine.encode_chat([system, *turns])
+        layers = self._layers(instructions, used, summary, len(tokens))
+        return AssembledPrompt(
+            messages=[system, *turns],
+            tokens=tokens,
+            layers=layers,
+            budget=self.budget,
+            facts_used=used,
+            facts_left_out=len(facts) - len(used),
+            shortened=shortened,
+            omitted=omitted,
+        )
+
+    def _longest_shrinkable(self, turns: list[Message], stuck: set[int]) -> int | None:
+        # The newest message is shortened last: earlier ones go first when they can.
+        sizes = [self.engine.count_text(t.content) for t in turns]
+        order = sorted(range(len(turns)), key=lambda i: (i == len(turns) - 1, -sizes[i]))
+        for i in order:
+            if i not in stuck and sizes[i] > MIN_MESSAGE_TOKENS + 8:
+                return i
+        return None
+
+    def _layers(self, instructions: str, facts: list[str], summary: str | None, total: int) -> Layers:
+        t_instr = self.system_tokens(instructions, [], None)
+        t_facts = self.system_tokens(instructions, facts, None) - t_instr
+        t_system = self.system_tokens(instructions, facts, summary)
+        return Layers(
+            instructions=t_instr,
+            facts=t_facts,
+            summary=t_system - t_instr - t_facts,
+            turns=total - t_system,
+            reserve=self.reserve,
+            free=self.budget - self.reserve - total,
+        )

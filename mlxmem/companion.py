@@ -1,0 +1,219 @@
+"""One conversation turn through the three memory layers, as the design's data flow lays out:
+log the user turn, assemble the prompt, stream the reply on the cached prefix, log the reply,
+fold the window if it is over budget, then extract at most one fact."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .budget import AssembledPrompt, PromptBudget
+from .defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
+from .engine import Engine, GenerationStats, check_text
+from .errors import InputError
+from .facts import FactExtractor, should_extract
+from .forget import forget_caches
+from .store import Fact, Store
+from .window import CollapseEvent, ConversationWindow, as_messages
+
+INSTRUCTIONS = (
+    "You are a warm, concise companion running on the user's own device. You remember earlier "
+    "conversations through the facts and the summary below; use them when they help, and say "
+    "so when you do not know something."
+)
+MIN_CONTEXT_TOKENS = 256
+
+
+@dataclass
+class ChatSettings:
+    temp: float = DEFAULT_TEMP
+    top_p: float = DEFAULT_TOP_P
+    max_tokens: int | None = None  # None: the model's response reserve
+    seed: int | None = DEFAULT_SEED
+    extract_facts: bool = True
+    instructions: str = INSTRUCTIONS
+
+
+@dataclass
+class TurnResult:
+    reply: str
+    stats: GenerationStats
+    prompt: AssembledPrompt
+    interrupted: bool = False
+    collapses: list[CollapseEvent] = field(default_factory=list)
+    fact_added: Fact | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "reply": self.reply,
+            **self.stats.to_dict(),
+            "interrupted": self.interrupted,
+            "layers": self.prompt.layers.to_dict(),
+            "budget": self.prompt.budget,
+            "collapsed": bool(self.collapses),
+            "collapses": [c.to_dict() for c in self.collapses],
+            "fact_added": None if self.fact_added is None else {
+                "id": self.fact_added.id, "text": self.fact_added.text,
+                "source": self.fact_added.source,
+            },
+            "facts_left_out": self.prompt.facts_left_out,
+            "shortened_messages": self.prompt.shortened,
+        }
+
+
+class Companion:
+    """A conversation with long memory. Reads the store on every turn, so deletions and
+    manual facts made by another process take effect at the next reply."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        conversation: str,
+        context_tokens: int,
+        response_reserve: int,
+        settings: ChatSettings | None = None,
+    ):
+        if context_tokens < MIN_CONTEXT_TOKENS:
+            raise InputError(f"the context budget must be at least {MIN_CONTEXT_TOKENS} tokens")
+        self.engine = engine
+        self.store = store
+        self.conversation = conversation
+        self.settings = settings or ChatSettings()
+        reserve = min(response_reserve, context_tokens // 4)
+        self.budget = PromptBudget(engine, context_tokens, reserve)
+        self.slot = f"{conversation}/chat"
+        self.window = ConversationWindow(
+            engine, store, conversation, self.budget, self.settings.instructions, self.slot
+        )
+        self.extractor = FactExtractor(engine, max_message_tokens=context_tokens // 2)
+        self._auto_fact_ids = self._automatic_fact_ids()
+
+    # -- layer 3 in the prompt --------------------------------------------------------------
+
+    def _automatic_fact_ids(self) -> set[int]:
+        return {f.id for f in self.store.facts() if f.source == "automatic"}
+
+    def prompt_facts(self) -> list[str]:
+        """Manual facts first, then automatic ones newest first. A new automatic fact waits for
+        the next collapse or session (it is in the verbatim turns already) so the cached
+        prefix stays put; manual changes and deletions show at once."""
+        facts = self.store.facts()
+        manual = [f for f in facts if f.source == "manual"]
+        auto = [f for f in facts if f.source == "automatic" and f.id in self._auto_fact_ids]
+        auto.sort(key=lambda f: f.id, reverse=True)
+        return [f.text for f in manual + auto]
+
+    # -- a turn -----------------------------------------------------------------------------
+
+    def send(
+        self,
+        text: str,
+        on_text: Callable[[str], None] | None = None,
+        on_status: Callable[[str], None] | None = None,
+    ) -> TurnResult:
+        """Run one turn. `on_text` receives the reply as it streams; `on_status` hears about
+        work after the reply (summarizing, remembering). Ctrl-C during the reply keeps the part
+        written so far, marked interrupted."""
+        text = check_text(text).strip()
+        if not text:
+            raise InputError("empty message")
+        user = self.store.append_message(
+            self.conversation, "user", text, token_count=self.engine.count_text(text)
+        )
+        collapses = self._fold_while_over_budget(on_status)
+        facts = self.prompt_facts()
+        summary, turns = self.window.state()
+        prompt = self.budget.assemble(
+            self.settings.instructions, facts, summary and summary.text, as_messages(turns)
+        )
+        reply, stats, interrupted = self._stream_reply(prompt, on_text)
+        self.store.append_message(
+            self.conversation,
+            "assistant",
+            reply,
+            token_count=stats.generated_tokens if stats else None,
+            interrupted=interrupted,
+        )
+        collapses += self._fold_while_over_budget(on_status)
+        fact = None if interrupted else self._maybe_extract(user, on_status)
+        # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed
+        # instructions, and its tail is a user message that must not outlive a deletion.
+        self.engine.save_slots([self.slot])
+        return TurnResult(reply, stats, prompt, interrupted, collapses, fact)
+
+    def _stream_reply(self, prompt: AssembledPrompt, on_text):
+        parts: list[str] = []
+        stats = None
+        max_tokens = min(self.settings.max_tokens or self.budget.reserve, self.budget.reserve)
+        try:
+            for chunk in self.engine.stream(
+                prompt.tokens,
+                slot=self.slot,
+                max_tokens=max_tokens,
+                temp=self.settings.temp,
+                top_p=self.settings.top_p,
+                seed=self.settings.seed,
+            ):
+                parts.append(chunk.text)
+                if on_text and chunk.text:
+                    on_text(chunk.text)
+                stats = chunk.stats or stats
+        except KeyboardInterrupt:
+            stats = GenerationStats(
+                len(prompt.tokens), 0, 0, len(parts), 0.0, 0.0, 0.0, 0.0, "interrupted"
+            )
+            return "".join(parts), stats, True
+        return "".join(parts), stats, False
+
+    def _fold_while_over_budget(self, on_status) -> list[CollapseEvent]:
+        events: list[CollapseEvent] = []
+        while True:
+            facts = self.prompt_facts()
+            summary, turns = self.window.state()
+            if not self.window.over_budget(facts, summary, turns):
+                break
+            if on_status:
+                on_status("folding older turns into the summary")
+            event = self.window.collapse_oldest(facts)
+            if event is None:
+                break  # only the newest exchanges are left; the assembler shortens them
+            events.append(event)
+            self._auto_fact_ids = self._automatic_fact_ids()
+        return events
+
+    def _maybe_extract(self, user, on_status) -> Fact | None:
+        if not (self.settings.extract_facts and should_extract(user.text)):
+            return None
+        if on_status:
+            on_status("looking for something to remember")
+        try:
+            existing = [f.text for f in self.store.facts()]
+            fact = self.extractor.extract(user.text, existing)
+            if fact is None:
+                return None
+            return self.store.add_fact(fact, source="automatic", message_id=user.id)
+        except Exception as exc:  # noqa: BLE001 - extraction is best effort by design
+            warnings.warn(f"fact extraction failed: {exc}", stacklevel=2)
+            return None
+
+    # -- what the person sees and changes -----------------------------------------------------
+
+    def context(self) -> AssembledPrompt:
+        """The prompt as it would be assembled now (without a new message)."""
+        summary, turns = self.window.state()
+        return self.budget.assemble(
+            self.settings.instructions, self.prompt_facts(), summary and summary.text,
+            as_messages(turns),
+        )
+
+    def remember(self, text: str) -> Fact:
+        """Add a manual fact; it is in the prompt from the next reply on."""
+        return self.store.add_fact(check_text(text), source="manual")
+
+    def forget(self, fact_ids: list[int]) -> int:
+        """Delete facts for good: from the database file and from every KV cache file."""
+        count = self.store.delete_facts(fact_ids)
+        forget_caches()
+        return count

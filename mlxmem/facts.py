@@ -1,0 +1,92 @@
+"""Layer 3, best effort: extract at most one durable fact about the person from a message.
+
+The model is asked with fixed instructions (their KV prefix stays cached in the facts slot);
+its answer is kept only if it looks like one short plain sentence that is not already known.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+
+from .budget import shorten
+from .defaults import FACTS_SLOT
+from .engine import Engine, Message
+
+EXTRACTION_INSTRUCTIONS = (
+    "You keep a short list of durable facts about the user: their name, important people, "
+    "preferences, habits, plans, work, health, where they live. Read the user's message and "
+    "answer with at most one new durable fact about the user as one short sentence in the "
+    "third person (for example: The user's sister is called Ana.). Ignore small talk, moods "
+    "of the moment, questions and anything about the assistant. If there is no such fact, "
+    "answer exactly NONE."
+)
+MIN_MESSAGE_CHARS = 60
+MAX_FACT_CHARS = 200
+MAX_FACT_TOKENS = 48
+# Strings that only a chat template or a confused model would write.
+_MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
+
+
+def normalize(text: str) -> str:
+    """Case, punctuation and whitespace folded away, for duplicate checks."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"['’`]", "", text)  # "user's" and "users" are the same word here
+    text = "".join(ch if ch.isalnum() else " " for ch in text)
+    return " ".join(text.split())
+
+
+def is_duplicate(candidate: str, existing: Iterable[str]) -> bool:
+    """Equal after normalizing, or contained in an existing fact, or containing one."""
+    c = normalize(candidate)
+    for fact in existing:
+        f = normalize(fact)
+        if f and (c == f or f" {c} " in f" {f} " or f" {f} " in f" {c} "):
+            return True
+    return False
+
+
+def clean_fact(raw: str, special_tokens: Sequence[str] = ()) -> str | None:
+    """The fact in the model's answer, or None if the answer must be rejected."""
+    text = raw.strip().strip('"').strip()
+    if not text or "\n" in text or len(text) > MAX_FACT_CHARS:
+        return None
+    if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
+        return None
+    if _MARKUP_RE.search(text) or any(s and s in text for s in special_tokens):
+        return None
+    if not any(ch.isalpha() for ch in text):
+        return None
+    return text
+
+
+def should_extract(message: str) -> bool:
+    return len(message.strip()) >= MIN_MESSAGE_CHARS
+
+
+class FactExtractor:
+    """One model call per long-enough message; never raises into the chat."""
+
+    def __init__(self, engine: Engine, max_message_tokens: int = 2048):
+        self.engine = engine
+        self.max_message_tokens = max_message_tokens
+
+    def prompt(self, message: str) -> list[int]:
+        message = shorten(self.engine, message, self.max_message_tokens)
+        return self.engine.encode_chat(
+            [Message("system", EXTRACTION_INSTRUCTIONS), Message("user", message)]
+        )
+
+    def extract(self, message: str, existing: Iterable[str]) -> str | None:
+        if not should_extract(message):
+            return None
+        result = self.engine.generate(
+            self.prompt(message), slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0
+        )
+        if result.stats.finish_reason == "length":
+            return None  # an answer that ran to the token limit is not one short sentence
+        fact = clean_fact(result.text, self.engine.special_tokens)
+        if fact is None or is_duplicate(fact, existing):
+            return None
+        return fact

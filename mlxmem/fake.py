@@ -1,0 +1,104 @@
+"""A deterministic stand-in for the MLX engine, for logic tests and dry runs.
+
+It implements the same `Engine` interface: a word-level tokenizer with a Llama-3-like chat
+template, KV slots that account prefix reuse exactly like the real ones, and replies written by
+a `responder(prompt_text) -> reply` function instead of a model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from .defaults import CHAT_SLOT
+from .engine import Chunk, Engine, GenerationStats, Message, check_text
+from .kvslots import common_prefix_len
+
+SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+_TOKEN_RE = re.compile(r"\s+|\w+|[^\w\s]")
+
+
+@dataclass
+class FakeCall:
+    slot: str
+    prompt: str
+    prompt_tokens: int
+    cached_tokens: int
+    max_tokens: int
+
+
+def echo_responder(prompt: str) -> str:
+    return "I hear you."
+
+
+class FakeEngine(Engine):
+    def __init__(self, responder: Callable[[str], str] = echo_responder, model_id: str = "fake"):
+        self.responder = responder
+        self.model_id = model_id
+        self.special_tokens = SPECIALS
+        self._vocab: dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
+        self._words: list[str] = list(SPECIALS)
+        self.slots: dict[str, list[int]] = {}
+        self.calls: list[FakeCall] = []
+
+    def _id(self, piece: str) -> int:
+        if piece not in self._vocab:
+            self._vocab[piece] = len(self._words)
+            self._words.append(piece)
+        return self._vocab[piece]
+
+    def encode_text(self, text: str) -> list[int]:
+        check_text(text)
+        # Specials typed by a user are text: the regex splits them into ordinary pieces.
+        return [self._id(p) for p in _TOKEN_RE.findall(text)]
+
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        bos, start, end, eot = range(4)
+        ids = [bos]
+        for m in messages:
+            ids += [start, *self.encode_text(m.role), end, self._id("\n\n")]
+            ids += [*self.encode_text(m.content.strip()), eot]
+        if add_generation_prompt:
+            ids += [start, self._id("assistant"), end, self._id("\n\n")]
+        return ids
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return "".join(self._words[t] for t in tokens)
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        slot: str = CHAT_SLOT,
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> Iterator[Chunk]:
+        prompt = list(prompt)
+        cached = min(common_prefix_len(self.slots.get(slot, []), prompt), len(prompt) - 1)
+        text = self.decode(prompt)
+        self.calls.append(FakeCall(slot, text, len(prompt), cached, max_tokens))
+        reply = self.encode_text(self.responder(text))
+        finish = "stop" if len(reply) < max_tokens else "length"
+        out = reply[:max_tokens] if finish == "length" else reply + [SPECIALS.index("<|eot_id|>")]
+        self.slots[slot] = prompt + out
+        for token in reply[:max_tokens]:
+            yield Chunk(self._words[token], token)
+        yield Chunk("", None, GenerationStats(
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            prefilled_tokens=len(prompt) - cached,
+            generated_tokens=len(out),
+            ttft_s=0.0,
+            prefill_tps=0.0,
+            decode_tps=0.0,
+            peak_memory_gb=0.0,
+            finish_reason=finish,
+        ))
+
+    def drop_slot(self, slot: str) -> None:
+        self.slots.pop(slot, None)

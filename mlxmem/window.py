@@ -1,0 +1,166 @@
+"""Layer 1: the sliding window of verbatim turns and the rolling summary they fold into.
+
+The verbatim window is every turn after the newest summary's range; the chat log (layer 2)
+is the only place turns live. When instructions + facts + summary + window + the response
+reserve no longer fit the budget, the oldest half of the window is folded into a new summary,
+generated on the chat slot's cached prefix: the prompt is the chat prompt cut after the evicted
+turns plus a summarization request, so only the request is prefilled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from .budget import PromptBudget, system_text
+from .engine import Engine, Message
+from .store import Message as StoredMessage
+from .store import Store, Summary
+
+# Keep at least the newest two exchanges verbatim.
+MIN_VERBATIM = 4
+SUMMARY_MAX_TOKENS = 160
+SUMMARY_REQUEST = (
+    "Pause the conversation. Write an updated summary of everything so far: merge the earlier "
+    "summary, if there is one, with the messages above. Use 2-3 sentences. Keep names, "
+    "decisions and open questions. Answer with the summary only."
+)
+
+
+@dataclass
+class CollapseEvent:
+    evicted_turns: int
+    first_seq: int
+    last_seq: int
+    summary_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def as_messages(turns: Sequence[StoredMessage]) -> list[Message]:
+    return [Message(t.role, t.text) for t in turns]
+
+
+def evict_count(turns: Sequence[StoredMessage]) -> int:
+    """How many of the oldest turns to fold: half, ending before a user turn when possible,
+    keeping at least MIN_VERBATIM."""
+    n = min(len(turns) // 2, len(turns) - MIN_VERBATIM)
+    if n <= 0:
+        return 0
+    if turns[n].role != "user" and len(turns) - (n + 1) >= MIN_VERBATIM:
+        n += 1
+    return n
+
+
+def summary_cap(budget: int) -> int:
+    return max(32, min(SUMMARY_MAX_TOKENS, budget // 10))
+
+
+class ConversationWindow:
+    """The verbatim turns and rolling summary of one conversation, read from the store."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        conversation: str,
+        budget: PromptBudget,
+        instructions: str,
+        slot: str,
+    ):
+        self.engine = engine
+        self.store = store
+        self.conversation = conversation
+        self.budget = budget
+        self.instructions = instructions
+        self.slot = slot
+        self.summary_cap = summary_cap(budget.budget)
+
+    def state(self) -> tuple[Summary | None, list[StoredMessage]]:
+        summary = self.store.latest_summary(self.conversation)
+        after = summary.last_seq if summary else None
+        return summary, self.store.messages(self.conversation, after_seq=after)
+
+    def over_budget(self, facts: Sequence[str], summary: Summary | None, turns) -> bool:
+        """Would instructions + facts + summary + turns + the reserve exceed the budget?"""
+        system = Message(
+            "system", system_text(self.instructions, facts, summary and summary.text)
+        )
+        return not self.budget.fits(system, as_messages(turns))
+
+    def collapse_oldest(self, facts: Sequence[str]) -> CollapseEvent | None:
+        """Fold the oldest half of the verbatim turns into a new rolling summary."""
+        summary, turns = self.state()
+        n = evict_count(turns)
+        if n == 0:
+            return None
+        evicted = turns[:n]
+        start = time.perf_counter()
+        prompt = self._summary_budget().assemble(
+            self.instructions,
+            facts,
+            summary.text if summary else None,
+            [*as_messages(evicted), Message("user", SUMMARY_REQUEST)],
+        )
+        result = self.engine.generate(
+            prompt.tokens, slot=self.slot, max_tokens=self.summary_cap, temp=0.0
+        )
+        text = self._cap(result.text.strip() or self._fallback(summary, evicted))
+        tokens = self.engine.count_text(text)
+        first = summary.first_seq if summary else evicted[0].seq
+        self.store.add_summary(self.conversation, text, first, evicted[-1].seq, tokens)
+        return CollapseEvent(
+            evicted_turns=n,
+            first_seq=first,
+            last_seq=evicted[-1].seq,
+            summary_tokens=tokens,
+            prompt_tokens=result.stats.prompt_tokens,
+            cached_tokens=result.stats.cached_tokens,
+            prefilled_tokens=result.stats.prefilled_tokens,
+            seconds=time.perf_counter() - start,
+        )
+
+    def fresh_summary_prompt(self, summary: Summary | None, evicted) -> list[int]:
+        """The baseline a collapse is compared with: summarize the evicted turns as a
+        transcript in a new context (what a cache-less design would prefill)."""
+        transcript = "\n".join(f"{t.role}: {t.text}" for t in evicted)
+        earlier = f"Earlier summary: {summary.text}\n\n" if summary else ""
+        return self._summary_budget().assemble(
+            "You summarize conversations.",
+            [],
+            None,
+            [Message("user", f"{earlier}Conversation:\n{transcript}\n\n{SUMMARY_REQUEST}")],
+        ).tokens
+
+    def _summary_budget(self) -> PromptBudget:
+        return PromptBudget(
+            self.engine, self.budget.budget, self.summary_cap, self.budget.facts_share
+        )
+
+    def _cap(self, text: str) -> str:
+        return shorten_to(self.engine, text, self.summary_cap)
+
+    def _fallback(self, summary: Summary | None, evicted) -> str:
+        # The model wrote nothing usable: keep the newest of the person's own words rather
+        # than lose the turns (the hard cap allows no more).
+        words = [summary.text] if summary else []
+        words += [t.text for t in evicted if t.role == "user"]
+        tokens = self.engine.encode_text(" ".join(words))
+        return self.engine.decode(tokens[-self.summary_cap :]).strip()
+
+
+def shorten_to(engine: Engine, text: str, max_tokens: int) -> str:
+    """Cut `text` to at most `max_tokens` tokens (the head is what a summary leads with)."""
+    tokens = engine.encode_text(text)
+    keep = max_tokens
+    while len(tokens) > max_tokens and keep > 0:
+        text = engine.decode(engine.encode_text(text)[:keep]).strip()
+        tokens = engine.encode_text(text)
+        keep -= 1
+    return text

@@ -1,0 +1,234 @@
+"""The memory layers with the fake engine (same interface as the MLX one) and a real DuckDB
+file: collapse boundaries, the budget invariant, facts in the prompt, extraction filters."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxmem.budget import PromptBudget
+from mlxmem.companion import ChatSettings, Companion
+from mlxmem.engine import Message
+from mlxmem.errors import InputError
+from mlxmem.facts import clean_fact, is_duplicate, normalize
+from mlxmem.fake import FakeEngine
+from mlxmem.store import Store
+from mlxmem.window import MIN_VERBATIM, SUMMARY_REQUEST, evict_count, summary_cap
+
+FACT = "The user has a cat called Miso."
+
+
+def scripted(prompt: str) -> str:
+    if "updated summary" in prompt:
+        return "They talked about Miso the cat, sardines and naps. Open question: the vet."
+    if "durable facts" in prompt:
+        return FACT
+    return "That sounds lovely. Tell me more about your afternoon and the sardines."
+
+
+def user_text(i: int) -> str:
+    return f"Turn {i}: my cat Miso ate {i} sardines, then slept in the sun for a long while."
+
+
+def make(budget=600, reserve=120, responder=scripted, **settings):
+    engine = FakeEngine(responder)
+    store = Store()
+    companion = Companion(engine, store, "default", budget, reserve, ChatSettings(**settings))
+    return engine, store, companion
+
+
+class Row:
+    def __init__(self, role):
+        self.role = role
+
+
+def test_evict_count_folds_the_oldest_half_and_keeps_two_exchanges():
+    turns = lambda n: [Row("user" if i % 2 == 0 else "assistant") for i in range(n)]  # noqa: E731
+    assert evict_count(turns(MIN_VERBATIM)) == 0
+    assert evict_count(turns(6)) == 2  # half would be 3; 2 keeps whole exchanges and 4 turns
+    assert evict_count(turns(12)) == 6
+    assert evict_count(turns(13)) == 6
+    assert evict_count(turns(5)) == 1  # cannot end on an exchange without going under 4
+
+
+def test_long_conversation_keeps_every_invariant():
+    engine, store, companion = make()
+    collapse_turns = 0
+    for i in range(40):
+        calls_before = len(engine.calls)
+        result = companion.send(user_text(i))
+        new_calls = engine.calls[calls_before:]
+        # Budget: every model call's prompt plus what it may generate fits.
+        for call in new_calls:
+            assert call.prompt_tokens + call.max_tokens <= 600
+        assert sum(result.prompt.layers.to_dict().values()) == 600
+        # The newest user message is in the prompt, verbatim.
+        assert result.prompt.messages[-1] == Message("user", user_text(i))
+        if result.collapses:
+            collapse_turns += 1
+        elif i > 0:
+            # Between collapses only the new message (and its template markers) is prefilled.
+            assert result.stats.prefilled_tokens <= engine.count_text(user_text(i)) + 10
+    log = store.messages("default")
+    assert [m.text for m in log if m.role == "user"] == [user_text(i) for i in range(40)]
+    assert [m.role for m in log] == ["user", "assistant"] * 40
+    assert collapse_turns >= 3
+    # Compress, never forget: every turn is either inside the summary's range or verbatim.
+    summary, verbatim = companion.window.state()
+    assert summary is not None and summary.first_seq == 1
+    assert [m.seq for m in verbatim] == list(range(summary.last_seq + 1, 81))
+    assert len(verbatim) >= MIN_VERBATIM
+    for s in store.summaries("default"):
+        assert s.token_count <= summary_cap(600)
+
+
+def test_collapse_is_generated_on_the_cached_chat_prefix():
+    engine, _, companion = make()
+    for i in range(40):
+        result = companion.send(user_text(i))
+        if result.collapses:
+            break
+    else:
+        pytest.fail("no collapse happened")
+    summary_calls = [c for c in engine.calls if SUMMARY_REQUEST in c.prompt]
+    assert summary_calls
+    event = result.collapses[0]
+    # Only the request (and its template markers) is prefilled, not the evicted turns.
+    request_tokens = engine.count_text(SUMMARY_REQUEST)
+    assert event.prefilled_tokens <= request_tokens + 10
+    assert event.cached_tokens == event.prompt_tokens - event.prefilled_tokens
+
+
+def test_summary_failure_still_folds_the_turns_in():
+    def mute(prompt):
+        return "" if "updated summary" in prompt else "ok then, that is good to hear."
+
+    _, store, companion = make(responder=mute)
+    for i in range(30):
+        companion.send(user_text(i))
+    summary = store.latest_summary("default")
+    assert summary is not None and "sardines" in summary.text  # the extractive fallback
+
+
+def test_new_automatic_fact_waits_for_a_collapse_manual_fact_shows_at_once():
+    engine, store, companion = make(budget=2000)
+    result = companion.send("I have a cat called Miso and she is the most important one to me.")
+    assert result.fact_added is not None and result.fact_added.text == FACT
+    companion.send("hello")
+    assert FACT not in engine.calls[-1].prompt  # prefix kept stable: not yet in the facts block
+    other = Store()  # another process
+    other.add_fact("The user is called Ana.", source="manual")
+    companion.send("hello again")
+    assert "The user is called Ana." in engine.calls[-1].prompt
+    # A fresh session picks up the automatic fact too.
+    fresh = Companion(engine, store, "default", 2000, 120, ChatSettings())
+    fresh.send("and now?")
+    prompt = [c for c in engine.calls if c.slot == "default/chat"][-1].prompt
+    assert FACT in prompt and prompt.index("Ana") < prompt.index(FACT)  # manual first
+
+
+def test_fact_deleted_elsewhere_is_gone_before_the_next_reply():
+    engine, store, companion = make(budget=2000)
+    fact = Store().add_fact("The user's secret word is PLUM-42.", source="manual")
+    companion.send("hi")
+    assert "PLUM-42" in engine.calls[-1].prompt
+    Store().delete_facts([fact.id])
+    companion.send("hi again")
+    assert "PLUM-42" not in engine.calls[-1].prompt
+
+
+def test_extraction_failure_never_breaks_the_chat():
+    def broken(prompt):
+        if "durable facts" in prompt:
+            raise RuntimeError("model fell over")
+        return "fine."
+
+    _, store, companion = make(responder=broken)
+    with pytest.warns(UserWarning, match="fact extraction failed"):
+        result = companion.send("My sister Ana lives in Porto and visits me every single summer.")
+    assert result.reply == "fine." and result.fact_added is None
+    assert store.facts() == []
+
+
+def test_duplicate_facts_are_not_added_twice():
+    _, store, companion = make(budget=2000)
+    store.add_fact("the user has a cat called Miso", source="manual")
+    result = companion.send("I have a cat called Miso and she is the most important one to me.")
+    assert result.fact_added is None
+    assert len(store.facts()) == 1
+
+
+def test_empty_and_invalid_messages_are_refused_and_nothing_is_logged():
+    _, store, companion = make()
+    for bad in ["", "   \n", "broken \udcff text"]:
+        with pytest.raises(InputError):
+            companion.send(bad)
+    assert store.messages("default") == []
+
+
+def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
+    engine, store, companion = make(budget=600, reserve=120)
+    huge = "word " * 3000 + "THE-END"
+    result = companion.send(huge)
+    assert result.prompt.shortened >= 1
+    assert result.stats.prompt_tokens + 120 <= 600
+    assert "THE-END" in result.prompt.messages[-1].content  # head and tail kept
+    assert store.messages("default")[0].text == huge.strip()
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("The user's sister is Ana.", "The user's sister is Ana."),
+        ('  "The user likes tea."  ', "The user likes tea."),
+        ("NONE", None),
+        ("none.", None),
+        ("None - nothing durable here", None),
+        ("", None),
+        ("The user likes tea.\nThe user likes cake.", None),
+        ("x" * 300, None),
+        ("The user <|eot_id|> likes tea.", None),
+        ("<|start_header_id|>system", None),
+        ("...", None),
+    ],
+)
+def test_clean_fact_filters(raw, expected):
+    assert clean_fact(raw, ["<|eot_id|>"]) == expected
+
+
+def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():
+    existing = ["The user's sister is called Ana."]
+    assert is_duplicate("the users  sister is called ana", existing)
+    assert is_duplicate("The user's sister is called Ana, and she lives in Porto.", existing)
+    assert is_duplicate("sister is called Ana", existing)
+    assert not is_duplicate("The user's brother is called Rui.", existing)
+    assert normalize("Ça   va?!") == "ça va"
+
+
+words = st.text(alphabet=st.sampled_from("abcdefgh <|>\n"), min_size=1, max_size=400)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    turns=st.lists(words.filter(str.strip), min_size=1, max_size=14),
+    facts=st.lists(words.filter(str.strip), max_size=8),
+    summary=st.one_of(st.none(), words),
+    budget=st.integers(min_value=300, max_value=3000),
+)
+def test_prompt_plus_reserve_never_exceeds_the_budget(turns, facts, summary, budget):
+    engine = FakeEngine()
+    reserve = budget // 4
+    messages = [
+        Message("user" if i % 2 == len(turns) % 2 - 1 or i == len(turns) - 1 else "assistant", t)
+        for i, t in enumerate(turns)
+    ]
+    prompt = PromptBudget(engine, budget, reserve).assemble("Be kind.", facts, summary, messages)
+    assert len(prompt.tokens) + reserve <= budget
+    assert len(prompt.tokens) == len(engine.encode_chat(prompt.messages))
+    assert prompt.messages[-1].role == messages[-1].role
+    newest = messages[-1].content.strip()
+    kept = prompt.messages[-1].content
+    # The newest message is in the prompt: whole, or its head and tail around a marker.
+    assert kept == messages[-1].content or (
+        "left out here" in kept and kept.split("\n[")[0].strip() in newest
+    )
+    assert sum(prompt.layers.to_dict().values()) == budget
