@@ -1,5 +1,130 @@
-"""`mlxmem history`."""
+"""`mlxmem history`: the chat log (layer 2); read, search and delete turns."""
 
 import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-app = typer.Typer(help="history commands.", no_args_is_help=True)
+from mlxmem.defaults import DEFAULT_CONVERSATION
+from mlxmem.errors import InputError
+from mlxmem.forget import forget_caches
+from mlxmem.store import SEARCH_LIMIT, Deletion, Message, Store
+
+from .common import handle_errors, print_json
+from .memory import as_record, local_time
+
+app = typer.Typer(
+    help="The chat log (layer 2): every turn, whole and unchanged. List conversations, "
+    "read, search and delete turns.",
+    no_args_is_help=True,
+)
+
+JSON_OPTION = typer.Option(False, "--json", help="Print a JSON array.")
+MESSAGE_IDS = typer.Argument(
+    None, metavar="ID", help="Ids of the turns to delete (see `history show`)."
+)
+LAST_SEQ = 2**31 - 1
+
+
+@app.command("list")
+@handle_errors
+def list_conversations(as_json: bool = JSON_OPTION) -> None:
+    """List the conversations with their number of turns."""
+    conversations = Store().conversations()
+    if as_json:
+        print_json([as_record(c) for c in conversations])
+        return
+    if not conversations:
+        typer.echo("No conversations yet.")
+        return
+    table = Table("name", "turns", "started")
+    for c in conversations:
+        table.add_row(Text(c.name), str(c.message_count), local_time(c.created_at))
+    Console().print(table)
+
+
+@app.command("show")
+@handle_errors
+def show(
+    conversation: str = typer.Argument(DEFAULT_CONVERSATION, help="The conversation's name."),
+    last: int = typer.Option(None, "--last", "-n", min=1, help="Only the newest N turns."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show the turns of a conversation, oldest first, with their ids."""
+    store = Store()
+    messages = store.messages(conversation)
+    if not messages and conversation != DEFAULT_CONVERSATION:
+        store.conversation(conversation)  # an unknown name is an error, not an empty list
+    if last is not None:
+        messages = messages[-last:]
+    print_messages(messages, as_json, show_conversation=False)
+
+
+@app.command("search")
+@handle_errors
+def search(
+    query: str = typer.Argument(..., help="Text to look for (case-insensitive)."),
+    conversation: str = typer.Option(None, "--conversation", "-c", help="Only this conversation."),
+    limit: int = typer.Option(SEARCH_LIMIT, "--limit", min=1, help="At most this many turns."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Find turns containing QUERY, newest first."""
+    messages = Store().search(query, conversation=conversation, limit=limit)
+    print_messages(messages, as_json, show_conversation=True)
+
+
+@app.command("rm")
+@handle_errors
+def remove(
+    message_ids: list[int] = MESSAGE_IDS,
+    conversation: str = typer.Option(None, "--conversation", "-c", help="The conversation."),
+    from_seq: int = typer.Option(None, "--from", help="First turn number (#) of a range."),
+    to_seq: int = typer.Option(None, "--to", help="Last turn number (#) of a range."),
+    everything: bool = typer.Option(False, "--all", help="The whole conversation."),
+) -> None:
+    """Delete turns for good, and the summaries built from them.
+
+    One or more turns: `rm ID...`; a range of turn numbers: `rm -c NAME --from 3 --to 8`;
+    a whole conversation: `rm -c NAME --all`.
+    """
+    store = Store()
+    ranged = from_seq is not None or to_seq is not None
+    if message_ids and conversation is None and not ranged and not everything:
+        deletion = store.delete_messages(message_ids)
+    elif conversation is not None and not message_ids and everything and not ranged:
+        deletion = store.delete_conversation(conversation)
+    elif conversation is not None and not message_ids and ranged and not everything:
+        first = 1 if from_seq is None else from_seq
+        deletion = store.delete_message_range(conversation, first, to_seq or LAST_SEQ)
+    else:
+        raise InputError(
+            "say what to delete: ID..., or --conversation NAME with --from/--to or --all"
+        )
+    forget_caches()
+    typer.echo(describe(deletion))
+
+
+def describe(deletion: Deletion) -> str:
+    turns, summaries = len(deletion.messages), len(deletion.summaries)
+    text = f"Deleted {turns} turn{'s' if turns != 1 else ''}"
+    if summaries:
+        text += f" and {summaries} summar{'ies' if summaries != 1 else 'y'} built from them"
+    return text + "."
+
+
+def print_messages(messages: list[Message], as_json: bool, show_conversation: bool) -> None:
+    if as_json:
+        print_json([as_record(m) for m in messages])
+        return
+    if not messages:
+        typer.echo("No turns.")
+        return
+    columns = ["id", "conversation", "#", "role", "text"]
+    table = Table(*(columns if show_conversation else columns[:1] + columns[2:]))
+    for m in messages:
+        text = Text(m.text)
+        if m.interrupted:
+            text.append(" [interrupted]", style="dim")
+        cells = [str(m.id), Text(m.conversation), str(m.seq), m.role, text]
+        table.add_row(*(cells if show_conversation else cells[:1] + cells[2:]))
+    Console().print(table)

@@ -1,5 +1,101 @@
-"""`mlxmem memory`."""
+"""`mlxmem memory`: the facts about you that the model sees; list, add, edit, delete them."""
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-app = typer.Typer(help="memory commands.", no_args_is_help=True)
+from mlxmem.errors import InputError
+from mlxmem.forget import forget_caches
+from mlxmem.store import Store
+
+from .common import handle_errors, print_json
+
+app = typer.Typer(
+    help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
+    "you) or automatic (extracted from a chat); list, add, edit and delete them.",
+    no_args_is_help=True,
+)
+
+
+def as_record(value: Any) -> dict[str, Any]:
+    """A dataclass as a JSON-ready dict, with ISO 8601 timestamps."""
+    return {
+        key: item.isoformat() if isinstance(item, datetime) else item
+        for key, item in asdict(value).items()
+    }
+
+
+def local_time(value: datetime) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M")
+
+
+@app.command("list")
+@handle_errors
+def list_facts(as_json: bool = typer.Option(False, "--json", help="Print a JSON array.")) -> None:
+    """List the facts the model knows about you."""
+    facts = Store().facts()
+    if as_json:
+        print_json([as_record(fact) for fact in facts])
+        return
+    if not facts:
+        typer.echo("No facts yet. Add one with: mlxmem memory add TEXT")
+        return
+    table = Table("id", "source", "text", "updated")
+    for fact in facts:
+        # Text(), not a str: a fact may contain [brackets] that rich would read as markup.
+        table.add_row(str(fact.id), fact.source, Text(fact.text), local_time(fact.updated_at))
+    Console().print(table)
+
+
+@app.command("add")
+@handle_errors
+def add_fact(text: str = typer.Argument(..., help="The fact, e.g. 'My sister is Anna.'")) -> None:
+    """Add a fact about you (tagged manual); the model sees it from its next reply."""
+    fact = Store().add_fact(text, source="manual")
+    typer.echo(f"Added fact {fact.id}.")
+
+
+@app.command("edit")
+@handle_errors
+def edit_fact(
+    fact_id: int = typer.Argument(..., metavar="ID", help="The fact's id (see `memory list`)."),
+    text: str = typer.Argument(..., help="The new text."),
+) -> None:
+    """Replace a fact's text; the old text is erased from disk."""
+    Store().edit_fact(fact_id, text)
+    forget_caches()
+    typer.echo(f"Updated fact {fact_id}.")
+
+
+# Module-level, as ruff's B008 asks for a default typed as a (mutable) list.
+FACT_IDS = typer.Argument(..., metavar="ID...", help="Ids of the facts to delete.")
+
+
+@app.command("rm")
+@handle_errors
+def remove_facts(fact_ids: list[int] = FACT_IDS) -> None:
+    """Delete facts by id; they are erased from disk, not just hidden."""
+    count = Store().delete_facts(fact_ids)
+    forget_caches()
+    typer.echo(f"Deleted {count} fact{'s' if count != 1 else ''}.")
+
+
+@app.command("clear")
+@handle_errors
+def clear_facts(
+    yes: bool = typer.Option(False, "--yes", help="Confirm that every fact should go."),
+    source: str = typer.Option(
+        None, "--source", help="Only the facts from this source: manual or automatic."
+    ),
+) -> None:
+    """Delete every fact (or every fact from one source). Needs --yes."""
+    if not yes:
+        raise InputError("this deletes every fact for good; run it again with --yes to confirm")
+    count = Store().clear_facts(source)
+    forget_caches()
+    typer.echo(f"Deleted {count} fact{'s' if count != 1 else ''}.")

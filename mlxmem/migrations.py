@@ -1,0 +1,96 @@
+"""The database schema, grown by numbered migrations that are never edited once landed.
+
+Each migration is a function `mNNN_name(con)`; `migrate()` applies the ones not yet recorded in
+the `migrations` table, each in its own transaction, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import duckdb
+
+Migration = Callable[[duckdb.DuckDBPyConnection], None]
+MIGRATIONS: list[Migration] = []
+
+
+def migration(func: Migration) -> Migration:
+    MIGRATIONS.append(func)
+    return func
+
+
+def migrate(con: duckdb.DuckDBPyConnection, migrations: list[Migration] | None = None) -> list[str]:
+    """Apply the migrations missing from `con`'s database; return the names applied."""
+    migrations = MIGRATIONS if migrations is None else migrations
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)"
+    )
+    done = {row[0] for row in con.execute("SELECT name FROM migrations").fetchall()}
+    applied = []
+    for func in migrations:
+        if func.__name__ in done:
+            continue
+        con.begin()
+        try:
+            func(con)
+            now = datetime.now(timezone.utc).replace(tzinfo=None)
+            con.execute("INSERT INTO migrations VALUES (?, ?)", [func.__name__, now])
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        applied.append(func.__name__)
+    return applied
+
+
+# No foreign keys: DuckDB checks them eagerly and refuses some deletes inside one transaction;
+# the store keeps the references consistent itself.
+@migration
+def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+    con.execute("CREATE SEQUENCE conversations_id_seq START 1")
+    con.execute(
+        """CREATE TABLE conversations (
+            id BIGINT PRIMARY KEY DEFAULT nextval('conversations_id_seq'),
+            name VARCHAR NOT NULL UNIQUE,
+            created_at TIMESTAMP NOT NULL
+        )"""
+    )
+    con.execute("CREATE SEQUENCE messages_id_seq START 1")
+    con.execute(
+        """CREATE TABLE messages (
+            id BIGINT PRIMARY KEY DEFAULT nextval('messages_id_seq'),
+            conversation_id BIGINT NOT NULL,
+            seq INTEGER NOT NULL,
+            role VARCHAR NOT NULL CHECK (role IN ('user', 'assistant')),
+            text VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL,
+            token_count INTEGER,
+            interrupted BOOLEAN NOT NULL DEFAULT false,
+            UNIQUE (conversation_id, seq)
+        )"""
+    )
+    con.execute("CREATE SEQUENCE summaries_id_seq START 1")
+    con.execute(
+        """CREATE TABLE summaries (
+            id BIGINT PRIMARY KEY DEFAULT nextval('summaries_id_seq'),
+            conversation_id BIGINT NOT NULL,
+            text VARCHAR NOT NULL,
+            first_seq INTEGER NOT NULL,
+            last_seq INTEGER NOT NULL,
+            token_count INTEGER,
+            created_at TIMESTAMP NOT NULL
+        )"""
+    )
+    con.execute("CREATE SEQUENCE facts_id_seq START 1")
+    con.execute(
+        """CREATE TABLE facts (
+            id BIGINT PRIMARY KEY DEFAULT nextval('facts_id_seq'),
+            text VARCHAR NOT NULL,
+            source VARCHAR NOT NULL CHECK (source IN ('manual', 'automatic')),
+            created_at TIMESTAMP NOT NULL,
+            updated_at TIMESTAMP NOT NULL,
+            message_id BIGINT
+        )"""
+    )

@@ -1,0 +1,175 @@
+"""`mlxmem memory` and `mlxmem history`, as transcripts: run the command, read the output,
+then check the rows in the database."""
+
+import json
+
+import pytest
+import typer
+from mlxmem_cli import history, memory
+from mlxmem_cli.main import app
+from typer.testing import CliRunner
+
+from mlxmem import paths
+from mlxmem.store import Store
+
+runner = CliRunner()
+
+
+def mlxmem(*args: str, code: int = 0):
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == code, result.output
+    return result
+
+
+def as_json(*args: str) -> list:
+    return json.loads(mlxmem(*args, "--json").stdout)
+
+
+def error(*args: str) -> str:
+    """Run a command that must fail like an expected failure: `Error: ...`, exit 1, no trace."""
+    result = mlxmem(*args, code=1)
+    assert result.stderr.startswith("Error: ")
+    assert "Traceback" not in result.output
+    return result.stderr
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def test_memory_add_list_edit_rm():
+    assert mlxmem("memory", "add", "My sister is Anna.").stdout == "Added fact 1.\n"
+    mlxmem("memory", "add", "Likes [bold]green[/bold] tea.")
+    assert [(f["id"], f["source"], f["text"]) for f in as_json("memory", "list")] == [
+        (1, "manual", "My sister is Anna."),
+        (2, "manual", "Likes [bold]green[/bold] tea."),
+    ]
+    table = mlxmem("memory", "list").stdout
+    assert "[bold]green[/bold]" in table and "manual" in table  # markup shown, not applied
+
+    assert mlxmem("memory", "edit", "2", "Likes black tea.").stdout == "Updated fact 2.\n"
+    assert Store().get_fact(2).text == "Likes black tea."
+
+    assert mlxmem("memory", "rm", "1").stdout == "Deleted 1 fact.\n"
+    assert [f.id for f in Store().facts()] == [2]
+
+
+def test_memory_clear_needs_yes():
+    mlxmem("memory", "add", "one")
+    Store().add_fact("two", source="automatic")
+    assert "--yes" in error("memory", "clear")
+    assert len(Store().facts()) == 2
+    assert mlxmem("memory", "clear", "--yes", "--source", "automatic").stdout == "Deleted 1 fact.\n"
+    assert mlxmem("memory", "clear", "--yes").stdout == "Deleted 1 fact.\n"
+    assert as_json("memory", "list") == []
+    assert "No facts yet" in mlxmem("memory", "list").stdout
+
+
+def test_memory_errors():
+    mlxmem("memory", "add", "one")
+    assert error("memory", "rm", "1", "99") == "Error: no fact with id 99\n"
+    assert [f.id for f in Store().facts()] == [1]  # all or nothing
+    assert "no fact with id 7" in error("memory", "edit", "7", "x")
+    assert "empty" in error("memory", "add", "   ")
+    assert "empty" in error("memory", "edit", "1", "")
+
+
+def test_memory_commands_leave_no_trace_of_deleted_text(mlxmem_home):
+    mlxmem("memory", "add", "pin is MARKER-CLI-3e1f")
+    mlxmem("memory", "add", "old MARKER-CLI-EDIT-3e1f")
+    (paths.cache_dir() / "chat.safetensors").write_bytes(b"MARKER-CLI-3e1f")
+    mlxmem("memory", "rm", "1")
+    mlxmem("memory", "edit", "2", "new")
+    assert list(paths.cache_dir().iterdir()) == []  # KV caches may hold the text: dropped
+    for path in mlxmem_home.rglob("*"):
+        if path.is_file():
+            assert b"MARKER-CLI" not in path.read_bytes(), path
+
+
+# -- history ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def chat():
+    store = Store()
+    for i, text in enumerate(["Hi, I'm Sam.", "Hello Sam!", "My cat is Miso.", "Cute name!"]):
+        store.append_message("default", ("user", "assistant")[i % 2], text)
+    store.append_message("work", "user", "Standup moved to ten.")
+    store.add_summary("default", "Sam introduced themselves.", 1, 2, 6)
+    return store
+
+
+def test_history_list_and_show(chat):
+    assert [(c["name"], c["message_count"]) for c in as_json("history", "list")] == [
+        ("default", 4),
+        ("work", 1),
+    ]
+    turns = as_json("history", "show")
+    assert [(t["id"], t["seq"], t["role"], t["text"]) for t in turns] == [
+        (1, 1, "user", "Hi, I'm Sam."),
+        (2, 2, "assistant", "Hello Sam!"),
+        (3, 3, "user", "My cat is Miso."),
+        (4, 4, "assistant", "Cute name!"),
+    ]
+    assert [t["text"] for t in as_json("history", "show", "--last", "1")] == ["Cute name!"]
+    assert [t["text"] for t in as_json("history", "show", "work")] == ["Standup moved to ten."]
+    shown = mlxmem("history", "show").stdout
+    assert "My cat is Miso." in shown and "assistant" in shown
+    assert "work" in mlxmem("history", "list").stdout
+    assert "no conversation named 'nope'" in error("history", "show", "nope")
+
+
+def test_history_show_empty_default():
+    assert mlxmem("history", "show").stdout == "No turns.\n"
+    assert as_json("history", "show") == []
+
+
+def test_history_search(chat):
+    assert [t["text"] for t in as_json("history", "search", "SAM")] == [
+        "Hello Sam!",
+        "Hi, I'm Sam.",
+    ]
+    assert as_json("history", "search", "sam", "--conversation", "work") == []
+    assert "Miso" in mlxmem("history", "search", "miso").stdout
+    assert mlxmem("history", "search", "zebra").stdout == "No turns.\n"
+
+
+def test_history_rm_one_turn(chat):
+    assert mlxmem("history", "rm", "2").stdout == (
+        "Deleted 1 turn and 1 summary built from them.\n"
+    )
+    assert [m.seq for m in Store().messages("default")] == [1, 3, 4]
+    assert Store().latest_summary("default") is None
+    assert "no message with id 2" in error("history", "rm", "2")
+
+
+def test_history_rm_range_and_conversation(chat):
+    out = mlxmem("history", "rm", "--conversation", "default", "--from", "3", "--to", "4").stdout
+    assert out == "Deleted 2 turns.\n"
+    assert [m.seq for m in Store().messages("default")] == [1, 2]
+    assert Store().latest_summary("default") is not None  # covers 1-2 only: kept
+    assert mlxmem("history", "rm", "-c", "work", "--all").stdout == "Deleted 1 turn.\n"
+    assert [c.name for c in Store().conversations()] == ["default"]
+
+
+def test_history_rm_drops_kv_caches(chat):
+    cache = paths.cache_dir() / "default.safetensors"
+    cache.write_bytes(b"kv")
+    mlxmem("history", "rm", "1")
+    assert not cache.exists()
+
+
+def test_history_rm_needs_a_target(chat):
+    assert "say what to delete" in error("history", "rm")
+    assert "say what to delete" in error("history", "rm", "1", "--all")
+    assert "say what to delete" in error("history", "rm", "-c", "default")
+    assert "say what to delete" in error("history", "rm", "-c", "default", "--all", "--to", "2")
+    assert len(Store().messages("default")) == 4
+    assert "no conversation named 'nope'" in error("history", "rm", "-c", "nope", "--all")
+
+
+@pytest.mark.parametrize(("name", "group"), [("memory", memory.app), ("history", history.app)])
+def test_every_command_has_help(name: str, group: typer.Typer):
+    assert group.info.help
+    for command in group.registered_commands:
+        assert command.callback.__doc__, command.name
+        assert runner.invoke(app, [name, command.name, "--help"]).exit_code == 0

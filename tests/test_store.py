@@ -1,0 +1,469 @@
+"""The chat log and facts store, on a real DuckDB file in each test's own data directory."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from mlxmem import paths
+from mlxmem.errors import InputError, NotFoundError, StoreError
+from mlxmem.forget import forget_caches
+from mlxmem.migrations import MIGRATIONS, migrate
+from mlxmem.store import Store
+
+SCHEMA = {
+    "migrations": [("name", "VARCHAR"), ("applied_at", "TIMESTAMP")],
+    "state": [("key", "VARCHAR"), ("value", "VARCHAR")],
+    "conversations": [("id", "BIGINT"), ("name", "VARCHAR"), ("created_at", "TIMESTAMP")],
+    "messages": [
+        ("id", "BIGINT"),
+        ("conversation_id", "BIGINT"),
+        ("seq", "INTEGER"),
+        ("role", "VARCHAR"),
+        ("text", "VARCHAR"),
+        ("created_at", "TIMESTAMP"),
+        ("token_count", "INTEGER"),
+        ("interrupted", "BOOLEAN"),
+    ],
+    "summaries": [
+        ("id", "BIGINT"),
+        ("conversation_id", "BIGINT"),
+        ("text", "VARCHAR"),
+        ("first_seq", "INTEGER"),
+        ("last_seq", "INTEGER"),
+        ("token_count", "INTEGER"),
+        ("created_at", "TIMESTAMP"),
+    ],
+    "facts": [
+        ("id", "BIGINT"),
+        ("text", "VARCHAR"),
+        ("source", "VARCHAR"),
+        ("created_at", "TIMESTAMP"),
+        ("updated_at", "TIMESTAMP"),
+        ("message_id", "BIGINT"),
+    ],
+}
+
+
+def schema(con) -> dict:
+    rows = con.execute(
+        "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+        "WHERE database_name = current_database() ORDER BY table_name, column_index"
+    ).fetchall()
+    tables: dict = {}
+    for table, column, kind in rows:
+        tables.setdefault(table, []).append((column, kind))
+    return tables
+
+
+def files_containing(root: Path, marker: str) -> list[Path]:
+    needle = marker.encode()
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def run_python(code: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, text=True, **kwargs
+    )
+
+
+# -- schema and migrations ---------------------------------------------------------------------
+
+
+def test_empty_database_migrates_to_exact_schema():
+    store = Store()
+    with store.connect() as con:
+        assert schema(con) == SCHEMA
+        assert con.execute("SELECT name FROM migrations").fetchall() == [("m001_initial",)]
+    assert store.path == paths.db_path()
+
+
+def test_reopen_is_idempotent():
+    Store().add_fact("likes tea")
+    store = Store()
+    with store.connect() as con:
+        assert con.execute("SELECT count(*) FROM migrations").fetchone() == (1,)
+        assert schema(con) == SCHEMA
+    assert [f.text for f in store.facts()] == ["likes tea"]
+
+
+def test_old_database_upgrades_with_a_new_migration(tmp_path):
+    def m002_add_mood(con):
+        con.execute("ALTER TABLE messages ADD COLUMN mood VARCHAR")
+
+    con = duckdb.connect(str(tmp_path / "old.duckdb"))
+    assert migrate(con, MIGRATIONS[:1]) == ["m001_initial"]
+    assert migrate(con, [*MIGRATIONS, m002_add_mood]) == ["m002_add_mood"]
+    assert migrate(con, [*MIGRATIONS, m002_add_mood]) == []
+    assert schema(con)["messages"][-1] == ("mood", "VARCHAR")
+    con.close()
+
+
+# -- the chat log ------------------------------------------------------------------------------
+
+
+def test_append_list_and_conversations():
+    store = Store()
+    first = store.append_message("default", "user", "Hello there")
+    store.append_message("default", "assistant", "Hi!", token_count=3)
+    store.append_message("work", "user", "Standup at nine")
+    assert (first.id, first.seq, first.conversation) == (1, 1, "default")
+    turns = store.messages("default")
+    assert [(m.seq, m.role, m.text, m.token_count) for m in turns] == [
+        (1, "user", "Hello there", None),
+        (2, "assistant", "Hi!", 3),
+    ]
+    assert turns[0] == first
+    assert [m.text for m in store.messages("default", after_seq=1)] == ["Hi!"]
+    assert store.messages("work")[0].seq == 1
+    assert store.messages("never") == []
+    assert [(c.name, c.message_count) for c in store.conversations()] == [
+        ("default", 2),
+        ("work", 1),
+    ]
+    assert store.get_message(3).text == "Standup at nine"
+
+
+def test_token_count_and_interrupted():
+    store = Store()
+    m = store.append_message("default", "assistant", "A long answer that")
+    store.set_token_count(m.id, 17)
+    store.mark_interrupted(m.id)
+    got = store.get_message(m.id)
+    assert (got.token_count, got.interrupted) == (17, True)
+    with pytest.raises(NotFoundError):
+        store.set_token_count(99, 1)
+    with pytest.raises(NotFoundError):
+        store.get_message(99)
+
+
+def test_search_is_case_insensitive_and_escapes_wildcards():
+    store = Store()
+    store.append_message("default", "user", "I met ÄNNA at the café")
+    store.append_message("default", "user", "battery at 50%")
+    store.append_message("default", "user", "battery at 500")
+    store.append_message("other", "user", "anna again")
+    store.append_message("default", "user", "snake_case and snakeXcase")
+    assert [m.text for m in store.search("änna")] == ["I met ÄNNA at the café"]
+    assert [m.text for m in store.search("NNA")] == ["anna again", "I met ÄNNA at the café"]
+    assert [m.text for m in store.search("anna", conversation="other")] == ["anna again"]
+    assert [m.text for m in store.search("50%")] == ["battery at 50%"]
+    assert [m.text for m in store.search("e_c")] == ["snake_case and snakeXcase"]
+    assert len(store.search("a", limit=2)) == 2
+    with pytest.raises(InputError):
+        store.search("  ")
+
+
+def test_invalid_input_is_rejected():
+    store = Store()
+    with pytest.raises(InputError, match="surrogate"):
+        store.append_message("default", "user", "bad \ud800 text")
+    with pytest.raises(InputError):
+        store.append_message("default", "system", "hi")
+    with pytest.raises(InputError):
+        store.append_message("default", "user", b"bytes")
+    with pytest.raises(InputError):
+        store.add_fact("   ")
+    with pytest.raises(InputError, match="surrogate"):
+        store.add_fact("\udfff")
+    with pytest.raises(InputError):
+        store.add_fact("x", source="guess")
+    assert store.messages("default") == [] and store.facts() == []
+
+
+def test_text_round_trips_unchanged():
+    store = Store()
+    text = "line one\nline two\x00 <|eot_id|> 'quotes' \"double\" 🙂\t"
+    store.append_message("default", "user", text)
+    assert store.messages("default")[0].text == text
+
+
+# -- summaries and deleting turns ----------------------------------------------------------------
+
+
+def seed_turns(store: Store, n: int, conversation: str = "default") -> list:
+    return [
+        store.append_message(conversation, "user" if i % 2 == 0 else "assistant", f"turn {i + 1}")
+        for i in range(n)
+    ]
+
+
+def test_latest_summary():
+    store = Store()
+    seed_turns(store, 6)
+    assert store.latest_summary("default") is None
+    store.add_summary("default", "first four", 1, 4, 10)
+    latest = store.add_summary("default", "first six", 1, 6, 12)
+    assert store.latest_summary("default") == latest
+    with pytest.raises(NotFoundError):
+        store.add_summary("nope", "x", 1, 2, 1)
+
+
+def test_deleting_a_turn_deletes_summaries_that_cover_it():
+    store = Store()
+    turns = seed_turns(store, 8)
+    early = store.add_summary("default", "turns 1-4", 1, 4, 5)
+    rolling = store.add_summary("default", "turns 1-6", 1, 6, 5)
+    late = store.add_summary("default", "turns 7-8", 7, 8, 5)
+    deletion = store.delete_messages([turns[4].id])  # seq 5
+    assert [m.seq for m in deletion.messages] == [5]
+    assert [s.id for s in deletion.summaries] == [rolling.id]
+    assert deletion.conversations == ["default"]
+    assert [s.id for s in store.summaries("default")] == [early.id, late.id]
+    assert [m.seq for m in store.messages("default")] == [1, 2, 3, 4, 6, 7, 8]
+
+
+def test_delete_range_and_conversation():
+    store = Store()
+    seed_turns(store, 6)
+    seed_turns(store, 2, "other")
+    store.add_summary("default", "1-2", 1, 2, 1)
+    deletion = store.delete_message_range("default", 2, 4)
+    assert [m.seq for m in deletion.messages] == [2, 3, 4]
+    assert len(deletion.summaries) == 1
+    assert [m.seq for m in store.messages("default")] == [1, 5, 6]
+    with pytest.raises(NotFoundError):
+        store.delete_message_range("default", 2, 4)
+    with pytest.raises(InputError):
+        store.delete_message_range("default", 5, 4)
+    deletion = store.delete_conversation("default")
+    assert [m.seq for m in deletion.messages] == [1, 5, 6]
+    assert [c.name for c in store.conversations()] == ["other"]
+    with pytest.raises(NotFoundError):
+        store.delete_conversation("default")
+
+
+def test_delete_unknown_message_deletes_nothing():
+    store = Store()
+    turns = seed_turns(store, 2)
+    with pytest.raises(NotFoundError):
+        store.delete_messages([turns[0].id, 999])
+    assert len(store.messages("default")) == 2
+
+
+def test_ids_are_not_reused_after_compaction():
+    store = Store()
+    turns = seed_turns(store, 3)
+    facts = [store.add_fact(f"fact {i}") for i in range(3)]
+    store.delete_messages([turns[-1].id])
+    store.delete_facts([facts[-1].id])
+    assert store.append_message("default", "user", "again").id == turns[-1].id + 1
+    assert store.add_fact("again").id == facts[-1].id + 1
+
+
+# -- facts ------------------------------------------------------------------------------------
+
+
+def test_facts_add_edit_delete_clear():
+    store = Store()
+    turn = store.append_message("default", "user", "My sister Anna visits on Sundays.")
+    manual = store.add_fact("  Likes green tea.  ")
+    auto = store.add_fact("Sister: Anna", source="automatic", message_id=turn.id)
+    assert manual.text == "Likes green tea." and manual.source == "manual"
+    assert store.facts() == [manual, auto]
+    edited = store.edit_fact(manual.id, "Likes black tea.")
+    assert edited.text == "Likes black tea." and edited.updated_at >= manual.updated_at
+    assert edited.created_at == manual.created_at
+    store.delete_messages([turn.id])
+    assert store.get_fact(auto.id).message_id is None  # the fact stays, unlinked
+    assert store.delete_facts([auto.id]) == 1
+    with pytest.raises(NotFoundError):
+        store.delete_facts([auto.id])
+    with pytest.raises(NotFoundError):
+        store.edit_fact(auto.id, "x")
+    with pytest.raises(NotFoundError):
+        store.add_fact("from nowhere", message_id=12345)
+    store.add_fact("auto one", source="automatic")
+    assert store.clear_facts(source="automatic") == 1
+    assert [f.text for f in store.facts()] == ["Likes black tea."]
+    assert store.clear_facts() == 1 and store.facts() == []
+
+
+def test_state():
+    store = Store()
+    assert store.get_state("window_start") is None
+    store.set_state("window_start", "5")
+    store.set_state("window_start", "9")
+    assert Store().get_state("window_start") == "9"
+
+
+# -- deleted means gone ---------------------------------------------------------------------
+
+
+def test_deleted_text_is_in_no_file(mlxmem_home):
+    store = Store()
+    # Enough rows that the markers land in checkpointed blocks, not just the WAL.
+    seed_turns(store, 40)
+    turn = store.append_message("default", "user", "my secret is MARKER-TURN-7f3a")
+    seed_turns(store, 5)
+    store.add_summary("default", "they said MARKER-SUMMARY-7f3a", 1, turn.seq, 9)
+    fact = store.add_fact("MARKER-FACT-7f3a is the pin")
+    edited = store.add_fact("old MARKER-EDIT-7f3a text")
+    (paths.cache_dir() / "chat.safetensors").write_bytes(b"kv MARKER-TURN-7f3a")
+    markers = ["MARKER-TURN-7f3a", "MARKER-SUMMARY-7f3a", "MARKER-FACT-7f3a", "MARKER-EDIT-7f3a"]
+    assert files_containing(mlxmem_home, "MARKER-FACT-7f3a") == [store.path]  # not vacuous
+
+    store.delete_messages([turn.id])
+    store.delete_facts([fact.id])
+    store.edit_fact(edited.id, "new text")
+    forget_caches()
+
+    for marker in markers:
+        assert files_containing(mlxmem_home, marker) == [], marker
+    assert len(store.messages("default")) == 45
+    assert store.get_fact(edited.id).text == "new text"
+
+
+def test_whole_conversation_and_cleared_facts_leave_no_bytes(mlxmem_home):
+    store = Store()
+    store.append_message("diary", "user", "MARKER-DIARY-91c2")
+    store.add_fact("MARKER-CLEAR-91c2")
+    store.delete_conversation("diary")
+    store.clear_facts()
+    assert files_containing(mlxmem_home, "MARKER-DIARY-91c2") == []
+    assert files_containing(mlxmem_home, "MARKER-CLEAR-91c2") == []
+
+
+def test_interrupted_compaction_is_finished_at_next_open(mlxmem_home):
+    store = Store()
+    store.add_fact("MARKER-CRASH-55aa")
+    # As if the process died after committing the delete, mid-way through writing the copy.
+    with store.connect() as con:
+        con.execute("DELETE FROM facts")
+        con.execute("INSERT INTO state VALUES ('compaction_pending', '1')")
+    Path(f"{store.path}.compact").write_bytes(b"half-written garbage")
+    assert files_containing(mlxmem_home, "MARKER-CRASH-55aa") == [store.path]
+
+    reopened = Store()
+    assert files_containing(mlxmem_home, "MARKER-CRASH-55aa") == []
+    assert reopened.get_state("compaction_pending") is None
+    assert sorted(p.name for p in mlxmem_home.iterdir()) == ["mlxmem.duckdb", "mlxmem.duckdb.lock"]
+
+
+def test_forget_caches_empties_the_cache_dir():
+    cache = paths.cache_dir()
+    (cache / "chat.safetensors").write_bytes(b"x")
+    (cache / "old").mkdir()
+    (cache / "old" / "facts.safetensors").write_bytes(b"y")
+    assert forget_caches() == 2
+    assert list(cache.iterdir()) == []
+
+
+# -- files, permissions, locking ---------------------------------------------------------------
+
+
+def test_files_are_private_and_no_temp_file_remains(mlxmem_home):
+    store = Store()
+    store.add_fact("x")
+    store.delete_facts([1])
+    assert stat.S_IMODE(mlxmem_home.stat().st_mode) == 0o700
+    names = sorted(p.name for p in mlxmem_home.iterdir())
+    assert names == ["mlxmem.duckdb", "mlxmem.duckdb.lock"]
+    for name in names:
+        assert stat.S_IMODE((mlxmem_home / name).stat().st_mode) == 0o600, name
+
+
+def test_corrupt_file_is_reported_and_left_alone():
+    path = paths.db_path()
+    garbage = os.urandom(4096)
+    path.write_bytes(garbage)
+    with pytest.raises(StoreError, match="not a DuckDB database") as info:
+        Store()
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == garbage
+
+
+def test_two_processes_append_and_delete_at_the_same_time(mlxmem_home):
+    Store()  # create the schema once, so both workers start on equal terms
+    worker = """
+        import json, os, sys, time
+        from mlxmem.store import Store
+        name, go = sys.argv[1], sys.argv[2]
+        store = Store(timeout=60)
+        print("ready", flush=True)
+        while not os.path.exists(go):  # start both loops at the same moment
+            time.sleep(0.01)
+        kept, facts = [], []
+        for i in range(18):
+            m = store.append_message(name, "user", f"{name} {i}")
+            f = store.add_fact(f"{name} fact {i}")
+            if i % 3 == 2:
+                store.delete_messages([m.id])
+                store.delete_facts([f.id])
+            else:
+                kept.append(m.text)
+                facts.append(f.text)
+        print(json.dumps([kept, facts]))
+    """
+    go = mlxmem_home.parent / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(worker), name, str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("alpha", "beta")
+    ]
+    assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
+    go.touch()
+    results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    store = Store()
+    for name, (kept, _) in zip(("alpha", "beta"), results, strict=True):
+        assert len(kept) == 12
+        assert [m.text for m in store.messages(name)] == kept
+    all_facts = sorted(f.text for f in store.facts())
+    assert all_facts == sorted(results[0][1] + results[1][1])
+
+
+def test_lock_held_by_another_process_times_out_with_its_pid():
+    Store()
+    holder = run_python(
+        """
+        import sys, time
+        from mlxmem.store import Store
+        with Store().connect():
+            print("ready", flush=True)
+            time.sleep(30)
+        """
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreError, match=f"in use by another process \\(pid {holder.pid}\\)"):
+            Store(timeout=0.3)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert Store().facts() == []  # usable again once the holder is gone
+
+
+def test_database_held_open_by_another_program_times_out():
+    Store()
+    holder = run_python(
+        f"""
+        import duckdb, time
+        con = duckdb.connect({str(paths.db_path())!r})
+        print("ready", flush=True)
+        time.sleep(30)
+        """
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreError, match=f"pid {holder.pid}"):
+            Store(timeout=0.3).facts()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_nested_use_in_one_process_is_reported():
+    store = Store(timeout=0.2)
+    with store.connect():
+        with pytest.raises(StoreError, match="already open in this process"):
+            store.facts()
