@@ -14,7 +14,7 @@ from .engine import Engine, GenerationStats, check_text
 from .errors import InputError
 from .facts import FactExtractor, should_extract
 from .forget import forget_caches
-from .store import Fact, Store
+from .store import Fact, Snapshot, Store
 from .window import CollapseEvent, ConversationWindow, as_messages
 
 INSTRUCTIONS = (
@@ -95,11 +95,10 @@ class Companion:
     def _automatic_fact_ids(self) -> set[int]:
         return {f.id for f in self.store.facts() if f.source == "automatic"}
 
-    def prompt_facts(self) -> list[str]:
+    def prompt_facts(self, facts: list[Fact]) -> list[str]:
         """Manual facts first, then automatic ones newest first. A new automatic fact waits for
         the next collapse or session (it is in the verbatim turns already) so the cached
         prefix stays put; manual changes and deletions show at once."""
-        facts = self.store.facts()
         manual = [f for f in facts if f.source == "manual"]
         auto = [f for f in facts if f.source == "automatic" and f.id in self._auto_fact_ids]
         auto.sort(key=lambda f: f.id, reverse=True)
@@ -112,41 +111,47 @@ class Companion:
         text: str,
         on_text: Callable[[str], None] | None = None,
         on_status: Callable[[str], None] | None = None,
+        reply: str | None = None,
     ) -> TurnResult:
         """Run one turn. `on_text` receives the reply as it streams; `on_status` hears about
         work after the reply (summarizing, remembering). Ctrl-C during the reply keeps the part
-        written so far, marked interrupted."""
+        written so far, marked interrupted.
+
+        With `reply` (replaying a transcript), the model only prefills the prompt and samples
+        one token, for the timings, and `reply` is logged as the assistant's turn."""
         text = check_text(text).strip()
         if not text:
             raise InputError("empty message")
         user = self.store.append_message(
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
-        collapses = self._fold_while_over_budget(on_status)
-        facts = self.prompt_facts()
-        summary, turns = self.window.state()
+        collapses, snap = self._fold_while_over_budget(on_status)
         prompt = self.budget.assemble(
-            self.settings.instructions, facts, summary and summary.text, as_messages(turns)
+            self.settings.instructions,
+            self.prompt_facts(snap.facts),
+            snap.summary and snap.summary.text,
+            as_messages(snap.turns),
         )
-        reply, stats, interrupted = self._stream_reply(prompt, on_text)
+        written, stats, interrupted = self._stream_reply(prompt, on_text, reply is not None)
+        reply = written if reply is None else reply
         self.store.append_message(
             self.conversation,
             "assistant",
             reply,
-            token_count=stats.generated_tokens if stats else None,
+            token_count=self.engine.count_text(reply),
             interrupted=interrupted,
         )
-        collapses += self._fold_while_over_budget(on_status)
-        fact = None if interrupted else self._maybe_extract(user, on_status)
-        # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed
-        # instructions, and its tail is a user message that must not outlive a deletion.
-        self.engine.save_slots([self.slot])
+        collapses += self._fold_while_over_budget(on_status)[0]
+        fact = None if interrupted else self._maybe_extract(user, snap.facts, on_status)
+        self._save_cache(snap.forget_epoch)
         return TurnResult(reply, stats, prompt, interrupted, collapses, fact)
 
-    def _stream_reply(self, prompt: AssembledPrompt, on_text):
+    def _stream_reply(self, prompt: AssembledPrompt, on_text, measure_only: bool = False):
         parts: list[str] = []
         stats = None
         max_tokens = min(self.settings.max_tokens or self.budget.reserve, self.budget.reserve)
+        if measure_only:
+            max_tokens = 1
         try:
             for chunk in self.engine.stream(
                 prompt.tokens,
@@ -167,29 +172,38 @@ class Companion:
             return "".join(parts), stats, True
         return "".join(parts), stats, False
 
-    def _fold_while_over_budget(self, on_status) -> list[CollapseEvent]:
+    def _fold_while_over_budget(self, on_status) -> tuple[list[CollapseEvent], Snapshot]:
+        """Collapse until the window fits; return the events and the store as it is then."""
         events: list[CollapseEvent] = []
         while True:
-            facts = self.prompt_facts()
-            summary, turns = self.window.state()
-            if not self.window.over_budget(facts, summary, turns):
-                break
+            snap = self.store.snapshot(self.conversation)
+            facts = self.prompt_facts(snap.facts)
+            if not self.window.over_budget(facts, snap.summary, snap.turns):
+                return events, snap
             if on_status:
                 on_status("folding older turns into the summary")
-            event = self.window.collapse_oldest(facts)
+            event = self.window.collapse_oldest(facts, snap.summary, snap.turns)
             if event is None:
-                break  # only the newest exchanges are left; the assembler shortens them
+                return events, snap  # only the newest exchanges are left: the assembler shortens
             events.append(event)
-            self._auto_fact_ids = self._automatic_fact_ids()
-        return events
+            self._auto_fact_ids = {f.id for f in snap.facts if f.source == "automatic"}
 
-    def _maybe_extract(self, user, on_status) -> Fact | None:
+    def _save_cache(self, epoch: int) -> None:
+        # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed
+        # instructions, and its tail is a user message that must not outlive a deletion.
+        self.engine.save_slots([self.slot])
+        if self.store.forget_epoch() != epoch:
+            # Something was deleted while this turn ran: the cache may hold it. Start over.
+            self.engine.drop_slot(self.slot)
+            forget_caches()
+
+    def _maybe_extract(self, user, facts: list[Fact], on_status) -> Fact | None:
         if not (self.settings.extract_facts and should_extract(user.text)):
             return None
         if on_status:
             on_status("looking for something to remember")
         try:
-            existing = [f.text for f in self.store.facts()]
+            existing = [f.text for f in facts]
             fact = self.extractor.extract(user.text, existing)
             if fact is None:
                 return None
@@ -202,10 +216,12 @@ class Companion:
 
     def context(self) -> AssembledPrompt:
         """The prompt as it would be assembled now (without a new message)."""
-        summary, turns = self.window.state()
+        snap = self.store.snapshot(self.conversation)
         return self.budget.assemble(
-            self.settings.instructions, self.prompt_facts(), summary and summary.text,
-            as_messages(turns),
+            self.settings.instructions,
+            self.prompt_facts(snap.facts),
+            snap.summary and snap.summary.text,
+            as_messages(snap.turns),
         )
 
     def remember(self, text: str) -> Fact:

@@ -83,9 +83,8 @@ class ConversationWindow:
         self.summary_cap = summary_cap(budget.budget)
 
     def state(self) -> tuple[Summary | None, list[StoredMessage]]:
-        summary = self.store.latest_summary(self.conversation)
-        after = summary.last_seq if summary else None
-        return summary, self.store.messages(self.conversation, after_seq=after)
+        snap = self.store.snapshot(self.conversation)
+        return snap.summary, snap.turns
 
     def over_budget(self, facts: Sequence[str], summary: Summary | None, turns) -> bool:
         """Would instructions + facts + summary + turns + the reserve exceed the budget?"""
@@ -94,9 +93,11 @@ class ConversationWindow:
         )
         return not self.budget.fits(system, as_messages(turns))
 
-    def collapse_oldest(self, facts: Sequence[str]) -> CollapseEvent | None:
-        """Fold the oldest half of the verbatim turns into a new rolling summary."""
-        summary, turns = self.state()
+    def collapse_oldest(
+        self, facts: Sequence[str], summary: Summary | None, turns: Sequence[StoredMessage]
+    ) -> CollapseEvent | None:
+        """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`
+        and `summary` are what the chat prompt holds now, so its cached prefix is reused."""
         n = evict_count(turns)
         if n == 0:
             return None
