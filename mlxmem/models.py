@@ -1,0 +1,252 @@
+"""The model registry: aliases -> hub repos or local directories, with their token budgets.
+
+The registry ships as `mlxmem/models.toml`; a `models.toml` in the data directory adds entries
+or overrides fields of shipped ones, key by key. Hub models are downloaded on first use (with
+progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from mlxmem import paths
+from mlxmem.defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_MODEL, DEFAULT_RESPONSE_RESERVE
+from mlxmem.errors import MlxmemError, ModelLoadError, ModelNotFoundError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REGISTRY_FILENAME = "models.toml"
+# What mlx-lm itself fetches for a model: weights, configs, tokenizer, chat template.
+HUB_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+GENERATORS = ("tiny",)
+_FIELDS = {"repo", "path", "generate", "context_tokens", "response_reserve", "arch", "description"}
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model: where it comes from and the token budget mlxmem gives it."""
+
+    alias: str
+    repo: str | None = None
+    path: Path | None = None
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    response_reserve: int = DEFAULT_RESPONSE_RESERVE
+    arch: str | None = None
+    description: str = ""
+    generated: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The hub repo, else the local path, as text."""
+        return self.repo if self.path is None else str(self.path)
+
+    @property
+    def is_default(self) -> bool:
+        return self.alias == DEFAULT_MODEL
+
+
+def load_registry() -> dict[str, ModelSpec]:
+    """Every alias: the shipped registry merged with the data directory's `models.toml`."""
+    shipped = resources.files("mlxmem").joinpath(REGISTRY_FILENAME)
+    entries = _read_entries(shipped.read_text(encoding="utf-8"), "mlxmem/models.toml")
+    user_file = paths.data_dir() / REGISTRY_FILENAME
+    if user_file.is_file():
+        user = _read_entries(user_file.read_text(encoding="utf-8"), user_file)
+        for alias, fields in user.items():
+            entries[alias] = {**entries.get(alias, {}), **fields}
+    origin = f"mlxmem/models.toml + {user_file}"
+    return {alias: _spec(alias, fields, origin) for alias, fields in entries.items()}
+
+
+def resolve(name_or_path: str) -> ModelSpec:
+    """An alias, a local model directory, or a hub repo id (`owner/name`) -> its ModelSpec."""
+    registry = load_registry()
+    if name_or_path in registry:
+        return registry[name_or_path]
+    local = Path(name_or_path).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ModelLoadError(f"{local} is a file, not a model directory")
+        return ModelSpec(alias=name_or_path, path=local.resolve(), description="local directory")
+    if _REPO_ID.match(name_or_path):
+        return ModelSpec(alias=name_or_path, repo=name_or_path, description="hub repo")
+    raise ModelNotFoundError(
+        f"unknown model {name_or_path!r}: not an alias ({', '.join(sorted(registry))}), "
+        "not a local directory, not a hub repo id (owner/name)"
+    )
+
+
+def is_downloaded(spec: ModelSpec) -> bool:
+    """Whether the model is on disk now. Never touches the network."""
+    if spec.path is not None:
+        return (spec.path / "config.json").is_file()
+    return _cached_snapshot(spec.repo) is not None
+
+
+def ensure_local(spec: ModelSpec, progress: bool = True) -> Path:
+    """The model's local directory: generated, found in the HF cache, or downloaded now.
+
+    Raises ModelNotFoundError when the model is not on disk and cannot be fetched (offline,
+    no network, unknown repo) and ModelLoadError for a directory that is not a model.
+    """
+    if spec.path is not None:
+        return _ensure_path(spec)
+    cached = _cached_snapshot(spec.repo)
+    if cached is not None:
+        return cached
+    if hub_offline():
+        raise ModelNotFoundError(_missing(spec, "HF_HUB_OFFLINE is set, so it cannot be fetched"))
+    return _download(spec, progress)
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub must not be contacted (HF_HUB_OFFLINE)."""
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
+    return flag in ("1", "true", "yes", "on") or bool(constants.HF_HUB_OFFLINE)
+
+
+def _read_entries(text: str, origin: Path | str) -> dict[str, dict[str, Any]]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MlxmemError(f"{origin}: invalid TOML: {exc}") from None
+    models = data.get("models", {})
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise MlxmemError(f'{origin}: expected tables like [models."alias"]')
+    for alias, fields in models.items():
+        unknown = set(fields) - _FIELDS
+        if unknown:
+            raise MlxmemError(
+                f"{origin}: model {alias!r} has unknown field(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(_FIELDS))}"
+            )
+    return models
+
+
+def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
+    if not fields.get("repo") and not fields.get("path"):
+        raise MlxmemError(f"{origin}: model {alias!r} needs a repo or a path")
+    generated = fields.get("generate")
+    if generated is not None and generated not in GENERATORS:
+        raise MlxmemError(f"{origin}: model {alias!r}: generate must be one of {GENERATORS}")
+    context = fields.get("context_tokens", DEFAULT_CONTEXT_TOKENS)
+    reserve = fields.get("response_reserve", DEFAULT_RESPONSE_RESERVE)
+    if not (isinstance(context, int) and isinstance(reserve, int) and 0 <= reserve < context):
+        raise MlxmemError(
+            f"{origin}: model {alias!r}: need integers 0 <= response_reserve < context_tokens"
+        )
+    return ModelSpec(
+        alias=alias,
+        repo=fields.get("repo"),
+        path=_data_path(fields["path"]) if fields.get("path") else None,
+        context_tokens=context,
+        response_reserve=reserve,
+        arch=fields.get("arch"),
+        description=fields.get("description", ""),
+        generated=generated,
+    )
+
+
+def _data_path(value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else paths.data_dir() / path
+
+
+def _ensure_path(spec: ModelSpec) -> Path:
+    path = spec.path
+    if (path / "config.json").is_file():
+        return path
+    if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
+        from mlxmem.tiny import make_tiny
+
+        paths.models_dir()  # the data dir's models folder, private, before writing into it
+        return make_tiny(path, seed=0)
+    if path.exists():
+        raise ModelLoadError(f"{path} has no config.json: not an mlx-lm model directory")
+    raise ModelNotFoundError(f"model {spec.alias!r}: directory {path} does not exist")
+
+
+def _cached_snapshot(repo: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = Path(snapshot_download(repo, local_files_only=True, allow_patterns=HUB_PATTERNS))
+    except (OSError, ValueError):  # not cached, partly cached, or not a valid repo id
+        return None
+    return path if _has_weights(path) else None
+
+
+def _has_weights(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _download(spec: ModelSpec, progress: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        with _progress_bars(progress):
+            path = Path(snapshot_download(spec.repo, allow_patterns=HUB_PATTERNS))
+    except (RepositoryNotFoundError, GatedRepoError) as exc:
+        raise ModelNotFoundError(
+            f"{spec.repo} is not on the Hugging Face hub, or needs a login ({type(exc).__name__})"
+        ) from None
+    except Exception as exc:  # network errors come from several libraries; all mean the same
+        reason = f"the download failed ({type(exc).__name__}: {_first_line(exc)})"
+        raise ModelNotFoundError(_missing(spec, reason)) from exc
+    if not _has_weights(path):
+        raise ModelLoadError(f"{spec.repo} has no config.json or no .safetensors weights")
+    return path
+
+
+def _missing(spec: ModelSpec, reason: str) -> str:
+    return (
+        f"model {spec.alias!r} ({spec.repo}) is not downloaded and {reason}. "
+        f"Run `mlxmem models pull {spec.alias}` while online (HF_HUB_OFFLINE unset), "
+        "or pass --model PATH to a local mlx-lm model directory."
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    if enabled != are_progress_bars_disabled():  # already as asked
+        yield
+        return
+    (enable_progress_bars if enabled else disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (disable_progress_bars if enabled else enable_progress_bars)()
