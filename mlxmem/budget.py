@@ -76,11 +76,13 @@ class PromptBudget:
         budget: int,
         reserve: int,
         facts_share: float = DEFAULT_FACTS_SHARE,
+        slot: str | None = None,
     ):
         self.engine = engine
         self.budget = budget
         self.reserve = reserve
         self.facts_share = facts_share
+        self.slot = slot  # the KV slot the prompts are for (its replies keep their token ids)
 
     @property
     def available(self) -> int:
@@ -104,7 +106,7 @@ class PromptBudget:
         return used
 
     def fits(self, system: Message, turns: Sequence[Message]) -> bool:
-        return self.engine.count_chat([system, *turns]) <= self.available
+        return self.engine.count_chat([system, *turns], slot=self.slot) <= self.available
 
     def assemble(
         self,
@@ -120,7 +122,7 @@ class PromptBudget:
         turns = list(turns)
         shortened = omitted = 0
         stuck: set[int] = set()  # messages that shortening no longer makes smaller
-        tokens = self.engine.encode_chat([system, *turns])
+        tokens = self.engine.encode_chat([system, *turns], slot=self.slot)
         while len(tokens) > self.available:
             over = len(tokens) - self.available
             i = self._longest_shrinkable(turns, stuck)
@@ -142,7 +144,7 @@ class PromptBudget:
                     f"a context budget of {self.budget} tokens with {self.reserve} reserved for "
                     "the reply leaves no room for a message; use a larger budget"
                 )
-            tokens = self.engine.encode_chat([system, *turns])
+            tokens = self.engine.encode_chat([system, *turns], slot=self.slot)
         layers = self._layers(instructions, used, summary, len(tokens))
         return AssembledPrompt(
             messages=[system, *turns],

@@ -43,6 +43,7 @@ class TurnResult:
     interrupted: bool = False
     collapses: list[CollapseEvent] = field(default_factory=list)
     fact_added: Fact | None = None
+    warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
 
     def to_dict(self) -> dict:
         return {
@@ -57,6 +58,7 @@ class TurnResult:
                 "id": self.fact_added.id, "text": self.fact_added.text,
                 "source": self.fact_added.source,
             },
+            "warm_prefilled_tokens": self.warm_prefilled_tokens,
             "facts_left_out": self.prompt.facts_left_out,
             "shortened_messages": self.prompt.shortened,
         }
@@ -82,8 +84,8 @@ class Companion:
         self.conversation = conversation
         self.settings = settings or ChatSettings()
         reserve = min(response_reserve, context_tokens // 4)
-        self.budget = PromptBudget(engine, context_tokens, reserve)
         self.slot = f"{conversation}/chat"
+        self.budget = PromptBudget(engine, context_tokens, reserve, slot=self.slot)
         self.window = ConversationWindow(
             engine, store, conversation, self.budget, self.settings.instructions, self.slot
         )
@@ -141,10 +143,23 @@ class Companion:
             token_count=self.engine.count_text(reply),
             interrupted=interrupted,
         )
-        collapses += self._fold_while_over_budget(on_status)[0]
+        folded, after = self._fold_while_over_budget(on_status)
+        warmed = self._warm_cache(after) if folded else 0
         fact = None if interrupted else self._maybe_extract(user, snap.facts, on_status)
         self._save_cache(snap.forget_epoch)
-        return TurnResult(reply, stats, prompt, interrupted, collapses, fact)
+        return TurnResult(reply, stats, prompt, interrupted, collapses + folded, fact, warmed)
+
+    def _warm_cache(self, snap: Snapshot) -> int:
+        """After a collapse, prefill the new prefix (summary and kept turns) now, while the
+        person reads the reply, so the next turn only prefills its own message."""
+        prompt = self.budget.assemble(
+            self.settings.instructions,
+            self.prompt_facts(snap.facts),
+            snap.summary and snap.summary.text,
+            as_messages(snap.turns),
+        )
+        tokens = self.engine.encode_chat(prompt.messages, False, slot=self.slot)
+        return self.engine.prefill(tokens, slot=self.slot)
 
     def _stream_reply(self, prompt: AssembledPrompt, on_text, measure_only: bool = False):
         parts: list[str] = []

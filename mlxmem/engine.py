@@ -17,6 +17,7 @@ from .defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
 from .errors import InputError, ModelLoadError
 
 ROLES = ("system", "user", "assistant")
+PREFILL_STEP = 512
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,15 @@ class Engine:
     model_id: str = ""
     special_tokens: Sequence[str] = ()  # control-token strings of the chat template
 
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        slot: str | None = None,
+    ) -> list[int]:
         """Token ids of `messages` rendered by the chat template; message contents are encoded
-        as plain text, so special-token strings in them never become control tokens."""
+        as plain text, so special-token strings in them never become control tokens. With
+        `slot`, an assistant message that the slot generated keeps the ids it was sampled as."""
         raise NotImplementedError
 
     def encode_text(self, text: str) -> list[int]:
@@ -99,14 +106,24 @@ class Engine:
         """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix."""
         raise NotImplementedError
 
+    def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        """Bring `slot` up to `prompt` without generating (warming the cache while the person
+        reads); return how many tokens were prefilled."""
+        raise NotImplementedError
+
     def save_slots(self, names: Sequence[str] | None = None) -> None:
         """Persist slots (all held in memory by default; no-op without a disk cache)."""
 
     def drop_slot(self, slot: str) -> None:
         """Forget a slot in memory and on disk."""
 
-    def count_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> int:
-        return len(self.encode_chat(messages, add_generation_prompt))
+    def count_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        slot: str | None = None,
+    ) -> int:
+        return len(self.encode_chat(messages, add_generation_prompt, slot))
 
     def count_text(self, text: str) -> int:
         return len(self.encode_text(text))
@@ -163,7 +180,13 @@ class MLXEngine(Engine):
 
     # -- tokens ---------------------------------------------------------------------------
 
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        slot: str | None = None,
+    ) -> list[int]:
+        kv = self.slots.get(slot) if slot is not None else None
         rendered = self.hf.apply_chat_template(
             [{"role": m.role, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)],
             tokenize=False,
@@ -176,7 +199,10 @@ class MLXEngine(Engine):
         pos = 0
         for match in _PLACEHOLDER_RE.finditer(rendered):
             ids += self._encode_template(rendered[pos : match.start()])
-            ids += self.encode_text(messages[int(match.group(1))].content.strip())
+            message = messages[int(match.group(1))]
+            content = message.content.strip()
+            sampled = kv.reply_tokens(content) if kv and message.role == "assistant" else None
+            ids += sampled if sampled is not None else self.encode_text(content)
             pos = match.end()
         ids += self._encode_template(rendered[pos:])
         return ids
@@ -236,6 +262,7 @@ class MLXEngine(Engine):
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
         out: list[int] = []
+        text: list[str] = []
         first = end = None
         finish = "interrupted"
         try:
@@ -246,7 +273,8 @@ class MLXEngine(Engine):
                     finish = "stop"
                     break
                 detokenizer.add_token(token)
-                yield Chunk(detokenizer.last_segment, token)
+                text.append(detokenizer.last_segment)
+                yield Chunk(text[-1], token)
                 if len(out) == max_tokens:
                     finish = "length"
                     break
@@ -264,11 +292,28 @@ class MLXEngine(Engine):
                 peak_memory_gb=mx.get_peak_memory() / 1e9,
                 finish_reason=finish,
             )
-            yield Chunk(detokenizer.last_segment, None, stats)
+            text.append(detokenizer.last_segment)
+            yield Chunk(text[-1], None, stats)
         finally:
             steps.close()
             kv.sync_tokens(prompt + out)
+            kv.remember_reply("".join(text), [t for t in out if t not in self.eos_token_ids])
             self.slots.enforce_cap(keep=slot)
+
+    def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        import mlx.core as mx
+
+        prompt = list(prompt)
+        kv = self.slots.get(slot)
+        cached = kv.reuse_prefix(prompt)
+        try:
+            for i in range(cached, len(prompt), PREFILL_STEP):
+                self.model(mx.array(prompt[i : i + PREFILL_STEP])[None], cache=kv.cache)
+                mx.eval([c.state for c in kv.cache])
+        finally:
+            kv.sync_tokens(prompt)
+            self.slots.enforce_cap(keep=slot)
+        return len(prompt) - cached
 
     def save_slots(self, names: Sequence[str] | None = None) -> None:
         for name in names if names is not None else self.slots.names():

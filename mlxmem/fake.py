@@ -54,7 +54,10 @@ class FakeEngine(Engine):
         return [self._id(p) for p in _TOKEN_RE.findall(text)]
 
     def encode_chat(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        slot: str | None = None,
     ) -> list[int]:
         bos, start, end, eot = range(4)
         ids = [bos]
@@ -99,6 +102,12 @@ class FakeEngine(Engine):
             peak_memory_gb=0.0,
             finish_reason=finish,
         ))
+
+    def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        prompt = list(prompt)
+        cached = min(common_prefix_len(self.slots.get(slot, []), prompt), len(prompt) - 1)
+        self.slots[slot] = prompt
+        return len(prompt) - cached
 
     def drop_slot(self, slot: str) -> None:
         self.slots.pop(slot, None)

@@ -31,6 +31,7 @@ from .paths import ensure_private_dir, make_private
 
 LAYOUT_VERSION = "1"
 SUFFIX = ".safetensors"
+MAX_REPLIES = 16
 DIGEST_SUFFIX = ".sum"
 
 
@@ -44,6 +45,11 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _text_key(text: str) -> str:
+    # A hash, so that a cache file holds no reply text in the clear.
+    return hashlib.sha256(text.strip().encode()).hexdigest()[:32]
 
 
 def tokens_hash(tokens: Sequence[int]) -> str:
@@ -66,10 +72,21 @@ class KVSlot:
         self._make_cache = make_cache
         self.cache: list[Any] = make_cache()
         self.tokens: list[int] = []
+        # Replies generated on this slot, text hash -> token ids: a sampled reply often re-tokenizes
+        # differently, and the next prompt should carry the ids the cache already holds.
+        self.replies: dict[str, list[int]] = {}
 
     def reset(self) -> None:
         self.cache = self._make_cache()
         self.tokens = []
+
+    def remember_reply(self, text: str, tokens: Sequence[int]) -> None:
+        key = _text_key(text)
+        if tokens:
+            self.replies.pop(key, None)
+            self.replies[key] = list(tokens)
+            while len(self.replies) > MAX_REPLIES:
+                del self.replies[next(iter(self.replies))]
 
     def reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Keep the longest common prefix with `prompt` (leaving at least one token to
@@ -100,6 +117,10 @@ class KVSlot:
             offset = len(tokens)
         self.tokens = list(tokens[:offset])
 
+    def reply_tokens(self, text: str) -> list[int] | None:
+        """The ids this slot sampled for a reply with this text, if it wrote one."""
+        return self.replies.get(_text_key(text))
+
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.cache)
@@ -117,6 +138,7 @@ class KVSlot:
             "n_tokens": str(len(self.tokens)),
             "tokens_sha256": tokens_hash(self.tokens),
             "tokens": json.dumps(self.tokens),
+            "replies": json.dumps(list(self.replies.items())),
         }
         tmp = path.with_name(path.name + ".tmp" + SUFFIX)
         save_prompt_cache(str(tmp), self.cache, meta)
@@ -132,7 +154,7 @@ class KVSlot:
         if not path.exists():
             return False
         try:
-            cache, tokens = _read_checked(path, model_id)
+            cache, tokens, replies = _read_checked(path, model_id)
         except Exception as exc:  # noqa: BLE001 - any failure means: do not trust this file
             warnings.warn(
                 f"ignoring KV cache {path.name} ({exc}); prefilling from scratch",
@@ -142,7 +164,7 @@ class KVSlot:
             remove_slot_files(path)
             self.reset()
             return False
-        self.cache, self.tokens = cache, tokens
+        self.cache, self.tokens, self.replies = cache, tokens, replies
         return True
 
     def _compact(self) -> None:
@@ -154,7 +176,7 @@ class KVSlot:
                 c.values = c.values[..., : c.offset, :]
 
 
-def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
+def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int], dict]:
     digest = digest_path(path)
     if not digest.exists() or digest.read_text().strip() != file_digest(path):
         raise ValueError("file digest does not match (truncated or corrupt)")
@@ -169,7 +191,7 @@ def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
     if any(c.offset != len(tokens) for c in cache):
         raise ValueError("cache length does not match its token ids")
     mx.eval([c.state for c in cache])
-    return cache, tokens
+    return cache, tokens, {text: ids for text, ids in json.loads(meta.get("replies", "[]"))}
 
 
 def digest_path(path: Path) -> Path:

@@ -141,7 +141,7 @@ class ConversationWindow:
 
     def _summary_budget(self) -> PromptBudget:
         return PromptBudget(
-            self.engine, self.budget.budget, self.summary_cap, self.budget.facts_share
+            self.engine, self.budget.budget, self.summary_cap, self.budget.facts_share, self.slot
         )
 
     def _cap(self, text: str) -> str:
