@@ -66,6 +66,9 @@ def chat(
     json_output: bool = typer.Option(
         False, "--json", help="With -m or stdin: print one JSON object with the reply and stats."
     ),
+    interactive: bool = typer.Option(
+        False, "--interactive", "-i", help="Read lines and /commands from stdin even if piped."
+    ),
 ) -> None:
     """Chat with a model that remembers.
 
@@ -74,7 +77,7 @@ def chat(
     nothing piped in, starts an interactive session (type /help there).
     """
     _one_line_warnings()
-    if message is None and not sys.stdin.isatty():
+    if message is None and not interactive and not sys.stdin.isatty():
         message = _read_stdin()
     if message is not None and not message.strip():
         raise InputError("empty message")

@@ -173,3 +173,54 @@ def test_chat_and_memory_rm_in_two_processes_at_once(tiny):
     assert Store().facts() == []
     assert [m.role for m in Store().messages("default")] == ["user", "assistant"]
     assert json.loads(out)["reply"] is not None
+
+
+def test_interactive_session_with_slash_commands(tiny):
+    script = "\n".join([
+        "/remember I am vegetarian",
+        "/memory",
+        "Hello there!",
+        "/context",
+        "/forget 1",
+        "/memory",
+        "/forget banana",
+        "/nope",
+        "/quit",
+    ]) + "\n"
+    result = runner.invoke(
+        app, ["chat", "--model", str(tiny), "-i", "--max-tokens", "8", "--temp", "0"],
+        input=script,
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "remembered [1] I am vegetarian" in out
+    assert "[1] (manual) I am vegetarian" in out
+    assert "context budget: 4096 tokens" in out and "instructions" in out
+    assert "forgot 1 fact(s)" in out and "nothing remembered yet" in out
+    assert "IDs are numbers" in out and "unknown command /nope" in out
+    assert [m.role for m in Store().messages("default")] == ["user", "assistant"]
+    assert Store().facts() == []
+
+
+def test_every_command_explains_itself():
+    import typer.main
+
+    root = typer.main.get_command(app)
+    names = []
+
+    def walk(group, prefix):
+        for name, command in group.commands.items():
+            names.append(prefix + [name])
+            if hasattr(command, "commands"):
+                walk(command, prefix + [name])
+
+    walk(root, [])
+    assert {"chat", "memory", "history", "bench", "models"} <= {n[0] for n in names}
+    for name in names:
+        result = runner.invoke(app, [*name, "--help"])
+        assert result.exit_code == 0, name
+        assert "Usage:" in result.output
+        command = root
+        for part in name:
+            command = command.commands[part]
+        assert (command.help or "").strip(), f"mlxmem {' '.join(name)} has no help"
