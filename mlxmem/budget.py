@@ -166,7 +166,9 @@ class PromptBudget:
                 return i
         return None
 
-    def _layers(self, instructions: str, facts: list[str], summary: str | None, total: int) -> Layers:
+    def _layers(
+        self, instructions: str, facts: list[str], summary: str | None, total: int
+    ) -> Layers:
         t_instr = self.system_tokens(instructions, [], None)
         t_facts = self.system_tokens(instructions, facts, None) - t_instr
         t_system = self.system_tokens(instructions, facts, summary)

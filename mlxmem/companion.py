@@ -54,8 +54,11 @@ class TurnResult:
             "budget": self.prompt.budget,
             "collapsed": bool(self.collapses),
             "collapses": [c.to_dict() for c in self.collapses],
-            "fact_added": None if self.fact_added is None else {
-                "id": self.fact_added.id, "text": self.fact_added.text,
+            "fact_added": None
+            if self.fact_added is None
+            else {
+                "id": self.fact_added.id,
+                "text": self.fact_added.text,
                 "source": self.fact_added.source,
             },
             "warm_prefilled_tokens": self.warm_prefilled_tokens,

@@ -91,17 +91,21 @@ class FakeEngine(Engine):
         self.slots[slot] = prompt + out
         for token in reply[:max_tokens]:
             yield Chunk(self._words[token], token)
-        yield Chunk("", None, GenerationStats(
-            prompt_tokens=len(prompt),
-            cached_tokens=cached,
-            prefilled_tokens=len(prompt) - cached,
-            generated_tokens=len(out),
-            ttft_s=0.0,
-            prefill_tps=0.0,
-            decode_tps=0.0,
-            peak_memory_gb=0.0,
-            finish_reason=finish,
-        ))
+        yield Chunk(
+            "",
+            None,
+            GenerationStats(
+                prompt_tokens=len(prompt),
+                cached_tokens=cached,
+                prefilled_tokens=len(prompt) - cached,
+                generated_tokens=len(out),
+                ttft_s=0.0,
+                prefill_tps=0.0,
+                decode_tps=0.0,
+                peak_memory_gb=0.0,
+                finish_reason=finish,
+            ),
+        )
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         prompt = list(prompt)

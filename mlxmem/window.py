@@ -88,9 +88,7 @@ class ConversationWindow:
 
     def over_budget(self, facts: Sequence[str], summary: Summary | None, turns) -> bool:
         """Would instructions + facts + summary + turns + the reserve exceed the budget?"""
-        system = Message(
-            "system", system_text(self.instructions, facts, summary and summary.text)
-        )
+        system = Message("system", system_text(self.instructions, facts, summary and summary.text))
         return not self.budget.fits(system, as_messages(turns))
 
     def collapse_oldest(
@@ -132,12 +130,16 @@ class ConversationWindow:
         transcript in a new context (what a cache-less design would prefill)."""
         transcript = "\n".join(f"{t.role}: {t.text}" for t in evicted)
         earlier = f"Earlier summary: {summary.text}\n\n" if summary else ""
-        return self._summary_budget().assemble(
-            "You summarize conversations.",
-            [],
-            None,
-            [Message("user", f"{earlier}Conversation:\n{transcript}\n\n{SUMMARY_REQUEST}")],
-        ).tokens
+        return (
+            self._summary_budget()
+            .assemble(
+                "You summarize conversations.",
+                [],
+                None,
+                [Message("user", f"{earlier}Conversation:\n{transcript}\n\n{SUMMARY_REQUEST}")],
+            )
+            .tokens
+        )
 
     def _summary_budget(self) -> PromptBudget:
         return PromptBudget(

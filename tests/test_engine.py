@@ -58,7 +58,7 @@ def test_cached_tokens_are_the_common_prefix(tiny_fp, tmp_path):
     p1 = engine.encode_chat(conversation(3))
     p2 = engine.encode_chat(conversation(3)[:5] + [Message("user", "New question?")])
     engine.generate(p1, slot="s", max_tokens=4, temp=0.0)
-    common = next(i for i, (a, b) in enumerate(zip(p1, p2)) if a != b)
+    common = next(i for i, (a, b) in enumerate(zip(p1, p2, strict=False)) if a != b)
     assert engine.generate(p2, slot="s", max_tokens=4, temp=0.0).stats.cached_tokens == common
     # The same prompt again reuses all but the last token, which must be prefilled.
     again = engine.generate(p2, slot="s", max_tokens=4, temp=0.0)
@@ -89,7 +89,7 @@ def test_slots_persist_across_engines(tiny_fp, tmp_path):
     second = MLXEngine(tiny_fp, cache_dir=kv)
     longer = second.encode_chat(conversation(4) + [Message("user", "And then?")])
     result = second.generate(longer, slot="conv/chat", max_tokens=12, temp=0.0)
-    common = next(i for i, (a, b) in enumerate(zip(prompt, longer)) if a != b)
+    common = next(i for i, (a, b) in enumerate(zip(prompt, longer, strict=False)) if a != b)
     assert result.stats.cached_tokens == common > 0.9 * len(prompt)
     fresh = MLXEngine(tiny_fp).generate(longer, slot="x", max_tokens=12, temp=0.0)
     assert result.tokens == fresh.tokens
