@@ -94,3 +94,22 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
             message_id BIGINT
         )"""
     )
+
+
+# Benchmark runs, so that `mlxmem bench history` can compare them. The JSON columns hold JSON
+# text in VARCHAR: the json extension is not needed to open the database.
+@migration
+def m002_bench_runs(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE SEQUENCE bench_runs_id_seq START 1")
+    con.execute(
+        """CREATE TABLE bench_runs (
+            id BIGINT PRIMARY KEY DEFAULT nextval('bench_runs_id_seq'),
+            kind VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL,
+            model VARCHAR NOT NULL,
+            machine VARCHAR NOT NULL,
+            versions VARCHAR NOT NULL,
+            settings VARCHAR NOT NULL,
+            results VARCHAR NOT NULL
+        )"""
+    )

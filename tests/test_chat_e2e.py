@@ -282,3 +282,25 @@ def test_every_command_explains_itself():
         for part in name:
             command = command.commands[part]
         assert (command.help or "").strip(), f"mlxmem {' '.join(name)} has no help"
+
+
+def test_a_killed_chat_loses_no_committed_turn(tmp_path):
+    import signal
+    import time
+
+    slow = make_tiny(tmp_path / "slow", seed=4, arch={"hidden_size": 256, "num_hidden_layers": 4})
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "mlxmem_cli", "chat", "--model", str(slow), "--max-tokens", "400",
+         "-m", "Please write me a very long story about the sea."],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not Store().messages("default") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(chat.pid, signal.SIGKILL)
+    chat.wait(timeout=60)
+    log = Store().messages("default")  # the database opens after the kill
+    assert log[0].role == "user" and log[0].text.startswith("Please write me")
+    after, _ = one_shot(slow, "Are you there?")
+    assert after["generated_tokens"] > 0
+    assert Store().messages("default")[-1].role == "assistant"

@@ -48,6 +48,16 @@ SCHEMA = {
         ("updated_at", "TIMESTAMP"),
         ("message_id", "BIGINT"),
     ],
+    "bench_runs": [
+        ("id", "BIGINT"),
+        ("kind", "VARCHAR"),
+        ("created_at", "TIMESTAMP"),
+        ("model", "VARCHAR"),
+        ("machine", "VARCHAR"),
+        ("versions", "VARCHAR"),
+        ("settings", "VARCHAR"),
+        ("results", "VARCHAR"),
+    ],
 }
 
 
@@ -80,7 +90,10 @@ def test_empty_database_migrates_to_exact_schema():
     store = Store()
     with store.connect() as con:
         assert schema(con) == SCHEMA
-        assert con.execute("SELECT name FROM migrations").fetchall() == [("m001_initial",)]
+        assert con.execute("SELECT name FROM migrations ORDER BY name").fetchall() == [
+            ("m001_initial",),
+            ("m002_bench_runs",),
+        ]
     assert store.path == paths.db_path()
 
 
@@ -88,7 +101,7 @@ def test_reopen_is_idempotent():
     Store().add_fact("likes tea")
     store = Store()
     with store.connect() as con:
-        assert con.execute("SELECT count(*) FROM migrations").fetchone() == (1,)
+        assert con.execute("SELECT count(*) FROM migrations").fetchone() == (len(MIGRATIONS),)
         assert schema(con) == SCHEMA
     assert [f.text for f in store.facts()] == ["likes tea"]
 
@@ -99,7 +112,8 @@ def test_old_database_upgrades_with_a_new_migration(tmp_path):
 
     con = duckdb.connect(str(tmp_path / "old.duckdb"))
     assert migrate(con, MIGRATIONS[:1]) == ["m001_initial"]
-    assert migrate(con, [*MIGRATIONS, m002_add_mood]) == ["m002_add_mood"]
+    newer = [m.__name__ for m in MIGRATIONS[1:]]
+    assert migrate(con, [*MIGRATIONS, m002_add_mood]) == [*newer, "m002_add_mood"]
     assert migrate(con, [*MIGRATIONS, m002_add_mood]) == []
     assert schema(con)["messages"][-1] == ("mood", "VARCHAR")
     con.close()
