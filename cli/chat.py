@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -54,7 +55,9 @@ def chat(
     temp: float = typer.Option(DEFAULT_TEMP, help="Sampling temperature (0: greedy)."),
     top_p: float = typer.Option(DEFAULT_TOP_P, help="Nucleus sampling threshold."),
     max_tokens: int = typer.Option(
-        None, help="Longest reply in tokens (default and limit: the model's response reserve)."
+        None,
+        min=1,
+        help="Longest reply in tokens (default and limit: the model's response reserve).",
     ),
     seed: int = typer.Option(DEFAULT_SEED, help="Random seed for sampling."),
     context_tokens: int = typer.Option(
@@ -128,6 +131,9 @@ def _interactive(companion: Companion) -> None:
         except MlxmemError as exc:
             err.print(f"Error: {exc}")
             continue
+        except KeyboardInterrupt:
+            err.print("\n(interrupted)")
+            continue
         _write("\n")
         _report_after(result)
 
@@ -154,7 +160,7 @@ def _command(companion: Companion, line: str) -> bool:
             _print_context(companion)
         else:
             err.print(f"unknown command {name}; /help lists them")
-    except ValueError:
+    except ValueError:  # int() of an id
         err.print("Error: IDs are numbers (see /memory)")
     except MlxmemError as exc:
         err.print(f"Error: {exc}")
@@ -194,8 +200,12 @@ def _status(text: str) -> None:
 
 
 def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): finish the turn quietly, it is logged all the same.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
 
 
 def _read_stdin() -> str:

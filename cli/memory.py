@@ -22,11 +22,16 @@ app = typer.Typer(
 )
 
 
+# Token ids kept for the model's KV cache: not for people or scripts reading the log.
+INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
+
+
 def as_record(value: Any) -> dict[str, Any]:
     """A dataclass as a JSON-ready dict, with ISO 8601 timestamps."""
     return {
         key: item.isoformat() if isinstance(item, datetime) else item
         for key, item in asdict(value).items()
+        if key not in INTERNAL_FIELDS
     }
 
 

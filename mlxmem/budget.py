@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from .engine import Engine, Message
+from .errors import MlxmemError
 
 DEFAULT_FACTS_SHARE = 0.15
 # A shortened message keeps at least this many tokens (head and tail).
@@ -15,7 +16,7 @@ FACTS_HEADER = "What you know about the user (they can see and edit this list):"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 
 
-class BudgetError(ValueError):
+class BudgetError(MlxmemError):
     """The fixed parts (instructions, reserve) leave no room for a single message."""
 
 
@@ -76,13 +77,11 @@ class PromptBudget:
         budget: int,
         reserve: int,
         facts_share: float = DEFAULT_FACTS_SHARE,
-        slot: str | None = None,
     ):
         self.engine = engine
         self.budget = budget
         self.reserve = reserve
         self.facts_share = facts_share
-        self.slot = slot  # the KV slot the prompts are for (its replies keep their token ids)
 
     @property
     def available(self) -> int:
@@ -100,13 +99,12 @@ class PromptBudget:
         cap = int(self.budget * self.facts_share)
         used: list[str] = []
         for fact in facts:
-            if self.system_tokens(instructions, used + [fact], None) - base > cap:
-                break
-            used.append(fact)
+            if self.system_tokens(instructions, used + [fact], None) - base <= cap:
+                used.append(fact)  # a long fact that does not fit leaves room for shorter ones
         return used
 
     def fits(self, system: Message, turns: Sequence[Message]) -> bool:
-        return self.engine.count_chat([system, *turns], slot=self.slot) <= self.available
+        return self.engine.count_chat([system, *turns]) <= self.available
 
     def assemble(
         self,
@@ -122,7 +120,7 @@ class PromptBudget:
         turns = list(turns)
         shortened = omitted = 0
         stuck: set[int] = set()  # messages that shortening no longer makes smaller
-        tokens = self.engine.encode_chat([system, *turns], slot=self.slot)
+        tokens = self.engine.encode_chat([system, *turns])
         while len(tokens) > self.available:
             over = len(tokens) - self.available
             i = self._longest_shrinkable(turns, stuck)
@@ -144,7 +142,7 @@ class PromptBudget:
                     f"a context budget of {self.budget} tokens with {self.reserve} reserved for "
                     "the reply leaves no room for a message; use a larger budget"
                 )
-            tokens = self.engine.encode_chat([system, *turns], slot=self.slot)
+            tokens = self.engine.encode_chat([system, *turns])
         layers = self._layers(instructions, used, summary, len(tokens))
         return AssembledPrompt(
             messages=[system, *turns],

@@ -8,21 +8,20 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .budget import AssembledPrompt, PromptBudget
+from .budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
 from .defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
 from .engine import Engine, GenerationStats, check_text
 from .errors import InputError
 from .facts import FactExtractor, should_extract
 from .forget import forget_caches
 from .store import Fact, Snapshot, Store
-from .window import CollapseEvent, ConversationWindow, as_messages
+from .window import CollapseEvent, ConversationWindow, summary_cap
 
 INSTRUCTIONS = (
     "You are a warm, concise companion running on the user's own device. You remember earlier "
     "conversations through the facts and the summary below; use them when they help, and say "
     "so when you do not know something."
 )
-MIN_CONTEXT_TOKENS = 256
 
 
 @dataclass
@@ -80,20 +79,44 @@ class Companion:
         response_reserve: int,
         settings: ChatSettings | None = None,
     ):
-        if context_tokens < MIN_CONTEXT_TOKENS:
-            raise InputError(f"the context budget must be at least {MIN_CONTEXT_TOKENS} tokens")
         self.engine = engine
         self.store = store
         self.conversation = conversation
         self.settings = settings or ChatSettings()
-        reserve = min(response_reserve, context_tokens // 4)
+        self.response_reserve = response_reserve
+        reserve = max(1, min(response_reserve, context_tokens // 4))
         self.slot = f"{conversation}/chat"
-        self.budget = PromptBudget(engine, context_tokens, reserve, slot=self.slot)
+        self.budget = PromptBudget(engine, context_tokens, reserve)
         self.window = ConversationWindow(
             engine, store, conversation, self.budget, self.settings.instructions, self.slot
         )
-        self.extractor = FactExtractor(engine, max_message_tokens=context_tokens // 2)
+        self._check_budget()
+        self.extractor = FactExtractor(engine, context_tokens)
         self._auto_fact_ids = self._automatic_fact_ids()
+
+    def _check_budget(self) -> None:
+        """Refuse a budget too small for the instructions, the facts share, the summary cap,
+        the reserve and the newest exchange at its shortest."""
+        if self._tokens_needed(self.budget.budget) <= self.budget.budget:
+            return
+        enough = self.budget.budget
+        while self._tokens_needed(enough) > enough:
+            enough += 64
+        raise InputError(
+            f"a context budget of {self.budget.budget} tokens is too small for this model's "
+            f"instructions, memory and reply; use at least {enough}"
+        )
+
+    def _tokens_needed(self, budget: int) -> int:
+        b = self.budget
+        return (
+            b.system_tokens(self.settings.instructions, [], None)
+            + int(budget * b.facts_share)
+            + summary_cap(budget)
+            + 32  # the headers of the facts and summary blocks
+            + 2 * (MIN_MESSAGE_TOKENS + 16)
+            + min(self.response_reserve, budget // 4)
+        )
 
     # -- layer 3 in the prompt --------------------------------------------------------------
 
@@ -109,6 +132,14 @@ class Companion:
         auto.sort(key=lambda f: f.id, reverse=True)
         return [f.text for f in manual + auto]
 
+    def _assemble(self, snap: Snapshot) -> AssembledPrompt:
+        return self.budget.assemble(
+            self.settings.instructions,
+            self.prompt_facts(snap.facts),
+            snap.summary and snap.summary.text,
+            self.window.messages(snap.turns),
+        )
+
     # -- a turn -----------------------------------------------------------------------------
 
     def send(
@@ -120,7 +151,7 @@ class Companion:
     ) -> TurnResult:
         """Run one turn. `on_text` receives the reply as it streams; `on_status` hears about
         work after the reply (summarizing, remembering). Ctrl-C during the reply keeps the part
-        written so far, marked interrupted.
+        written so far, marked interrupted; Ctrl-C after it skips that work until next turn.
 
         With `reply` (replaying a transcript), the model only prefills the prompt and samples
         one token, for the timings, and `reply` is logged as the assistant's turn."""
@@ -131,64 +162,56 @@ class Companion:
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
         collapses, snap = self._fold_while_over_budget(on_status)
-        prompt = self.budget.assemble(
-            self.settings.instructions,
-            self.prompt_facts(snap.facts),
-            snap.summary and snap.summary.text,
-            as_messages(snap.turns),
-        )
-        written, stats, interrupted = self._stream_reply(prompt, on_text, reply is not None)
-        reply = written if reply is None else reply
+        prompt = self._assemble(snap)
+        written, ids, stats, interrupted = self._stream_reply(prompt, on_text, reply is not None)
+        sampled = reply is None and not interrupted
+        logged = written if reply is None else reply
         self.store.append_message(
             self.conversation,
             "assistant",
-            reply,
-            token_count=self.engine.count_text(reply),
+            logged,
+            token_count=len(ids) if sampled else self.engine.count_text(logged),
             interrupted=interrupted,
+            sampled_ids=ids if sampled else None,
+            sampled_by=self.engine.model_id if sampled else None,
         )
-        folded, after = self._fold_while_over_budget(on_status)
-        warmed = self._warm_cache(after) if folded else 0
-        fact = None if interrupted else self._maybe_extract(user, snap.facts, on_status)
+        result = TurnResult(logged, stats, prompt, interrupted, collapses)
+        try:
+            folded, after = self._fold_while_over_budget(on_status)
+            result.collapses += folded
+            result.warm_prefilled_tokens = self._warm_cache(after) if folded else 0
+            if not interrupted:
+                result.fact_added = self._maybe_extract(user, snap.facts, on_status)
+        except KeyboardInterrupt:
+            pass  # best effort: the next turn folds first if the window is still over budget
         self._save_cache(snap.forget_epoch)
-        return TurnResult(reply, stats, prompt, interrupted, collapses + folded, fact, warmed)
-
-    def _warm_cache(self, snap: Snapshot) -> int:
-        """After a collapse, prefill the new prefix (summary and kept turns) now, while the
-        person reads the reply, so the next turn only prefills its own message."""
-        prompt = self.budget.assemble(
-            self.settings.instructions,
-            self.prompt_facts(snap.facts),
-            snap.summary and snap.summary.text,
-            as_messages(snap.turns),
-        )
-        tokens = self.engine.encode_chat(prompt.messages, False, slot=self.slot)
-        return self.engine.prefill(tokens, slot=self.slot)
+        return result
 
     def _stream_reply(self, prompt: AssembledPrompt, on_text, measure_only: bool = False):
         parts: list[str] = []
-        stats = None
-        max_tokens = min(self.settings.max_tokens or self.budget.reserve, self.budget.reserve)
-        if measure_only:
-            max_tokens = 1
+        ids: list[int] = []
+        max_tokens = self.budget.reserve
+        if self.settings.max_tokens is not None:
+            max_tokens = max(1, min(self.settings.max_tokens, max_tokens))
+        stream = self.engine.stream(
+            prompt.tokens,
+            slot=self.slot,
+            max_tokens=1 if measure_only else max_tokens,
+            temp=self.settings.temp,
+            top_p=self.settings.top_p,
+            seed=self.settings.seed,
+        )
         try:
-            for chunk in self.engine.stream(
-                prompt.tokens,
-                slot=self.slot,
-                max_tokens=max_tokens,
-                temp=self.settings.temp,
-                top_p=self.settings.top_p,
-                seed=self.settings.seed,
-            ):
+            for chunk in stream:
                 parts.append(chunk.text)
+                if chunk.token is not None:
+                    ids.append(chunk.token)
                 if on_text and chunk.text:
                     on_text(chunk.text)
-                stats = chunk.stats or stats
         except KeyboardInterrupt:
-            stats = GenerationStats(
-                len(prompt.tokens), 0, 0, len(parts), 0.0, 0.0, 0.0, 0.0, "interrupted"
-            )
-            return "".join(parts), stats, True
-        return "".join(parts), stats, False
+            stream.close()
+            return "".join(parts), ids, self.engine.last_stats, True
+        return "".join(parts), ids, self.engine.last_stats, False
 
     def _fold_while_over_budget(self, on_status) -> tuple[list[CollapseEvent], Snapshot]:
         """Collapse until the window fits; return the events and the store as it is then."""
@@ -205,6 +228,12 @@ class Companion:
                 return events, snap  # only the newest exchanges are left: the assembler shortens
             events.append(event)
             self._auto_fact_ids = {f.id for f in snap.facts if f.source == "automatic"}
+
+    def _warm_cache(self, snap: Snapshot) -> int:
+        """After a collapse, prefill the new prefix (summary and kept turns) now, while the
+        person reads the reply, so the next turn only prefills its own message."""
+        messages = self._assemble(snap).messages
+        return self.engine.prefill(self.engine.encode_chat(messages, False), slot=self.slot)
 
     def _save_cache(self, epoch: int) -> None:
         # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed
@@ -234,13 +263,7 @@ class Companion:
 
     def context(self) -> AssembledPrompt:
         """The prompt as it would be assembled now (without a new message)."""
-        snap = self.store.snapshot(self.conversation)
-        return self.budget.assemble(
-            self.settings.instructions,
-            self.prompt_facts(snap.facts),
-            snap.summary and snap.summary.text,
-            as_messages(snap.turns),
-        )
+        return self._assemble(self.store.snapshot(self.conversation))
 
     def remember(self, text: str) -> Fact:
         """Add a manual fact; it is in the prompt from the next reply on."""

@@ -24,6 +24,9 @@ PREFILL_STEP = 512
 class Message:
     role: str
     content: str
+    # The ids this content was sampled as, when the engine's model wrote it: used instead of
+    # re-tokenizing, so the prompt matches what the model (and its KV cache) saw.
+    tokens: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -74,16 +77,14 @@ class Engine:
 
     model_id: str = ""
     special_tokens: Sequence[str] = ()  # control-token strings of the chat template
+    last_stats: GenerationStats | None = None  # of the latest stream call, even if interrupted
 
     def encode_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        slot: str | None = None,
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> list[int]:
         """Token ids of `messages` rendered by the chat template; message contents are encoded
-        as plain text, so special-token strings in them never become control tokens. With
-        `slot`, an assistant message that the slot generated keeps the ids it was sampled as."""
+        as plain text, so special-token strings in them never become control tokens, and a
+        message with `tokens` keeps them."""
         raise NotImplementedError
 
     def encode_text(self, text: str) -> list[int]:
@@ -117,13 +118,8 @@ class Engine:
     def drop_slot(self, slot: str) -> None:
         """Forget a slot in memory and on disk."""
 
-    def count_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        slot: str | None = None,
-    ) -> int:
-        return len(self.encode_chat(messages, add_generation_prompt, slot))
+    def count_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> int:
+        return len(self.encode_chat(messages, add_generation_prompt))
 
     def count_text(self, text: str) -> int:
         return len(self.encode_text(text))
@@ -172,6 +168,7 @@ class MLXEngine(Engine):
             {str(t) for t in self.hf.all_special_tokens}
             | {t.content for t in self.hf.added_tokens_decoder.values() if t.special}
         )
+        self._system_role = self._supports_system_role()
         self.model_path = Path(model_path)
         self.model_id = model_id or model_identity(self.model_path)
         self.slots = SlotPool(
@@ -181,16 +178,13 @@ class MLXEngine(Engine):
     # -- tokens ---------------------------------------------------------------------------
 
     def encode_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        slot: str | None = None,
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> list[int]:
-        kv = self.slots.get(slot) if slot is not None else None
-        rendered = self.hf.apply_chat_template(
+        if not self._system_role:
+            messages = _without_system(messages)
+        rendered = self._render(
             [{"role": m.role, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)],
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt,
         )
         ids: list[int] = []
         bos = self.hf.bos_token
@@ -200,12 +194,31 @@ class MLXEngine(Engine):
         for match in _PLACEHOLDER_RE.finditer(rendered):
             ids += self._encode_template(rendered[pos : match.start()])
             message = messages[int(match.group(1))]
-            content = message.content.strip()
-            sampled = kv.reply_tokens(content) if kv and message.role == "assistant" else None
-            ids += sampled if sampled is not None else self.encode_text(content)
+            if message.tokens is not None:
+                ids += message.tokens
+            else:
+                ids += self.encode_text(message.content.strip())
             pos = match.end()
         ids += self._encode_template(rendered[pos:])
         return ids
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        try:
+            return self.hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # noqa: BLE001 - templates raise whatever they like
+            raise InputError(f"the model's chat template refused the conversation: {exc}") from None
+
+    def _supports_system_role(self) -> bool:
+        probe = [
+            {"role": "system", "content": _PLACEHOLDER.format(0)},
+            {"role": "user", "content": "x"},
+        ]
+        try:
+            return _PLACEHOLDER.format(0) in self._render(probe, True)
+        except InputError:
+            return False
 
     def encode_text(self, text: str) -> list[int]:
         check_text(text)
@@ -245,6 +258,8 @@ class MLXEngine(Engine):
 
         if not prompt:
             raise InputError("empty prompt")
+        if max_tokens < 1:
+            raise InputError("max_tokens must be at least 1")
         prompt = list(prompt)
         kv = self.slots.get(slot)
         mx.reset_peak_memory()
@@ -262,8 +277,7 @@ class MLXEngine(Engine):
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
         out: list[int] = []
-        text: list[str] = []
-        first = end = None
+        first = None
         finish = "interrupted"
         try:
             for token, _ in steps:
@@ -273,32 +287,37 @@ class MLXEngine(Engine):
                     finish = "stop"
                     break
                 detokenizer.add_token(token)
-                text.append(detokenizer.last_segment)
-                yield Chunk(text[-1], token)
+                yield Chunk(detokenizer.last_segment, token)
                 if len(out) == max_tokens:
                     finish = "length"
                     break
-            end = time.perf_counter()
             detokenizer.finalize()
-            first = first or end
-            stats = GenerationStats(
-                prompt_tokens=len(prompt),
-                cached_tokens=cached,
-                prefilled_tokens=len(prompt) - cached,
-                generated_tokens=len(out),
-                ttft_s=first - start,
-                prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
-                decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
-                peak_memory_gb=mx.get_peak_memory() / 1e9,
-                finish_reason=finish,
-            )
-            text.append(detokenizer.last_segment)
-            yield Chunk(text[-1], None, stats)
+            self.last_stats = self._stats(prompt, cached, out, start, first, finish)
+            yield Chunk(detokenizer.last_segment, None, self.last_stats)
         finally:
             steps.close()
             kv.sync_tokens(prompt + out)
-            kv.remember_reply("".join(text), [t for t in out if t not in self.eos_token_ids])
             self.slots.enforce_cap(keep=slot)
+            if finish == "interrupted":
+                self.last_stats = self._stats(prompt, cached, out, start, first, finish)
+
+    @staticmethod
+    def _stats(prompt, cached, out, start, first, finish) -> GenerationStats:
+        import mlx.core as mx
+
+        end = time.perf_counter()
+        first = first or end
+        return GenerationStats(
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            prefilled_tokens=len(prompt) - cached,
+            generated_tokens=len(out),
+            ttft_s=first - start,
+            prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
+            decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            finish_reason=finish,
+        )
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         import mlx.core as mx
@@ -321,6 +340,17 @@ class MLXEngine(Engine):
 
     def drop_slot(self, slot: str) -> None:
         self.slots.drop(slot)
+
+
+def _without_system(messages: Sequence[Message]) -> list[Message]:
+    """For templates with no system role: the system text opens the first user message."""
+    if not messages or messages[0].role != "system":
+        return list(messages)
+    system, rest = messages[0], list(messages[1:])
+    if rest and rest[0].role == "user":
+        rest[0] = Message("user", f"{system.content.strip()}\n\n{rest[0].content.strip()}")
+        return rest
+    return [Message("user", system.content), *rest]
 
 
 def load_engine(model: str, cache_dir: Path | None = None):

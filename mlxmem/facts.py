@@ -68,22 +68,30 @@ def should_extract(message: str) -> bool:
 class FactExtractor:
     """One model call per long-enough message; never raises into the chat."""
 
-    def __init__(self, engine: Engine, max_message_tokens: int = 2048):
+    def __init__(self, engine: Engine, budget: int):
         self.engine = engine
-        self.max_message_tokens = max_message_tokens
+        self.budget = budget
 
-    def prompt(self, message: str) -> list[int]:
-        message = shorten(self.engine, message, self.max_message_tokens)
-        return self.engine.encode_chat(
+    def prompt(self, message: str) -> list[int] | None:
+        """The extraction prompt, with the message shortened so that the prompt plus the
+        answer fits the budget; None if even a short message would not fit."""
+        frame = self.engine.count_chat(
+            [Message("system", EXTRACTION_INSTRUCTIONS), Message("user", "")]
+        )
+        room = self.budget - MAX_FACT_TOKENS - frame - 8
+        if room < 16:
+            return None
+        message = shorten(self.engine, message, room)
+        tokens = self.engine.encode_chat(
             [Message("system", EXTRACTION_INSTRUCTIONS), Message("user", message)]
         )
+        return tokens if len(tokens) + MAX_FACT_TOKENS <= self.budget else None
 
     def extract(self, message: str, existing: Iterable[str]) -> str | None:
-        if not should_extract(message):
+        prompt = self.prompt(message) if should_extract(message) else None
+        if prompt is None:
             return None
-        result = self.engine.generate(
-            self.prompt(message), slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0
-        )
+        result = self.engine.generate(prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0)
         if result.stats.finish_reason == "length":
             return None  # an answer that ran to the token limit is not one short sentence
         fact = clean_fact(result.text, self.engine.special_tokens)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .defaults import CHAT_SLOT
 from .engine import Chunk, Engine, GenerationStats, Message, check_text
+from .errors import InputError
 from .kvslots import common_prefix_len
 
 SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
@@ -54,16 +55,14 @@ class FakeEngine(Engine):
         return [self._id(p) for p in _TOKEN_RE.findall(text)]
 
     def encode_chat(
-        self,
-        messages: Sequence[Message],
-        add_generation_prompt: bool = True,
-        slot: str | None = None,
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> list[int]:
         bos, start, end, eot = range(4)
         ids = [bos]
         for m in messages:
             ids += [start, *self.encode_text(m.role), end, self._id("\n\n")]
-            ids += [*self.encode_text(m.content.strip()), eot]
+            content = m.tokens if m.tokens is not None else self.encode_text(m.content.strip())
+            ids += [*content, eot]
         if add_generation_prompt:
             ids += [start, self._id("assistant"), end, self._id("\n\n")]
         return ids
@@ -81,6 +80,8 @@ class FakeEngine(Engine):
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> Iterator[Chunk]:
+        if max_tokens < 1:
+            raise InputError("max_tokens must be at least 1")
         prompt = list(prompt)
         cached = min(common_prefix_len(self.slots.get(slot, []), prompt), len(prompt) - 1)
         text = self.decode(prompt)
@@ -89,23 +90,23 @@ class FakeEngine(Engine):
         finish = "stop" if len(reply) < max_tokens else "length"
         out = reply[:max_tokens] if finish == "length" else reply + [SPECIALS.index("<|eot_id|>")]
         self.slots[slot] = prompt + out
-        for token in reply[:max_tokens]:
-            yield Chunk(self._words[token], token)
-        yield Chunk(
-            "",
-            None,
-            GenerationStats(
-                prompt_tokens=len(prompt),
-                cached_tokens=cached,
-                prefilled_tokens=len(prompt) - cached,
-                generated_tokens=len(out),
-                ttft_s=0.0,
-                prefill_tps=0.0,
-                decode_tps=0.0,
-                peak_memory_gb=0.0,
-                finish_reason=finish,
-            ),
+        self.last_stats = GenerationStats(
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            prefilled_tokens=len(prompt) - cached,
+            generated_tokens=len(out),
+            ttft_s=0.0,
+            prefill_tps=0.0,
+            decode_tps=0.0,
+            peak_memory_gb=0.0,
+            finish_reason="interrupted",
         )
+        for n, token in enumerate(reply[:max_tokens], 1):
+            self.last_stats.generated_tokens = n
+            yield Chunk(self._words[token], token)
+        self.last_stats.generated_tokens = len(out)
+        self.last_stats.finish_reason = finish
+        yield Chunk("", None, self.last_stats)
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         prompt = list(prompt)

@@ -31,7 +31,6 @@ from .paths import ensure_private_dir, make_private
 
 LAYOUT_VERSION = "1"
 SUFFIX = ".safetensors"
-MAX_REPLIES = 16
 DIGEST_SUFFIX = ".sum"
 
 
@@ -45,11 +44,6 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
-
-
-def _text_key(text: str) -> str:
-    # A hash, so that a cache file holds no reply text in the clear.
-    return hashlib.sha256(text.strip().encode()).hexdigest()[:32]
 
 
 def tokens_hash(tokens: Sequence[int]) -> str:
@@ -72,21 +66,10 @@ class KVSlot:
         self._make_cache = make_cache
         self.cache: list[Any] = make_cache()
         self.tokens: list[int] = []
-        # Replies generated on this slot, text hash -> token ids: a sampled reply often re-tokenizes
-        # differently, and the next prompt should carry the ids the cache already holds.
-        self.replies: dict[str, list[int]] = {}
 
     def reset(self) -> None:
         self.cache = self._make_cache()
         self.tokens = []
-
-    def remember_reply(self, text: str, tokens: Sequence[int]) -> None:
-        key = _text_key(text)
-        if tokens:
-            self.replies.pop(key, None)
-            self.replies[key] = list(tokens)
-            while len(self.replies) > MAX_REPLIES:
-                del self.replies[next(iter(self.replies))]
 
     def reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Keep the longest common prefix with `prompt` (leaving at least one token to
@@ -117,10 +100,6 @@ class KVSlot:
             offset = len(tokens)
         self.tokens = list(tokens[:offset])
 
-    def reply_tokens(self, text: str) -> list[int] | None:
-        """The ids this slot sampled for a reply with this text, if it wrote one."""
-        return self.replies.get(_text_key(text))
-
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.cache)
@@ -138,7 +117,6 @@ class KVSlot:
             "n_tokens": str(len(self.tokens)),
             "tokens_sha256": tokens_hash(self.tokens),
             "tokens": json.dumps(self.tokens),
-            "replies": json.dumps(list(self.replies.items())),
         }
         tmp = path.with_name(path.name + ".tmp" + SUFFIX)
         save_prompt_cache(str(tmp), self.cache, meta)
@@ -154,7 +132,7 @@ class KVSlot:
         if not path.exists():
             return False
         try:
-            cache, tokens, replies = _read_checked(path, model_id)
+            cache, tokens = _read_checked(path, model_id)
         except Exception as exc:  # noqa: BLE001 - any failure means: do not trust this file
             warnings.warn(
                 f"ignoring KV cache {path.name} ({exc}); prefilling from scratch",
@@ -164,7 +142,7 @@ class KVSlot:
             remove_slot_files(path)
             self.reset()
             return False
-        self.cache, self.tokens, self.replies = cache, tokens, replies
+        self.cache, self.tokens = cache, tokens
         return True
 
     def _compact(self) -> None:
@@ -176,7 +154,7 @@ class KVSlot:
                 c.values = c.values[..., : c.offset, :]
 
 
-def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int], dict]:
+def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
     digest = digest_path(path)
     if not digest.exists() or digest.read_text().strip() != file_digest(path):
         raise ValueError("file digest does not match (truncated or corrupt)")
@@ -191,15 +169,18 @@ def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int], dict
     if any(c.offset != len(tokens) for c in cache):
         raise ValueError("cache length does not match its token ids")
     mx.eval([c.state for c in cache])
-    return cache, tokens, {text: ids for text, ids in json.loads(meta.get("replies", "[]"))}
+    return cache, tokens
 
 
 def digest_path(path: Path) -> Path:
     return path.with_name(path.name[: -len(SUFFIX)] + DIGEST_SUFFIX)
 
 
-def remove_slot_files(path: Path) -> None:
-    for p in (path, digest_path(path)):
+def remove_slot_files(path: Path, temporary: bool = False) -> None:
+    paths = [path, digest_path(path)]
+    if temporary:
+        paths += [path.with_name(path.name + ".tmp" + s) for s in (SUFFIX, DIGEST_SUFFIX)]
+    for p in paths:
         p.unlink(missing_ok=True)
 
 
@@ -247,7 +228,11 @@ class SlotPool:
         names = [name] if name is not None else list(self._slots)
         for n in names:
             if n in self._slots:
-                self._slots[n].save(self.path(n), self.model_id)
+                try:
+                    self._slots[n].save(self.path(n), self.model_id)
+                except OSError as exc:  # full disk, or the cache dir wiped meanwhile
+                    warnings.warn(f"could not save KV cache ({exc})", CacheWarning, stacklevel=2)
+                    remove_slot_files(self.path(n), temporary=True)
 
     def drop(self, name: str, delete_file: bool = True) -> None:
         self._slots.pop(name, None)

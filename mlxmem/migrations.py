@@ -113,3 +113,12 @@ def m002_bench_runs(con: duckdb.DuckDBPyConnection) -> None:
             results VARCHAR NOT NULL
         )"""
     )
+
+
+# The token ids a reply was sampled as, and the model that sampled them: re-tokenizing a reply
+# from its text often gives other ids, and the next prompt should carry the ones the model saw
+# (which its KV cache holds). Kept with the turn, so they are deleted with it.
+@migration
+def m003_sampled_ids(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE messages ADD COLUMN sampled_ids INTEGER[]")
+    con.execute("ALTER TABLE messages ADD COLUMN sampled_by VARCHAR")

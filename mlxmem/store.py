@@ -58,6 +58,8 @@ class Message:
     created_at: datetime
     token_count: int | None
     interrupted: bool
+    sampled_ids: tuple[int, ...] | None = None  # for an assistant turn: the ids it was sampled as
+    sampled_by: str | None = None  # the model identity those ids belong to
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ class Snapshot:
 
 
 _MESSAGES = """SELECT m.id, c.name, m.seq, m.role, m.text, m.created_at, m.token_count,
-    m.interrupted FROM messages m JOIN conversations c ON c.id = m.conversation_id"""
+    m.interrupted, m.sampled_ids, m.sampled_by
+    FROM messages m JOIN conversations c ON c.id = m.conversation_id"""
 _SUMMARIES = """SELECT s.id, c.name, s.text, s.first_seq, s.last_seq, s.token_count,
     s.created_at FROM summaries s JOIN conversations c ON c.id = s.conversation_id"""
 _FACTS = "SELECT id, text, source, created_at, updated_at, message_id FROM facts"
@@ -272,6 +275,8 @@ class Store:
         text: str,
         token_count: int | None = None,
         interrupted: bool = False,
+        sampled_ids: list[int] | None = None,
+        sampled_by: str | None = None,
     ) -> Message:
         """Append a turn (creating the conversation on first use); committed before return."""
         _check_choice(role, ROLES, "role")
@@ -285,10 +290,14 @@ class Store:
             ).fetchone()[0]
             (mid,) = con.execute(
                 "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count,"
-                " interrupted) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                [cid, seq, role, text, now, token_count, interrupted],
+                " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING id",
+                [cid, seq, role, text, now, token_count, interrupted, sampled_ids, sampled_by],
             ).fetchone()
-        return Message(mid, conversation, seq, role, text, _utc(now), token_count, interrupted)
+        ids = None if sampled_ids is None else tuple(sampled_ids)
+        return Message(
+            mid, conversation, seq, role, text, _utc(now), token_count, interrupted, ids, sampled_by
+        )
 
     def messages(self, conversation: str, after_seq: int | None = None) -> list[Message]:
         """The turns of `conversation` in order (those after `after_seq` if given)."""
@@ -557,7 +566,8 @@ def _get_fact(con: duckdb.DuckDBPyConnection, fact_id: int) -> Fact:
 
 
 def _message(row: tuple) -> Message:
-    return Message(*row[:5], _utc(row[5]), *row[6:])
+    ids = None if row[8] is None else tuple(row[8])
+    return Message(*row[:5], _utc(row[5]), row[6], row[7], ids, row[9])
 
 
 def _summary(row: tuple) -> Summary:

@@ -43,8 +43,11 @@ class CollapseEvent:
         return asdict(self)
 
 
-def as_messages(turns: Sequence[StoredMessage]) -> list[Message]:
-    return [Message(t.role, t.text) for t in turns]
+def as_messages(turns: Sequence[StoredMessage], model_id: str) -> list[Message]:
+    """Logged turns as prompt messages; a reply this model sampled keeps its token ids."""
+    return [
+        Message(t.role, t.text, t.sampled_ids if t.sampled_by == model_id else None) for t in turns
+    ]
 
 
 def evict_count(turns: Sequence[StoredMessage]) -> int:
@@ -86,10 +89,15 @@ class ConversationWindow:
         snap = self.store.snapshot(self.conversation)
         return snap.summary, snap.turns
 
+    def messages(self, turns: Sequence[StoredMessage]) -> list[Message]:
+        return as_messages(turns, self.engine.model_id)
+
     def over_budget(self, facts: Sequence[str], summary: Summary | None, turns) -> bool:
-        """Would instructions + facts + summary + turns + the reserve exceed the budget?"""
-        system = Message("system", system_text(self.instructions, facts, summary and summary.text))
-        return not self.budget.fits(system, as_messages(turns))
+        """Would instructions + facts + summary + turns + the reserve exceed the budget?
+        (Counting the facts the assembler would pack, not all of them.)"""
+        packed = self.budget.pack_facts(self.instructions, facts)
+        text = system_text(self.instructions, packed, summary and summary.text)
+        return not self.budget.fits(Message("system", text), self.messages(turns))
 
     def collapse_oldest(
         self, facts: Sequence[str], summary: Summary | None, turns: Sequence[StoredMessage]
@@ -105,12 +113,15 @@ class ConversationWindow:
             self.instructions,
             facts,
             summary.text if summary else None,
-            [*as_messages(evicted), Message("user", SUMMARY_REQUEST)],
+            [*self.messages(evicted), Message("user", SUMMARY_REQUEST)],
         )
         result = self.engine.generate(
             prompt.tokens, slot=self.slot, max_tokens=self.summary_cap, temp=0.0
         )
-        text = self._cap(result.text.strip() or self._fallback(summary, evicted))
+        written = result.text.strip()
+        if prompt.omitted:
+            written = ""  # the model did not see every evicted turn: never record that range
+        text = self._cap(written or self._fallback(summary, evicted))
         tokens = self.engine.count_text(text)
         first = summary.first_seq if summary else evicted[0].seq
         self.store.add_summary(self.conversation, text, first, evicted[-1].seq, tokens)
@@ -143,19 +154,20 @@ class ConversationWindow:
 
     def _summary_budget(self) -> PromptBudget:
         return PromptBudget(
-            self.engine, self.budget.budget, self.summary_cap, self.budget.facts_share, self.slot
+            self.engine, self.budget.budget, self.summary_cap, self.budget.facts_share
         )
 
     def _cap(self, text: str) -> str:
         return shorten_to(self.engine, text, self.summary_cap)
 
     def _fallback(self, summary: Summary | None, evicted) -> str:
-        # The model wrote nothing usable: keep the newest of the person's own words rather
-        # than lose the turns (the hard cap allows no more).
+        # No usable summary from the model: keep the newest of the person's own words (or, if
+        # they wrote none here, the replies) rather than lose the turns; the cap allows no more.
         words = [summary.text] if summary else []
-        words += [t.text for t in evicted if t.role == "user"]
-        tokens = self.engine.encode_text(" ".join(words))
-        return self.engine.decode(tokens[-self.summary_cap :]).strip()
+        said = [t.text for t in evicted if t.role == "user" and t.text.strip()]
+        words += said or [t.text for t in evicted]
+        tokens = self.engine.encode_text(" ".join(words).strip())
+        return self.engine.decode(tokens[-self.summary_cap :]).strip() or "(nothing was said)"
 
 
 def shorten_to(engine: Engine, text: str, max_tokens: int) -> str:

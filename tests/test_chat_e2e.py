@@ -11,8 +11,10 @@ import pytest
 from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
+from mlxmem import paths
 from mlxmem.companion import ChatSettings, Companion
-from mlxmem.engine import MLXEngine
+from mlxmem.engine import Message, MLXEngine
+from mlxmem.forget import forget_caches
 from mlxmem.store import Store
 from mlxmem.tiny import make_tiny
 from mlxmem.window import summary_cap
@@ -304,3 +306,38 @@ def test_a_killed_chat_loses_no_committed_turn(tmp_path):
     after, _ = one_shot(slow, "Are you there?")
     assert after["generated_tokens"] > 0
     assert Store().messages("default")[-1].role == "assistant"
+
+
+def test_throwing_the_cache_away_does_not_change_the_prompt(tiny):
+    settings = ChatSettings(temp=0.0, max_tokens=24, extract_facts=False)
+    companion = Companion(
+        MLXEngine(tiny, cache_dir=paths.cache_dir()), Store(), "c", 2048, 512, settings
+    )
+    for text in ["Hi, I am Ana.", "I like rivers.", "And ducks."]:
+        companion.send(text)
+    before = companion.context().tokens
+    forget_caches()
+    fresh = Companion(
+        MLXEngine(tiny, cache_dir=paths.cache_dir()), Store(), "c", 2048, 512, settings
+    )
+    assert fresh.context().tokens == before
+
+
+def test_template_without_a_system_role_keeps_the_memory_in_the_prompt(tiny, tmp_path):
+    import shutil
+
+    model = tmp_path / "nosystem"
+    shutil.copytree(tiny, model)
+    template = model / "chat_template.jinja"
+    text = template.read_text()
+    # Drop system messages, as some models' templates do.
+    template.write_text(
+        text.replace(
+            "{% for message in messages %}",
+            "{% for message in messages if message.role != 'system' %}",
+        )
+    )
+    assert "!= 'system'" in template.read_text()
+    engine = MLXEngine(model)
+    ids = engine.encode_chat([Message("system", "REMEMBER-PLUM"), Message("user", "hi")])
+    assert "REMEMBER-PLUM" in engine.decode(ids)

@@ -12,7 +12,7 @@ from mlxmem.errors import InputError
 from mlxmem.facts import clean_fact, is_duplicate, normalize
 from mlxmem.fake import FakeEngine
 from mlxmem.store import Store
-from mlxmem.window import MIN_VERBATIM, SUMMARY_REQUEST, evict_count, summary_cap
+from mlxmem.window import MIN_VERBATIM, SUMMARY_REQUEST, as_messages, evict_count, summary_cap
 
 FACT = "The user has a cat called Miso."
 
@@ -232,3 +232,59 @@ def test_prompt_plus_reserve_never_exceeds_the_budget(turns, facts, summary, bud
         "left out here" in kept and kept.split("\n[")[0].strip() in newest
     )
     assert sum(prompt.layers.to_dict().values()) == budget
+
+
+def test_many_facts_do_not_force_a_collapse_every_turn():
+    engine, store, companion = make(budget=1024)
+    for i in range(60):
+        store.add_fact(f"The user's friend number {i} is called Name{i} and lives far away.")
+    results = [companion.send(f"short message {i}") for i in range(6)]
+    assert not any(r.collapses for r in results)
+    assert results[-1].prompt.facts_left_out > 0
+
+
+def test_a_long_fact_does_not_hide_the_short_ones_after_it():
+    engine = FakeEngine()
+    budget = PromptBudget(engine, 1000, 100)
+    facts = ["word " * 400, "The user likes tea.", "The user is called Ana."]
+    assert budget.pack_facts("Be kind.", facts) == facts[1:]
+
+
+def test_too_small_a_budget_is_refused_up_front_with_the_size_that_works():
+    with pytest.raises(InputError, match="use at least") as info:
+        make(budget=300, reserve=100)
+    enough = int(str(info.value).rsplit(" ", 1)[-1])
+    make(budget=enough, reserve=100)  # the suggested size works
+
+
+def test_fact_extraction_prompt_fits_small_budgets():
+    engine, _, companion = make(budget=520, reserve=120)
+    companion.send("My sister Ana lives in Porto. " * 40)
+    for call in engine.calls:
+        assert call.prompt_tokens + call.max_tokens <= 520
+
+
+def test_interrupted_reply_is_kept_with_consistent_stats():
+    _, store, companion = make()
+
+    def stop_after_first(text):
+        raise KeyboardInterrupt
+
+    result = companion.send("Tell me a story", on_text=stop_after_first)
+    assert result.interrupted and result.stats.finish_reason == "interrupted"
+    assert result.stats.cached_tokens + result.stats.prefilled_tokens == result.stats.prompt_tokens
+    last = store.messages("default")[-1]
+    assert last.role == "assistant" and last.interrupted and last.sampled_ids is None
+
+
+def test_sampled_reply_ids_are_logged_and_reused_in_the_next_prompt():
+    engine, store, companion = make(budget=2000)
+    companion.send("hello")
+    reply = store.messages("default")[-1]
+    assert reply.sampled_by == engine.model_id
+    assert list(reply.sampled_ids) == engine.encode_text(
+        "That sounds lovely. Tell me more about your afternoon and the sardines."
+    )
+    # A model that did not write the reply re-tokenizes it instead.
+    assert companion.window.messages([reply])[0].tokens == reply.sampled_ids
+    assert as_messages([reply], "another-model")[0].tokens is None

@@ -30,6 +30,8 @@ SCHEMA = {
         ("created_at", "TIMESTAMP"),
         ("token_count", "INTEGER"),
         ("interrupted", "BOOLEAN"),
+        ("sampled_ids", "INTEGER[]"),
+        ("sampled_by", "VARCHAR"),
     ],
     "summaries": [
         ("id", "BIGINT"),
@@ -93,6 +95,7 @@ def test_empty_database_migrates_to_exact_schema():
         assert con.execute("SELECT name FROM migrations ORDER BY name").fetchall() == [
             ("m001_initial",),
             ("m002_bench_runs",),
+            ("m003_sampled_ids",),
         ]
     assert store.path == paths.db_path()
 
