@@ -1,5 +1,412 @@
-"""`mlxmem bench`."""
+"""`mlxmem bench`: speed, turns, restart and history; a thin layer over mlxmem.bench."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-app = typer.Typer(help="bench commands.", no_args_is_help=True)
+from mlxmem import bench
+from mlxmem.bench_common import DEFAULT_BENCH_SEED, gpu_available, machine_text
+from mlxmem.bench_common import Progress as OnProgress
+from mlxmem.bench_restart import DEFAULT_RESTART_TRIALS
+from mlxmem.bench_speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
+from mlxmem.bench_turns import DEFAULT_SYNTHETIC_TURNS
+from mlxmem.errors import InputError
+
+from .common import handle_errors, print_json
+
+app = typer.Typer(
+    help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
+    "results: `speed` (engine vs bare mlx-lm), `turns` (a conversation replayed through the "
+    "memory system), `restart` (the first turn after a restart), `history` (stored runs).",
+    no_args_is_help=True,
+)
+err = Console(stderr=True, highlight=False)
+
+MODEL = typer.Option(
+    None, "--model", help="A registry alias or a model directory: real weights (on a Mac)."
+)
+ARCH = typer.Option(
+    None,
+    "--arch",
+    help="Random weights of this shape: tiny, small, a registry arch (llama-3.2-3b, ...) or a "
+    "config.json path. Default: llama-3.2-3b on a GPU, tiny on a CPU.",
+)
+QUANTIZE = typer.Option(
+    None, "--quantize", help="Bits per weight for --arch (default: the arch's own, else fp32)."
+)
+SEED = typer.Option(DEFAULT_BENCH_SEED, "--seed", help="Seed for weights, prompts and sampling.")
+DB = typer.Option(
+    None, "--db", help="Store the run in this DuckDB file (default: mlxmem's database)."
+)
+JSON = typer.Option(False, "--json", help="Print the results as JSON instead of tables.")
+CONTEXT = typer.Option(None, "--context-tokens", help="Context budget (default: the model's).")
+TRANSCRIPT = typer.Option(
+    None, "--transcript", help="JSON lines with role and text (default: a synthetic chat)."
+)
+PLOT = typer.Option(
+    None, "--plot", help="Write a PNG of context fill per turn and time to first token."
+)
+
+
+@app.command("speed")
+@handle_errors
+def speed(
+    model: str = MODEL,
+    arch: str = ARCH,
+    quantize: int = QUANTIZE,
+    lengths: str = typer.Option(
+        ",".join(map(str, DEFAULT_LENGTHS)), "--lengths", help="Prompt lengths, comma-separated."
+    ),
+    trials: int = typer.Option(DEFAULT_TRIALS, "--trials", min=1, help="Timed trials each."),
+    gen_tokens: int = typer.Option(
+        DEFAULT_GEN_TOKENS, "--gen-tokens", min=2, help="Tokens decoded per trial."
+    ),
+    seed: int = SEED,
+    db: Path = DB,
+    as_json: bool = JSON,
+) -> None:
+    """Prefill and decode tokens/s, time to first token and peak memory: mlxmem's engine next
+    to bare mlx_lm.stream_generate on the same model and prompts, and a cached turn's time to
+    first token against a fresh prefill of the same prompt. A warm-up, then N trials: medians,
+    with [min, max]."""
+    sizes = _lengths(lengths)
+    chosen = _model(model, arch, quantize, seed, as_json)
+    with bench.bench_engine(chosen) as engine, _progress("speed") as progress:
+        result = bench.run_speed(engine, sizes, trials, gen_tokens, seed, progress)
+    run = bench.record_run(bench.BenchRun.of(result, chosen), db)
+    if as_json:
+        return _print_json(run)
+    title = (
+        f"bench speed: {chosen.label}, median of {trials} trials (± half their range), "
+        f"{gen_tokens} tokens decoded"
+    )
+    table = Table(title=title)
+    for column in (
+        "prompt",
+        "TTFT mlxmem",
+        "TTFT mlx-lm",
+        "cached-turn TTFT",
+        "speed-up",
+        "decode tok/s mlxmem",
+        "decode tok/s mlx-lm",
+        "decode ratio",
+        "peak MB mlxmem / mlx-lm",
+    ):
+        table.add_column(column, justify="right")
+    for row in result.to_dict()["lengths"]:
+        spread = row["spread"]
+        table.add_row(
+            str(row["prompt_tokens"]),
+            _plusminus(row["ttft_s"], spread["ttft_s"], "s"),
+            _plusminus(row["bare_ttft_s"], spread["bare_ttft_s"], "s"),
+            _plusminus(row["cached_ttft_s"], spread["cached_ttft_s"], "s"),
+            _times(row["cached_ttft_ratio"]),
+            _plusminus(row["decode_tps"], spread["decode_tps"]),
+            _plusminus(row["bare_decode_tps"], spread["bare_decode_tps"]),
+            _plusminus(row["decode_tps_ratio"], spread["decode_tps_ratio"]),
+            f"{row['peak_memory_gb'] * 1e3:.0f} / {row['bare_peak_memory_gb'] * 1e3:.0f}",
+        )
+    Console().print(table)
+    _footer(run)
+
+
+@app.command("turns")
+@handle_errors
+def turns(
+    transcript: Path = TRANSCRIPT,
+    model: str = MODEL,
+    arch: str = ARCH,
+    quantize: int = QUANTIZE,
+    context_tokens: int = CONTEXT,
+    max_turns: int = typer.Option(None, "--max-turns", min=1, help="Replay only N exchanges."),
+    synthetic_turns: int = typer.Option(
+        DEFAULT_SYNTHETIC_TURNS,
+        "--synthetic-turns",
+        min=1,
+        help="Exchanges of the synthetic chat, without --transcript.",
+    ),
+    generate: bool = typer.Option(
+        False, "--generate", help="Let the model write the replies instead of replaying them."
+    ),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Longest reply (--generate)."),
+    facts: bool = typer.Option(False, "--facts/--no-facts", help="Extract facts, as a chat does."),
+    rebuild_every: int = typer.Option(
+        1,
+        "--rebuild-every",
+        min=0,
+        help="Measure baseline (a), rebuilding the prompt from scratch, every N turns (0: never).",
+    ),
+    fresh_summaries: bool = typer.Option(
+        True,
+        "--fresh-summaries/--no-fresh-summaries",
+        help="Measure baseline (b), each summary written in a fresh context.",
+    ),
+    reply_in_cache: bool = typer.Option(
+        True,
+        "--reply-in-cache/--no-reply-in-cache",
+        help="Replay: put each replayed reply into the KV cache after its turn, where "
+        "generating it would have left it (counted apart, as decoding).",
+    ),
+    plot: Path = PLOT,
+    seed: int = SEED,
+    db: Path = DB,
+    as_json: bool = JSON,
+) -> None:
+    """Replay a conversation through the full memory system and record, per turn, the tokens
+    of each layer, prompt / cached / prefilled tokens, time to first token and collapses, next
+    to (a) rebuilding every prompt from scratch and (b) summarizing in a fresh context."""
+    if transcript is not None:
+        exchanges = bench.read_transcript(transcript, replay=not generate)
+        source = str(transcript)
+    else:
+        exchanges = bench.synthetic_transcript(synthetic_turns, seed)
+        source = f"synthetic ({synthetic_turns} exchanges, seed {seed})"
+    exchanges = exchanges[:max_turns] if max_turns else exchanges
+    chosen = _model(model, arch, quantize, seed, as_json)
+    with bench.bench_engine(chosen) as engine, _progress("turns") as progress:
+        result = bench.run_turns(
+            engine,
+            exchanges,
+            context_tokens or chosen.context_tokens,
+            chosen.response_reserve,
+            generate=generate,
+            facts=facts,
+            max_tokens=max_tokens,
+            rebuild_every=rebuild_every,
+            fresh_summaries=fresh_summaries,
+            reply_in_cache=reply_in_cache,
+            seed=seed,
+            progress=progress,
+        )
+    result.settings["transcript"] = source
+    run = bench.record_run(bench.BenchRun.of(result, chosen), db)
+    if plot is not None:
+        from mlxmem.bench_plot import plot_turns
+
+        title = f"{Path(source).name if transcript else source}: {chosen.label}"
+        plot_turns(result, plot, title)
+    if as_json:
+        return _print_json(run)
+    s = result.summary()
+    budget = result.settings["context_tokens"]
+    title = f"bench turns: {source}, {chosen.label}, {budget} tokens"
+    table = Table("figure", "value", title=title)
+    rows = [
+        ("turns (exchanges)", str(s["turns"])),
+        ("prompt tokens from cache, all calls", _share(s["cache_share"])),
+        ("  replies only", _share(s["cache_share_replies"])),
+        (
+            "  non-collapse turns",
+            f"{_share(s['cache_share_non_collapse'])} ({s['non_collapse_turns']} turns)",
+        ),
+        ("turns kept verbatim, mean", _number(s["verbatim_turns_mean"], 1)),
+        (
+            "prompt tokens, mean / max",
+            f"{_number(s['prompt_tokens_mean'], 0)} / {s['prompt_tokens_max']}",
+        ),
+        ("prefilled tokens per turn, mean", _number(s["prefilled_tokens_mean"], 0)),
+        ("collapses (before a reply)", f"{s['collapses']} ({s['collapses_before_reply']})"),
+        (
+            "summary tokens, mean / max",
+            f"{_number(s['summary_tokens_mean'], 0)} / {s['summary_tokens_max']}",
+        ),
+        ("budget violations", str(s["budget_violations"])),
+        ("accounting errors", str(s["accounting_errors"])),
+        (
+            "TTFT median: mlxmem / rebuild",
+            f"{_number(s['wait_s_median'], 3)} s / {_number(s['rebuild_ttft_s_median'], 3)} s",
+        ),
+        (
+            "(a) TTFT ratio vs rebuild, all / non-collapse",
+            f"{_times(s['ttft_ratio_vs_rebuild'])} / "
+            f"{_times(s['ttft_ratio_vs_rebuild_non_collapse'])}",
+        ),
+        ("(a) prefilled tokens vs rebuild", _number(s["prefill_ratio_vs_rebuild"], 3)),
+        ("(b) collapse prefill vs fresh-context summary", _number(s["collapse_prefill_ratio"], 3)),
+        ("(b) collapse time vs fresh-context summary", _number(s["collapse_seconds_ratio"], 3)),
+        ("tokens per word (tokenizer)", _number(result.settings["tokens_per_word"], 2)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
+    _footer(run, plot)
+
+
+@app.command("restart")
+@handle_errors
+def restart(
+    model: str = MODEL,
+    arch: str = ARCH,
+    quantize: int = QUANTIZE,
+    context_tokens: int = CONTEXT,
+    trials: int = typer.Option(DEFAULT_RESTART_TRIALS, "--trials", min=1, help="Trials each."),
+    seed: int = SEED,
+    db: Path = DB,
+    as_json: bool = JSON,
+) -> None:
+    """Time to first token of the first turn after a restart at a full context: the chat's KV
+    cache loaded from disk, against rebuilding it from the chat log."""
+    chosen = _model(model, arch, quantize, seed, as_json)
+    with _progress("restart") as progress:
+        result = bench.run_restart(
+            chosen.path,
+            context_tokens or chosen.context_tokens,
+            chosen.response_reserve,
+            trials,
+            seed,
+            progress,
+        )
+    run = bench.record_run(bench.BenchRun.of(result, chosen), db)
+    if as_json:
+        return _print_json(run)
+    r = result.to_dict()
+    table = Table("", "cache restored", "cache rebuilt", title=f"bench restart: {chosen.label}")
+    spread = r["spread"]
+    table.add_row("prompt tokens", str(r["prompt_tokens"]), str(r["prompt_tokens"]))
+    table.add_row(
+        "prefilled tokens", str(r["restored_prefilled_tokens"]), str(r["rebuilt_prefilled_tokens"])
+    )
+    table.add_row(
+        "time to first token",
+        _plusminus(r["restored_ttft_s"], spread["restored_ttft_s"], "s"),
+        _plusminus(r["rebuilt_ttft_s"], spread["rebuilt_ttft_s"], "s"),
+    )
+    Console().print(table)
+    err.print(
+        f"restored cache: {_times(r['ttft_ratio'])} faster; cache file "
+        f"{r['cache_file_bytes'] / 1e6:.1f} MB; model load {r['model_load_s']:.2f} s (not counted)"
+    )
+    _footer(run)
+
+
+@app.command("history")
+@handle_errors
+def history(
+    kind: str = typer.Option(None, "--kind", help="Only runs of this kind: speed, turns, restart."),
+    limit: int = typer.Option(bench.DEFAULT_HISTORY_LIMIT, "--limit", min=1, help="Newest N."),
+    run_id: int = typer.Option(None, "--id", help="One run, with all its results (use --json)."),
+    db: Path = DB,
+    as_json: bool = JSON,
+) -> None:
+    """List stored benchmark runs, newest first, with their headline figures."""
+    runs = bench.history(db, kind, limit, run_id)
+    if run_id is not None and not runs:
+        raise InputError(f"no benchmark run with id {run_id}")
+    if as_json:
+        print_json([r.to_dict(full=run_id is not None) for r in runs])
+        return
+    if not runs:
+        typer.echo("No benchmark runs yet: try `mlxmem bench speed`.")
+        return
+    # Runs of one kind line up figure by figure; mixed kinds get one column of figures.
+    one_kind = len({r.kind for r in runs}) == 1
+    keys = list(dict.fromkeys(k for r in runs for k in bench.headline(r))) if one_kind else []
+    table = Table("id", "when (UTC)", "kind", "model", "machine", *(keys or ["figures"]))
+    for r in runs:
+        figures = bench.headline(r)
+        cells = [_figure(figures.get(k)) for k in keys] or [
+            ", ".join(f"{k} {_figure(v)}" for k, v in figures.items())
+        ]
+        machine = f"{r.machine.get('cores')} cores, {r.machine.get('device')}"
+        when = f"{r.created_at:%Y-%m-%d %H:%M}"
+        table.add_row(str(r.id), when, r.kind, r.model.get("label", ""), machine, *cells)
+    Console().print(table)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _model(model: str | None, arch: str | None, quantize: int | None, seed: int, quiet: bool):
+    chosen = bench.prepare_model(model, arch, quantize, seed)
+    if not quiet:
+        err.print(f"model: {chosen.label}: {chosen.description}")
+        err.print(f"machine: {machine_text(bench.machine_info())}")
+        if chosen.random_weights and not gpu_available():
+            err.print(
+                "[yellow]CPU only: random weights of a small shape; times are this CPU's, "
+                "ratios are what carries over. For the real figures run on a Mac (Apple "
+                "silicon): --model llama-3.2-3b.[/yellow]"
+            )
+    return chosen
+
+
+@contextlib.contextmanager
+def _progress(name: str) -> Iterator[OnProgress]:
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(name, total=None)
+
+        def update(description: str, done: int, total: int) -> None:
+            bar.update(task, description=f"{name}: {description}", completed=done, total=total)
+
+        yield update
+
+
+def _print_json(run: bench.BenchRun) -> None:
+    print_json(
+        {
+            "run_id": run.id,
+            "model": run.model,
+            "machine": run.machine,
+            "versions": run.versions,
+            **run.results,
+            "goals": [asdict(g) for g in bench.goals(run)],
+        }
+    )
+
+
+def _footer(run: bench.BenchRun, plot: Path | None = None) -> None:
+    for goal in bench.goals(run):
+        mark = {True: "[green]met[/green]", False: "[red]NOT met[/red]", None: "not measured"}
+        err.print(f"goal {goal.name} {goal.target}: {_figure(goal.value)} {mark[goal.met]}")
+    if plot is not None:
+        err.print(f"plot written to {plot}")
+    err.print(f"[dim]stored as run {run.id}; `mlxmem bench history` compares runs[/dim]")
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--lengths takes numbers separated by commas, not {text!r}") from None
+    if not sizes or min(sizes) < 8:
+        raise InputError("--lengths needs prompt lengths of at least 8 tokens")
+    return sizes
+
+
+def _plusminus(median: float, spread: list[float], unit: str = "") -> str:
+    """`0.045 s ±3%`: the median and half the trials' range, relative."""
+    digits = 3 if median < 10 else 0
+    half = (spread[1] - spread[0]) / 2 / median if median else 0.0
+    return f"{median:.{digits}f}{' ' + unit if unit else ''} ±{half:.0%}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _figure(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "-" if value is None else str(value)

@@ -1,0 +1,261 @@
+"""`mlxmem bench`: measure what mlxmem exists for against the baselines a user would otherwise
+use, in one run on one machine, and keep every run in DuckDB so runs can be compared.
+
+- `run_speed` (mlxmem.bench_speed): the engine next to bare mlx-lm, and cached turns;
+- `run_turns` (mlxmem.bench_turns): a conversation replayed through the memory system, next to
+  rebuilding every prompt and to summarizing in a fresh context;
+- `run_restart` (mlxmem.bench_restart): the first turn after a restart, cache on disk or not.
+
+A `BenchRun` is one run's record: the machine, the versions, the model, the settings and the
+results; `record_run` stores it and `history` reads runs back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from . import paths
+from .bench_common import BenchModel, machine_info, prepare_model, versions
+from .bench_restart import RestartResult, run_restart
+from .bench_speed import SpeedResult, run_speed
+from .bench_turns import TurnsResult, read_transcript, run_turns, synthetic_transcript
+from .engine import MLXEngine
+from .errors import InputError, StoreError
+from .migrations import migrate
+from .store import Store
+
+__all__ = [
+    "BenchModel",
+    "BenchRun",
+    "Goal",
+    "RestartResult",
+    "SpeedResult",
+    "TurnsResult",
+    "bench_engine",
+    "goals",
+    "headline",
+    "history",
+    "machine_info",
+    "prepare_model",
+    "read_transcript",
+    "record_run",
+    "run_restart",
+    "run_speed",
+    "run_turns",
+    "synthetic_transcript",
+]
+
+KINDS = ("speed", "turns", "restart")
+DEFAULT_HISTORY_LIMIT = 20
+
+
+@dataclass
+class BenchRun:
+    kind: str
+    model: dict[str, Any]
+    settings: dict[str, Any]
+    results: dict[str, Any]
+    machine: dict[str, Any] = field(default_factory=machine_info)
+    versions: dict[str, str] = field(default_factory=versions)
+    id: int | None = None
+    created_at: datetime | None = None
+
+    @classmethod
+    def of(cls, result: SpeedResult | TurnsResult | RestartResult, model: BenchModel) -> BenchRun:
+        data = result.to_dict()
+        return cls(data["kind"], model.to_dict(), data["settings"], data)
+
+    def to_dict(self, full: bool = True) -> dict[str, Any]:
+        data = {
+            "id": self.id,
+            "kind": self.kind,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "model": self.model,
+            "machine": self.machine,
+            "versions": self.versions,
+            "settings": self.settings,
+            "headline": headline(self),
+        }
+        if full:
+            data["results"] = self.results
+        return data
+
+
+@contextlib.contextmanager
+def bench_engine(model: BenchModel) -> Iterator[MLXEngine]:
+    """The model loaded with a scratch KV cache directory (slots persist there, as in a chat)."""
+    with tempfile.TemporaryDirectory(prefix="mlxmem-bench-kv-") as tmp:
+        yield MLXEngine(model.path, cache_dir=Path(tmp))
+
+
+# -- storing and reading runs -------------------------------------------------------------------
+
+
+def record_run(run: BenchRun, db: str | Path | None = None) -> BenchRun:
+    """Store `run` in the database (default: mlxmem's own) and return it with its id."""
+    run.created_at = datetime.now(timezone.utc)
+    with _connect(db) as con:
+        (run.id,) = con.execute(
+            "INSERT INTO bench_runs (kind, created_at, model, machine, versions, settings,"
+            " results) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            [
+                run.kind,
+                run.created_at.replace(tzinfo=None),
+                run.model.get("label", ""),
+                _dumps(run.machine),
+                _dumps(run.versions),
+                _dumps({**run.settings, "model": run.model}),
+                _dumps(run.results),
+            ],
+        ).fetchone()
+    return run
+
+
+def history(
+    db: str | Path | None = None,
+    kind: str | None = None,
+    limit: int = DEFAULT_HISTORY_LIMIT,
+    run_id: int | None = None,
+) -> list[BenchRun]:
+    """Stored runs, newest first (of one `kind`, or just run `run_id`, if given)."""
+    if kind is not None and kind not in KINDS:
+        raise InputError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    sql = "SELECT id, kind, created_at, machine, versions, settings, results FROM bench_runs"
+    where, params = [], []
+    if kind is not None:
+        where.append("kind = ?")
+        params.append(kind)
+    if run_id is not None:
+        where.append("id = ?")
+        params.append(run_id)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    with _connect(db) as con:
+        rows = con.execute(f"{sql} ORDER BY id DESC LIMIT ?", [*params, limit]).fetchall()
+    return [_run(row) for row in rows]
+
+
+@contextlib.contextmanager
+def _connect(db: str | Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """mlxmem's database through the Store (locked, shared with chats); any other file
+    directly, so that a `--db` path's folder keeps its permissions."""
+    if db is None or Path(db).expanduser().resolve() == paths.db_path().resolve():
+        with Store(db).connect() as con:
+            yield con
+        return
+    try:
+        con = duckdb.connect(str(Path(db).expanduser()))
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot open the database {db}: {exc}") from None
+    try:
+        migrate(con)
+        con.begin()
+        yield con
+        con.commit()
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot use the database {db}: {exc}") from None
+    finally:
+        con.close()
+
+
+def _run(row: tuple) -> BenchRun:
+    settings = json.loads(row[5])
+    model = settings.pop("model", {})
+    return BenchRun(
+        kind=row[1],
+        model=model,
+        settings=settings,
+        results=json.loads(row[6]),
+        machine=json.loads(row[3]),
+        versions=json.loads(row[4]),
+        id=row[0],
+        created_at=row[2].replace(tzinfo=timezone.utc),
+    )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# -- the figures a run is compared by ---------------------------------------------------------
+
+_TURNS_HEADLINE = (
+    "turns",
+    "cache_share",
+    "cache_share_non_collapse",
+    "collapses",
+    "budget_violations",
+    "ttft_ratio_vs_rebuild",
+    "collapse_prefill_ratio",
+)
+_RESTART_HEADLINE = ("prompt_tokens", "restored_ttft_s", "rebuilt_ttft_s", "ttft_ratio")
+
+
+def headline(run: BenchRun) -> dict[str, Any]:
+    """A few figures per run, for the history table."""
+    results = run.results
+    if run.kind == "speed":
+        figures: dict[str, Any] = {}
+        for row in results.get("lengths", []):
+            n = row["prompt_tokens"]
+            figures[f"decode_tps_ratio@{n}"] = row["decode_tps_ratio"]
+            figures[f"ttft_s@{n}"] = row["ttft_s"]
+            figures[f"cached_ttft_ratio@{n}"] = row["cached_ttft_ratio"]
+        return figures
+    keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE
+    return {key: results.get(key) for key in keys}
+
+
+# -- the goals the benchmark must show ----------------------------------------------------------
+
+
+@dataclass
+class Goal:
+    name: str
+    value: float | None
+    target: str  # e.g. ">= 0.95"
+    met: bool | None  # None: not measured in this run
+
+
+def _goal(name: str, value: float | None, op: str, bound: float) -> Goal:
+    met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+    return Goal(name, value, f"{op} {bound:g}", met)
+
+
+def goals(run: BenchRun) -> list[Goal]:
+    """The issue's goals that this run measures, each met or not."""
+    r = run.results
+    if run.kind == "speed":
+        found = []
+        for row in r.get("lengths", []):
+            n = row["prompt_tokens"]
+            found.append(_goal(f"decode tok/s vs mlx-lm @{n}", row["decode_tps_ratio"], ">=", 0.97))
+            if n >= 3000:
+                found.append(
+                    _goal(f"cached-turn TTFT speed-up @{n}", row["cached_ttft_ratio"], ">=", 10)
+                )
+        return found
+    if run.kind == "turns":
+        return [
+            _goal(
+                "prompt tokens from cache, non-collapse turns",
+                r["cache_share_non_collapse"],
+                ">=",
+                0.95,
+            ),
+            _goal("prompt tokens from cache, all turns", r["cache_share"], ">=", 0.85),
+            _goal(
+                "collapse prefill vs fresh-context summary", r["collapse_prefill_ratio"], "<=", 0.25
+            ),
+            _goal("budget violations", r["budget_violations"], "<=", 0),
+        ]
+    return []

@@ -1,0 +1,376 @@
+"""What the benchmarks share: the model under test (a real one, or random weights of a real
+shape), the machine and versions a run is recorded with, medians with their spread, synthetic
+conversation text, and an engine wrapper that records every model call."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__, paths
+from .defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
+from .engine import Chunk, Engine, GenerationStats, Message
+from .errors import InputError
+
+# progress(description, done, total): what a long benchmark reports while it runs.
+Progress = Callable[[str, int, int], None]
+
+CPU_DEFAULT_ARCH = "tiny"
+GPU_DEFAULT_ARCH = "llama-3.2-3b"
+# Shapes by name besides the registry's real ones. "tiny" is mlxmem.tiny's default shape.
+NAMED_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+    },
+}
+DEFAULT_BENCH_SEED = 0
+
+
+def no_progress(description: str, done: int, total: int) -> None:
+    pass
+
+
+# -- the model under test ---------------------------------------------------------------------
+
+
+@dataclass
+class BenchModel:
+    """A model directory plus how the output should describe it."""
+
+    path: Path
+    label: str  # e.g. "random llama-3.2-3b (4-bit)" or "llama-3.2-3b"
+    description: str  # the shape, spelled out
+    random_weights: bool
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    response_reserve: int = DEFAULT_RESPONSE_RESERVE
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "description": self.description,
+            "random_weights": self.random_weights,
+            "path": str(self.path),
+        }
+
+
+def gpu_available() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device() == mx.gpu
+
+
+def default_arch() -> str:
+    """The full 3B shape where there is a GPU, the tiny shape on a CPU-only machine."""
+    return GPU_DEFAULT_ARCH if gpu_available() else CPU_DEFAULT_ARCH
+
+
+def resolve_arch(name: str) -> tuple[str, dict[str, Any]]:
+    """A shape by name (tiny, small, a registry arch) or a config.json path -> (label, shape)."""
+    from .tiny import list_archs, load_arch
+
+    if name in NAMED_SHAPES:
+        return name, dict(NAMED_SHAPES[name])
+    if name in list_archs():
+        return name, load_arch(name)
+    path = Path(name).expanduser()
+    if path.is_file():
+        try:
+            return path.stem, json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read the config {path}: {exc}") from None
+    known = ", ".join([*NAMED_SHAPES, *list_archs()])
+    raise InputError(f"unknown arch {name!r}: not a config file and not one of {known}")
+
+
+def prepare_model(
+    model: str | None = None,
+    arch: str | None = None,
+    quantize: int | None = None,
+    seed: int = DEFAULT_BENCH_SEED,
+) -> BenchModel:
+    """The model a benchmark runs: `model` (an alias or path, real weights) or random weights
+    of `arch`'s shape, written once into the data directory and reused."""
+    if model is not None:
+        if arch is not None:
+            raise InputError("give --model or --arch, not both")
+        return _real_model(model)
+    return random_model(arch or default_arch(), quantize, seed)
+
+
+def _real_model(model: str) -> BenchModel:
+    from .models import ensure_local, resolve
+
+    spec = resolve(model)
+    path = ensure_local(spec)
+    return BenchModel(
+        path,
+        spec.alias,
+        spec.description or str(path),
+        False,
+        spec.context_tokens,
+        spec.response_reserve,
+    )
+
+
+def random_model(arch: str, quantize: int | None, seed: int) -> BenchModel:
+    from .tiny import is_tiny, make_tiny
+
+    label, shape = resolve_arch(arch)
+    if quantize is None and "quantization" in shape:
+        quantize = shape["quantization"]["bits"]  # a registry shape: as published
+    quant = f"q{quantize}" if quantize else "fp32"
+    path = paths.models_dir() / "bench" / f"{_safe(label)}-{quant}-seed{seed}"
+    if not (is_tiny(path) and (path / "config.json").is_file()):
+        make_tiny(path, seed=seed, quantize=quantize, arch=shape or None)
+    config = json.loads((path / "config.json").read_text())
+    bits = f"{quantize}-bit" if quantize else "fp32"
+    return BenchModel(path, f"random {label} ({bits})", shape_text(config), True)
+
+
+def shape_text(config: dict[str, Any]) -> str:
+    return (
+        f"{config['model_type']}: hidden {config['hidden_size']} x "
+        f"{config['num_hidden_layers']} layers, {config['num_attention_heads']} heads / "
+        f"{config.get('num_key_value_heads', config['num_attention_heads'])} KV heads, "
+        f"vocab {config['vocab_size']}, random weights"
+    )
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+# -- the machine and versions -----------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    import mlx.core as mx
+
+    info: dict[str, Any] = {
+        "system": f"{platform.system()} {platform.release()}",
+        "arch": platform.machine(),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "memory_gb": _memory_gb(),
+        "device": "gpu" if mx.default_device() == mx.gpu else "cpu",
+    }
+    if os.environ.get("LD_PRELOAD"):
+        info["ld_preload"] = os.environ["LD_PRELOAD"]
+    return info
+
+
+def machine_text(info: dict[str, Any]) -> str:
+    text = f"{info['system']} {info['arch']}, {info['cpu']}, {info['cores']} cores"
+    if info.get("memory_gb"):
+        text += f", {info['memory_gb']:.0f} GB"
+    return text + f", mlx device {info['device']}"
+
+
+def _cpu_name() -> str:
+    if platform.system() == "Darwin":
+        import subprocess
+
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True
+            )
+            if out.stdout.strip():
+                return out.stdout.strip()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"mlxmem": __version__, "python": platform.python_version()}
+    for package in ("mlx", "mlx-lm", "duckdb", "transformers"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Spread:
+    """The median of some trials and their range."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+    def to_list(self) -> list[float]:
+        return [self.low, self.high]
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+# -- synthetic conversation text ----------------------------------------------------------------
+
+_SUBJECTS = ["I", "My sister Anna", "Ben", "My friend Clara", "The team", "My mom", "We"]
+_VERBS = [
+    "went to",
+    "talked about",
+    "planned",
+    "cooked",
+    "remembered",
+    "worried about",
+    "finished",
+    "started",
+    "visited",
+    "wrote about",
+]
+_OBJECTS = [
+    "the garden",
+    "a long walk by the river",
+    "dinner with the family",
+    "the project deadline",
+    "a trip to the mountains",
+    "the new job",
+    "a birthday party",
+    "yoga in the park",
+    "the book club",
+    "an appointment with the doctor",
+    "the weekend",
+    "coffee with Leo",
+]
+_TAILS = [
+    "and it felt good.",
+    "but I was tired afterwards.",
+    "because it matters to me.",
+    "again this week.",
+    "with a lot of laughter.",
+    "and I want to do it more often.",
+    "before the rain started.",
+    "on Tuesday evening.",
+]
+_REPLIES = [
+    "That sounds lovely. How did it make you feel?",
+    "Thank you for telling me. What would help you most right now?",
+    "It seems important to you. Do you want to plan the next step together?",
+    "I remember you mentioned something similar before. What changed since then?",
+]
+
+
+def synthetic_sentence(rng: random.Random) -> str:
+    return " ".join(
+        [rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS), rng.choice(_TAILS)]
+    )
+
+
+def synthetic_text(rng: random.Random, sentences: int) -> str:
+    return " ".join(synthetic_sentence(rng) for _ in range(sentences))
+
+
+def synthetic_exchanges(
+    count: int, seed: int = DEFAULT_BENCH_SEED, max_sentences: int = 4
+) -> list[tuple[str, str]]:
+    """`count` (user, assistant) exchanges of journal-like text, the same for the same seed."""
+    rng = random.Random(seed)
+    exchanges = []
+    for _ in range(count):
+        user = synthetic_text(rng, rng.randint(1, max_sentences))
+        reply = rng.choice(_REPLIES) + " " + synthetic_text(rng, rng.randint(0, 2))
+        exchanges.append((user, reply.strip()))
+    return exchanges
+
+
+def prompt_of_length(engine: Engine, length: int, seed: int = DEFAULT_BENCH_SEED) -> list[int]:
+    """Token ids of a chat prompt of exactly `length` tokens (a system message, then text)."""
+    rng = random.Random(seed)
+    head = engine.encode_chat([Message("system", "You are a helpful assistant.")], False)
+    ids = list(head)
+    while len(ids) < length:
+        ids += engine.encode_text(synthetic_text(rng, 20) + " ")
+    return ids[:length]
+
+
+# -- recording model calls ----------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One model call as the benchmark saw it."""
+
+    slot: str
+    prompt: list[int]
+    max_tokens: int
+    stats: GenerationStats
+    wall_ttft_s: float  # from the call to its first chunk, slot loading included
+    seconds: float
+    first_at: float  # time.perf_counter() at the first chunk
+
+
+class RecordingEngine:
+    """Wraps an engine and records every `stream` call (what the memory layers asked for);
+    everything else goes to the wrapped engine unchanged."""
+
+    generate = Engine.generate
+
+    def __init__(self, inner: Engine):
+        self.inner = inner
+        self.calls: list[Call] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def stream(self, prompt: Sequence[int], **kwargs) -> Iterator[Chunk]:
+        start = time.perf_counter()
+        first = None
+        for chunk in self.inner.stream(prompt, **kwargs):
+            first = first or time.perf_counter()
+            if chunk.stats is not None:
+                self.calls.append(
+                    Call(
+                        slot=kwargs.get("slot", ""),
+                        prompt=list(prompt),
+                        max_tokens=kwargs.get("max_tokens", 0),
+                        stats=chunk.stats,
+                        wall_ttft_s=first - start,
+                        seconds=time.perf_counter() - start,
+                        first_at=first,
+                    )
+                )
+            yield chunk
+
+    def take_calls(self) -> list[Call]:
+        calls, self.calls = self.calls, []
+        return calls

@@ -1,0 +1,208 @@
+"""`mlxmem bench speed`: mlxmem's engine next to bare `mlx_lm.stream_generate` on the same
+model and prompts (prefill and decode tokens/s, time to first token, peak memory), plus the
+time to first token of a cached turn: the same prompt with all but a new message in the KV slot.
+
+Like mlx-lm's own benchmark: fixed seed, a warm-up, N trials, the median, and no end-of-text
+token, so every trial decodes exactly the same number of tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .bench_common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
+from .engine import MLXEngine
+
+DEFAULT_LENGTHS = (256, 1024, 3000)
+DEFAULT_TRIALS = 5
+DEFAULT_GEN_TOKENS = 128
+# What a cached turn prefills: the previous reply and the new message, about.
+NEW_TURN_TOKENS = 100
+SPEED_SLOT = "bench/speed"
+
+
+@dataclass
+class Trial:
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    peak_memory_gb: float
+    generated_tokens: int
+
+
+@dataclass
+class LengthResult:
+    """All trials at one prompt length."""
+
+    prompt_tokens: int
+    mlxmem: list[Trial]
+    bare: list[Trial]
+    cached_ttft_s: list[float]  # mlxmem, all but the last `cached_prefill` tokens cached
+    cached_prefill: int
+
+    def spread(self, side: str, metric: str) -> Spread:
+        return Spread.of([getattr(t, metric) for t in getattr(self, side)])
+
+    def _pairs(self) -> list[tuple[Trial, Trial]]:
+        return [(m, b) for m, b in zip(self.mlxmem, self.bare, strict=True) if b.decode_tps > 0]
+
+    def to_dict(self) -> dict:
+        row = {"prompt_tokens": self.prompt_tokens}
+        metrics = ("ttft_s", "prefill_tps", "decode_tps", "peak_memory_gb")
+        spreads = {}
+        for metric in metrics:
+            for side, prefix in (("mlxmem", ""), ("bare", "bare_")):
+                s = self.spread(side, metric)
+                row[prefix + metric] = s.median
+                spreads[prefix + metric] = s.to_list()
+        cached = Spread.of(self.cached_ttft_s)
+        row["cached_ttft_s"] = cached.median
+        spreads["cached_ttft_s"] = cached.to_list()
+        row["cached_prefill_tokens"] = self.cached_prefill
+        # Ratios pair the two sides of each trial, run back to back, then take the median:
+        # a shared machine's slow minutes then weigh on both sides alike.
+        pairs = {
+            "decode_tps_ratio": [m.decode_tps / b.decode_tps for m, b in self._pairs()],
+            "prefill_tps_ratio": [m.prefill_tps / b.prefill_tps for m, b in self._pairs()],
+            "ttft_ratio": [b.ttft_s / m.ttft_s for m, b in self._pairs()],
+            "cached_ttft_ratio": [
+                m.ttft_s / c for m, c in zip(self.mlxmem, self.cached_ttft_s, strict=True)
+            ],
+        }
+        for name, values in pairs.items():
+            s = Spread.of(values)
+            row[name] = s.median
+            spreads[name] = s.to_list()
+        row["generated_tokens"] = self.mlxmem[0].generated_tokens
+        row["trials"] = len(self.mlxmem)
+        row["spread"] = spreads
+        return row
+
+
+@dataclass
+class SpeedResult:
+    lengths: list[LengthResult]
+    settings: dict
+
+    def to_dict(self) -> dict:
+        rows = [r.to_dict() for r in self.lengths]
+        return {"kind": "speed", "settings": self.settings, "lengths": rows}
+
+
+def run_speed(
+    engine: MLXEngine,
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    trials: int = DEFAULT_TRIALS,
+    gen_tokens: int = DEFAULT_GEN_TOKENS,
+    seed: int = DEFAULT_BENCH_SEED,
+    progress: Progress = no_progress,
+) -> SpeedResult:
+    """Measure both engines at each prompt length: one warm-up, then `trials` trials each."""
+    settings = {
+        "lengths": list(lengths),
+        "trials": trials,
+        "gen_tokens": gen_tokens,
+        "seed": seed,
+        "new_turn_tokens": NEW_TURN_TOKENS,
+    }
+    total = len(lengths) * trials + 1
+    results = []
+    with no_end_of_text(engine):
+        progress("warm-up", 0, total)
+        _trial(engine, prompt_of_length(engine, min(lengths), seed), gen_tokens, seed, 0)
+        done = 1
+        for length in lengths:
+            prompt = prompt_of_length(engine, length, seed)
+            runs = []
+            for i in range(trials):
+                progress(f"{length} tokens, trial {i + 1}/{trials}", done, total)
+                runs.append(_trial(engine, prompt, gen_tokens, seed, i))
+                done += 1
+            results.append(
+                LengthResult(
+                    length,
+                    mlxmem=[r[0] for r in runs],
+                    bare=[r[1] for r in runs],
+                    cached_ttft_s=[r[2] for r in runs],
+                    cached_prefill=runs[0][3],
+                )
+            )
+    progress("done", total, total)
+    engine.drop_slot(SPEED_SLOT)
+    return SpeedResult(results, settings)
+
+
+def _trial(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int, index: int):
+    # Alternate which engine goes first, so neither always runs on a cooler machine.
+    if index % 2:
+        mine, cached, prefilled = _mlxmem(engine, prompt, gen_tokens, seed)
+        bare = _bare(engine, prompt, gen_tokens, seed)
+    else:
+        bare = _bare(engine, prompt, gen_tokens, seed)
+        mine, cached, prefilled = _mlxmem(engine, prompt, gen_tokens, seed)
+    return mine, bare, cached, prefilled
+
+
+def _mlxmem(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int):
+    """A fresh prefill and decode, then the same prompt again as a cached turn."""
+    engine.drop_slot(SPEED_SLOT)
+    stats = engine.generate(
+        prompt, slot=SPEED_SLOT, max_tokens=gen_tokens, temp=0.0, seed=seed
+    ).stats
+    fresh = Trial(
+        stats.ttft_s,
+        stats.prefill_tps,
+        stats.decode_tps,
+        stats.peak_memory_gb,
+        stats.generated_tokens,
+    )
+    new = min(NEW_TURN_TOKENS, len(prompt) // 2)
+    # Leave the slot holding the prompt without its last `new` tokens, as a previous turn would.
+    engine.generate(prompt[: len(prompt) - new], slot=SPEED_SLOT, max_tokens=1, temp=0.0)
+    turn = engine.generate(prompt, slot=SPEED_SLOT, max_tokens=1, temp=0.0, seed=seed).stats
+    return fresh, turn.ttft_s, turn.prefilled_tokens
+
+
+def _bare(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int) -> Trial:
+    """Plain mlx-lm on the same model: a new prompt cache every call, timed the same way."""
+    import mlx.core as mx
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)
+    mx.reset_peak_memory()
+    start = time.perf_counter()
+    first = last = None
+    n = 0
+    for response in stream_generate(
+        engine.model,
+        engine.tokenizer,
+        prompt,
+        max_tokens=gen_tokens,
+        sampler=make_sampler(temp=0.0),
+    ):
+        last = time.perf_counter()
+        first = first or last
+        n = response.generation_tokens
+    assert first is not None and last is not None
+    return Trial(
+        ttft_s=first - start,
+        prefill_tps=len(prompt) / (first - start),
+        decode_tps=(n - 1) / (last - first) if n > 1 and last > first else 0.0,
+        peak_memory_gb=mx.get_peak_memory() / 1e9,
+        generated_tokens=n,
+    )
+
+
+@contextlib.contextmanager
+def no_end_of_text(engine: MLXEngine) -> Iterator[None]:
+    """Decode the full token count every time, as mlx-lm's benchmark does."""
+    saved = set(engine.tokenizer.eos_token_ids)
+    engine.tokenizer.eos_token_ids = set()
+    try:
+        yield
+    finally:
+        engine.tokenizer.eos_token_ids = saved

@@ -1,0 +1,401 @@
+"""`mlxmem bench turns`: a conversation replayed through the whole memory system, turn by turn,
+next to the two designs it replaces, on the same transcript and model in the same run:
+
+(a) rebuild: the prompt prefilled from scratch on every call, with no cache reuse;
+(b) fresh summary: each collapse summarizes the evicted turns in a new context instead of on
+    the cached prefix.
+
+In replay mode (the default) the assistant turns come from the transcript: the model only
+prefills each prompt and samples one token (for the time to first token), and writes the
+summaries (and facts, if enabled). With `generate=True` it writes the replies as well.
+
+A generated reply's tokens are in the KV cache when the next turn comes (decoding put them
+there); a replayed one's are not. So that replay measures the cache as a chat would use it, the
+replayed reply is prefilled into the chat slot after the turn (`reply_in_cache`, the default),
+counted apart as `reply_prefilled_tokens`: it stands in for decoding, which both designs pay.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .bench_common import (
+    DEFAULT_BENCH_SEED,
+    Call,
+    Progress,
+    RecordingEngine,
+    no_progress,
+    ratio,
+    synthetic_exchanges,
+)
+from .companion import ChatSettings, Companion, TurnResult
+from .engine import Engine, Message
+from .errors import InputError
+from .store import Store
+
+CONVERSATION = "bench"
+REBUILD_SLOT = "bench/rebuild"
+FRESH_SUMMARY_SLOT = "bench/fresh-summary"
+DEFAULT_SYNTHETIC_TURNS = 200
+# An exchange: the user's message and the assistant's reply (None: the model writes it).
+Exchange = tuple[str, "str | None"]
+
+
+# -- transcripts ----------------------------------------------------------------------------------
+
+
+def read_transcript(path: str | Path, replay: bool = True) -> list[Exchange]:
+    """Exchanges from JSON lines with `role` (user or assistant) and `text`, in order.
+
+    Consecutive messages of one role are joined into one; assistant messages before the first
+    user message are skipped, and so is a last user message without a reply when replaying."""
+    messages: list[tuple[str, str]] = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read the transcript {path}: {exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            role, text = item["role"], item["text"]
+        except (ValueError, KeyError, TypeError):
+            raise InputError(f"{path}:{number}: expected a JSON object with role, text") from None
+        if role not in ("user", "assistant") or not isinstance(text, str):
+            raise InputError(f"{path}:{number}: role must be user or assistant, text a string")
+        if not text.strip():
+            continue
+        if messages and messages[-1][0] == role:
+            messages[-1] = (role, messages[-1][1] + "\n" + text)
+        elif messages or role == "user":
+            messages.append((role, text))
+    exchanges: list[Exchange] = []
+    for i in range(0, len(messages), 2):
+        reply = messages[i + 1][1] if i + 1 < len(messages) else None
+        if reply is None and replay:
+            break
+        exchanges.append((messages[i][1], reply))
+    if not exchanges:
+        raise InputError(f"{path} holds no exchange (a user message followed by a reply)")
+    return exchanges
+
+
+def synthetic_transcript(turns: int = DEFAULT_SYNTHETIC_TURNS, seed: int = 0) -> list[Exchange]:
+    return list(synthetic_exchanges(turns, seed))
+
+
+# -- what one turn cost ----------------------------------------------------------------------------
+
+
+@dataclass
+class CollapseRecord:
+    evicted_turns: int
+    summary_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    seconds: float
+    before_reply: bool  # it ran between the user's message and the reply (the user waited)
+    # Baseline (b): the same summary asked for in a fresh context.
+    fresh_prompt_tokens: int | None = None
+    fresh_prefilled_tokens: int | None = None
+    fresh_seconds: float | None = None
+
+
+@dataclass
+class TurnRecord:
+    turn: int
+    budget: int
+    layers: dict[str, int]
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    ttft_s: float  # the reply call's time to first token
+    wait_s: float  # what the person waited: collapses before the reply, then the TTFT
+    verbatim_turns: int  # messages kept whole or shortened in the prompt, the new one included
+    collapse_turn: bool  # a collapse ran in this turn, or after the previous reply
+    warm_prefilled_tokens: int  # prefilled after the reply to rebuild the cache (collapse)
+    reply_prefilled_tokens: int  # a replayed reply put into the cache, standing in for decoding
+    shortened: int
+    omitted: int
+    violation: bool
+    accounting_error: bool
+    seconds: float
+    collapses: list[CollapseRecord] = field(default_factory=list)
+    fact_calls: int = 0
+    fact_added: bool = False
+    # Baseline (a): the same prompt prefilled from scratch.
+    rebuild_ttft_s: float | None = None
+    rebuild_prefilled_tokens: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TurnsResult:
+    records: list[TurnRecord]
+    settings: dict
+
+    def summary(self) -> dict:
+        """The headline figures, as `bench turns --json` reports them."""
+        recs = self.records
+        replies = [(r.cached_tokens, r.prompt_tokens) for r in recs]
+        collapses = [c for r in recs for c in r.collapses]
+        summarizing = [(c.cached_tokens, c.prompt_tokens) for c in collapses]
+        steady = [r for r in recs if not r.collapse_turn]
+        measured = [r for r in recs if r.rebuild_ttft_s is not None]
+        measured_steady = [r for r in measured if not r.collapse_turn]
+        fresh = [c for c in collapses if c.fresh_prefilled_tokens is not None]
+        summary_sizes = [c.summary_tokens for c in collapses]
+        return {
+            "turns": len(recs),
+            "cache_share": _share(replies + summarizing),
+            "cache_share_replies": _share(replies),
+            "cache_share_non_collapse": _share(
+                [(r.cached_tokens, r.prompt_tokens) for r in steady]
+            ),
+            "non_collapse_turns": len(steady),
+            "verbatim_turns_mean": _mean([r.verbatim_turns for r in recs]),
+            "collapses": len(collapses),
+            "collapses_before_reply": sum(c.before_reply for c in collapses),
+            "summary_tokens_mean": _mean(summary_sizes),
+            "summary_tokens_max": max(summary_sizes, default=None),
+            "budget_violations": sum(r.violation for r in recs),
+            "accounting_errors": sum(r.accounting_error for r in recs),
+            "prompt_tokens_mean": _mean([r.prompt_tokens for r in recs]),
+            "prompt_tokens_max": max((r.prompt_tokens for r in recs), default=None),
+            "prefilled_tokens_mean": _mean([r.prefilled_tokens for r in recs]),
+            "ttft_s_median": _median([r.ttft_s for r in recs]),
+            "wait_s_median": _median([r.wait_s for r in recs]),
+            "rebuild_turns": len(measured),
+            "rebuild_ttft_s_median": _median([r.rebuild_ttft_s for r in measured]),
+            "ttft_ratio_vs_rebuild": ratio(
+                sum(r.rebuild_ttft_s for r in measured), sum(r.wait_s for r in measured)
+            )
+            if measured
+            else None,
+            "ttft_ratio_vs_rebuild_non_collapse": ratio(
+                sum(r.rebuild_ttft_s for r in measured_steady),
+                sum(r.wait_s for r in measured_steady),
+            )
+            if measured_steady
+            else None,
+            "warm_prefilled_tokens_total": sum(r.warm_prefilled_tokens for r in recs),
+            "reply_prefilled_tokens_total": sum(r.reply_prefilled_tokens for r in recs),
+            # Prefill work against rebuilding, the cache warming after collapses included.
+            "prefill_ratio_vs_rebuild": ratio(
+                sum(r.prefilled_tokens + r.warm_prefilled_tokens for r in measured),
+                sum(r.rebuild_prefilled_tokens for r in measured),
+            )
+            if measured
+            else None,
+            "collapse_prefill_ratio": ratio(
+                sum(c.prefilled_tokens for c in fresh), sum(c.fresh_prefilled_tokens for c in fresh)
+            )
+            if fresh
+            else None,
+            "collapse_seconds_ratio": ratio(
+                sum(c.seconds for c in fresh), sum(c.fresh_seconds for c in fresh)
+            )
+            if fresh
+            else None,
+            "collapse_prefilled_mean": _mean([c.prefilled_tokens for c in collapses]),
+            "fresh_summary_prefilled_mean": _mean([c.fresh_prefilled_tokens for c in fresh]),
+            "facts_added": sum(r.fact_added for r in recs),
+            "seconds": sum(r.seconds for r in recs),
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": "turns",
+            "settings": self.settings,
+            **self.summary(),
+            "per_turn": [r.to_dict() for r in self.records],
+        }
+
+
+def _share(pairs: Sequence[tuple[int, int]]) -> float | None:
+    total = sum(p for _, p in pairs)
+    return sum(c for c, _ in pairs) / total if total else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+# -- the replay -----------------------------------------------------------------------------------
+
+
+def run_turns(
+    engine: Engine,
+    exchanges: Sequence[Exchange],
+    context_tokens: int,
+    response_reserve: int,
+    *,
+    generate: bool = False,
+    facts: bool = False,
+    max_tokens: int | None = None,
+    rebuild_every: int = 1,
+    fresh_summaries: bool = True,
+    reply_in_cache: bool = True,
+    seed: int = DEFAULT_BENCH_SEED,
+    progress: Progress = no_progress,
+) -> TurnsResult:
+    """Replay `exchanges` through a Companion on a scratch database and measure every turn.
+
+    Baseline (a) runs on every `rebuild_every`-th turn (0: never); baseline (b) after every
+    collapse when `fresh_summaries`."""
+    reply_in_cache = reply_in_cache and not generate
+    settings = {
+        "context_tokens": context_tokens,
+        "response_reserve": response_reserve,
+        "mode": "generate" if generate else "replay",
+        "facts": facts,
+        "max_tokens": max_tokens,
+        "rebuild_every": rebuild_every,
+        "fresh_summaries": fresh_summaries,
+        "reply_in_cache": reply_in_cache,
+        "seed": seed,
+    }
+    settings["tokens_per_word"] = tokens_per_word(engine, exchanges)
+    recorder = RecordingEngine(engine)
+    records: list[TurnRecord] = []
+    with tempfile.TemporaryDirectory(prefix="mlxmem-bench-") as tmp:
+        store = Store(Path(tmp) / "bench.duckdb")
+        chat = ChatSettings(temp=0.0, seed=seed, extract_facts=facts, max_tokens=max_tokens)
+        companion = Companion(recorder, store, CONVERSATION, context_tokens, response_reserve, chat)
+        settings["response_reserve"] = companion.budget.reserve
+        settings["summary_cap"] = companion.window.summary_cap
+        collapsed_after_reply = False
+        for i, (user, reply) in enumerate(exchanges):
+            progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
+            start = time.perf_counter()
+            result = companion.send(user, reply=None if generate else reply)
+            seconds = time.perf_counter() - start
+            record = _record(i, result, recorder.take_calls(), companion, seconds)
+            record.collapse_turn = collapsed_after_reply or bool(record.collapses)
+            collapsed_after_reply = any(not c.before_reply for c in record.collapses)
+            if reply_in_cache and not collapsed_after_reply:
+                record.reply_prefilled_tokens = reply_into_cache(engine, companion, result)
+            if fresh_summaries and record.collapses:
+                _fresh_summary_baseline(engine, companion, record.collapses)
+            if rebuild_every and i % rebuild_every == 0:
+                _rebuild_baseline(engine, result, record)
+            records.append(record)
+        progress("done", len(exchanges), len(exchanges))
+        engine.drop_slot(companion.slot)
+    return TurnsResult(records, settings)
+
+
+def tokens_per_word(engine: Engine, exchanges: Sequence[Exchange]) -> float | None:
+    """How many tokens the model's tokenizer spends on a word of this transcript (Llama 3's
+    runs about 1.3 on English chat; a tiny model's small vocabulary spends more)."""
+    texts = [t for pair in exchanges for t in pair if t]
+    words = sum(len(t.split()) for t in texts)
+    return sum(engine.count_text(t) for t in texts) / words if words else None
+
+
+def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion, seconds: float):
+    prompt, stats = result.prompt, result.stats
+    chat = [c for c in calls if c.slot == companion.slot]
+    reply_at = next(j for j, c in enumerate(chat) if c.prompt == prompt.tokens)
+    # The chat slot's other calls are the collapses, in the order the companion ran them.
+    collapse_calls = chat[:reply_at] + chat[reply_at + 1 :]
+    assert len(collapse_calls) == len(result.collapses)
+    collapses = [
+        CollapseRecord(
+            evicted_turns=event.evicted_turns,
+            summary_tokens=event.summary_tokens,
+            prompt_tokens=event.prompt_tokens,
+            cached_tokens=event.cached_tokens,
+            prefilled_tokens=event.prefilled_tokens,
+            seconds=event.seconds,
+            before_reply=j < reply_at,
+        )
+        for j, event in enumerate(result.collapses)
+    ]
+    layers = prompt.layers.to_dict()
+    cap = companion.window.summary_cap
+    violation = len(prompt.tokens) + companion.budget.reserve > prompt.budget or any(
+        c.prompt_tokens + cap > prompt.budget for c in collapses
+    )
+    accounting_error = (
+        stats.cached_tokens + stats.prefilled_tokens != stats.prompt_tokens
+        or stats.prompt_tokens != len(prompt.tokens)
+        or sum(layers.values()) != prompt.budget
+        or any(c.cached_tokens + c.prefilled_tokens != c.prompt_tokens for c in collapses)
+    )
+    return TurnRecord(
+        turn=i + 1,
+        budget=prompt.budget,
+        layers=layers,
+        prompt_tokens=stats.prompt_tokens,
+        cached_tokens=stats.cached_tokens,
+        prefilled_tokens=stats.prefilled_tokens,
+        ttft_s=stats.ttft_s,
+        wait_s=stats.ttft_s + sum(c.seconds for c in collapses if c.before_reply),
+        verbatim_turns=len(prompt.messages) - 1,
+        collapse_turn=False,
+        warm_prefilled_tokens=getattr(result, "warm_prefilled_tokens", 0),
+        reply_prefilled_tokens=0,
+        shortened=prompt.shortened,
+        omitted=prompt.omitted,
+        violation=violation,
+        accounting_error=accounting_error,
+        seconds=seconds,
+        collapses=collapses,
+        fact_calls=sum(c.slot != companion.slot for c in calls),
+        fact_added=result.fact_added is not None,
+    )
+
+
+def reply_into_cache(engine: Engine, companion: Companion, result: TurnResult) -> int:
+    """Prefill the replayed reply after its prompt in the chat slot, where decoding it would
+    have left it. (After a collapse the companion has rebuilt the slot with it already.)"""
+    messages = [*result.prompt.messages, Message("assistant", result.reply)]
+    tokens = engine.encode_chat(messages, False)
+    return engine.prefill(tokens, slot=companion.slot)
+
+
+def _rebuild_baseline(engine: Engine, result: TurnResult, record: TurnRecord) -> None:
+    """Baseline (a): the same prompt on an empty slot, as a design without a cache runs it."""
+    engine.drop_slot(REBUILD_SLOT)
+    stats = engine.generate(result.prompt.tokens, slot=REBUILD_SLOT, max_tokens=1, temp=0.0).stats
+    engine.drop_slot(REBUILD_SLOT)
+    record.rebuild_ttft_s = stats.ttft_s
+    record.rebuild_prefilled_tokens = stats.prefilled_tokens
+
+
+def _fresh_summary_baseline(
+    engine: Engine, companion: Companion, collapses: list[CollapseRecord]
+) -> None:
+    """Baseline (b): each new summary asked for in a fresh context, from the same turns."""
+    store, window = companion.store, companion.window
+    summaries = store.summaries(CONVERSATION)
+    for collapse, new in zip(collapses, summaries[-len(collapses) :], strict=True):
+        before = [s for s in summaries if s.id < new.id]
+        previous = before[-1] if before else None
+        turns = store.messages(CONVERSATION, after_seq=previous and previous.last_seq)
+        evicted = [t for t in turns if t.seq <= new.last_seq]
+        prompt = window.fresh_summary_prompt(previous, evicted)
+        engine.drop_slot(FRESH_SUMMARY_SLOT)
+        start = time.perf_counter()
+        stats = engine.generate(
+            prompt, slot=FRESH_SUMMARY_SLOT, max_tokens=window.summary_cap, temp=0.0
+        ).stats
+        collapse.fresh_seconds = time.perf_counter() - start
+        engine.drop_slot(FRESH_SUMMARY_SLOT)
+        collapse.fresh_prompt_tokens = stats.prompt_tokens
+        collapse.fresh_prefilled_tokens = stats.prefilled_tokens

@@ -1,0 +1,295 @@
+"""`mlxmem bench`: the runs complete, their numbers add up, and every run is stored.
+
+Bookkeeping is checked on the fake engine; the commands end to end on a tiny random model with
+small windows. Nothing here asserts a time: benchmarks measure, tests check consistency.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from mlxmem_cli.main import app
+from typer.testing import CliRunner
+
+from mlxmem import bench
+from mlxmem.bench_common import resolve_arch
+from mlxmem.bench_turns import read_transcript, run_turns
+from mlxmem.errors import InputError
+from mlxmem.fake import FakeEngine
+from mlxmem.tiny import make_tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+runner = CliRunner()
+
+
+def load_synth():
+    spec = importlib.util.spec_from_file_location("synth", ROOT / "benchmarks" / "synth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def transcript(tmp_path_factory):
+    """A short synthetic chat: 30 exchanges of journal text."""
+    return load_synth().write("journal", tmp_path_factory.mktemp("t") / "chat.jsonl", turns=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0, arch=SMALL)
+
+
+def invoke(*args: str) -> dict | list:
+    result = runner.invoke(app, ["bench", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def check_turns(report: dict) -> None:
+    """Every turn's numbers add up, and the summary agrees with them."""
+    assert report["budget_violations"] == 0
+    assert report["accounting_errors"] == 0
+    for turn in report["per_turn"]:
+        assert turn["cached_tokens"] + turn["prefilled_tokens"] == turn["prompt_tokens"]
+        assert sum(turn["layers"].values()) == turn["budget"]
+        assert turn["prompt_tokens"] + turn["layers"]["reserve"] <= turn["budget"]
+        for c in turn["collapses"]:
+            assert c["cached_tokens"] + c["prefilled_tokens"] == c["prompt_tokens"]
+    cached = sum(t["cached_tokens"] for t in report["per_turn"])
+    prompt = sum(t["prompt_tokens"] for t in report["per_turn"])
+    assert report["cache_share_replies"] == pytest.approx(cached / prompt)
+    assert report["collapses"] == sum(len(t["collapses"]) for t in report["per_turn"])
+
+
+# -- transcripts ----------------------------------------------------------------------------------
+
+
+def test_transcript_pairs_turns(tmp_path):
+    path = tmp_path / "t.jsonl"
+    lines = [
+        ("assistant", "an opening line without a question"),
+        ("user", "first"),
+        ("user", "second"),
+        ("assistant", "reply"),
+        ("user", "third"),
+        ("assistant", "reply two"),
+        ("assistant", "more"),
+        ("user", "left without a reply"),
+    ]
+    path.write_text("\n".join(json.dumps({"role": r, "text": t, "id": 1}) for r, t in lines))
+    assert read_transcript(path) == [("first\nsecond", "reply"), ("third", "reply two\nmore")]
+    assert read_transcript(path, replay=False)[-1] == ("left without a reply", None)
+
+
+def test_transcript_errors_name_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"role": "user", "text": "hi"}\n{"speaker": "x"}\n')
+    with pytest.raises(InputError, match="bad.jsonl:2"):
+        read_transcript(path)
+    path.write_text('{"role": "system", "text": "hi"}\n')
+    with pytest.raises(InputError, match="role must be"):
+        read_transcript(path)
+
+
+def test_synthetic_scenarios_are_deterministic_jsonl(tmp_path):
+    synth = load_synth()
+    for name in synth.SCENARIOS:
+        a = synth.write(name, tmp_path / f"{name}-a.jsonl", turns=12)
+        b = synth.write(name, tmp_path / f"{name}-b.jsonl", turns=12)
+        assert a.read_bytes() == b.read_bytes()
+        items = [json.loads(line) for line in a.read_text().splitlines()]
+        assert [i["role"] for i in items] == ["user", "assistant"] * 12
+        assert len(read_transcript(a)) == 12
+
+
+# -- bookkeeping on the fake engine -----------------------------------------------------------
+
+
+def test_turns_bookkeeping_with_the_fake_engine(transcript):
+    exchanges = read_transcript(transcript)
+    result = run_turns(FakeEngine(), exchanges, context_tokens=512, response_reserve=64)
+    report = result.to_dict()
+    check_turns(report)
+    assert report["turns"] == 30
+    assert report["collapses"] > 0
+    assert report["summary_tokens_max"] <= report["settings"]["summary_cap"]
+    # Baseline (a) on every turn prefills the whole prompt; (b) after every collapse.
+    for turn in report["per_turn"]:
+        assert turn["rebuild_prefilled_tokens"] == turn["prompt_tokens"]
+        for c in turn["collapses"]:
+            assert c["fresh_prefilled_tokens"] == c["fresh_prompt_tokens"] > 0
+    assert 0 < report["collapse_prefill_ratio"] < 1
+    steady = [t for t in report["per_turn"] if not t["collapse_turn"]]
+    assert report["non_collapse_turns"] == len(steady) > 0
+
+
+def test_replayed_replies_go_into_the_cache_as_generated_ones_would():
+    exchanges = bench.synthetic_transcript(20)
+    shares = {}
+    for in_cache in (True, False):
+        result = run_turns(FakeEngine(), exchanges, 1024, 64, reply_in_cache=in_cache).to_dict()
+        check_turns(result)
+        shares[in_cache] = result["cache_share_non_collapse"]
+        forced = [t["reply_prefilled_tokens"] for t in result["per_turn"]]
+        assert (sum(forced) > 0) is in_cache
+    assert shares[True] > shares[False]
+
+
+def test_baselines_can_be_skipped():
+    exchanges = bench.synthetic_transcript(20)
+    result = run_turns(
+        FakeEngine(), exchanges, 512, 64, rebuild_every=0, fresh_summaries=False
+    ).to_dict()
+    check_turns(result)
+    assert result["rebuild_turns"] == 0 and result["ttft_ratio_vs_rebuild"] is None
+    assert result["collapse_prefill_ratio"] is None
+
+
+def test_generate_mode_lets_the_model_write_the_replies():
+    exchanges = [(text, None) for text, _ in bench.synthetic_transcript(10)]
+    engine = FakeEngine(lambda prompt: "A reply written by the model, word for word.")
+    result = run_turns(engine, exchanges, 512, 64, generate=True, max_tokens=32).to_dict()
+    check_turns(result)
+    assert result["settings"]["mode"] == "generate" and result["turns"] == 10
+
+
+def test_history_stores_and_compares_runs(tmp_path):
+    exchanges = bench.synthetic_transcript(12)
+    model = bench.BenchModel(tmp_path, "fake", "the fake engine", False)
+    for _ in range(2):
+        result = run_turns(FakeEngine(), exchanges, 512, 64)
+        bench.record_run(bench.BenchRun.of(result, model))
+    runs = bench.history()
+    assert [r.id for r in runs] == [2, 1]
+    assert runs[0].kind == "turns" and runs[0].model["label"] == "fake"
+    assert runs[0].results["turns"] == 12
+    assert bench.headline(runs[0])["budget_violations"] == 0
+    assert {g.name for g in bench.goals(runs[0])} >= {"budget violations"}
+    assert bench.history(kind="speed") == []
+    with pytest.raises(InputError):
+        bench.history(kind="nonsense")
+
+
+def test_arch_names_and_config_files(tmp_path):
+    assert resolve_arch("tiny") == ("tiny", {})
+    label, shape = resolve_arch("llama-3.2-3b")
+    assert shape["hidden_size"] == 3072 and shape["quantization"]["bits"] == 4
+    config = tmp_path / "my-shape.json"
+    config.write_text(json.dumps(SMALL))
+    assert resolve_arch(str(config)) == ("my-shape", SMALL)
+    with pytest.raises(InputError, match="unknown arch"):
+        resolve_arch("no-such-shape")
+
+
+# -- end to end on a tiny model -----------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_bench_turns_end_to_end(tiny_model, transcript, tmp_path):
+    db, png = tmp_path / "bench.duckdb", tmp_path / "fill.png"
+    report = invoke(
+        "turns",
+        "--model",
+        str(tiny_model),
+        "--transcript",
+        str(transcript),
+        "--context-tokens",
+        "768",
+        "--db",
+        str(db),
+        "--plot",
+        str(png),
+    )
+    for key in (
+        "turns",
+        "cache_share",
+        "cache_share_non_collapse",
+        "collapses",
+        "budget_violations",
+        "ttft_ratio_vs_rebuild",
+        "collapse_prefill_ratio",
+    ):
+        assert key in report
+    assert report["turns"] == 30 and report["collapses"] > 0
+    check_turns(report)
+    assert report["ttft_ratio_vs_rebuild"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    runs = invoke("history", "--db", str(db))
+    assert [(r["id"], r["kind"]) for r in runs] == [(report["run_id"], "turns")]
+    assert runs[0]["headline"]["budget_violations"] == 0
+    assert "mlx" in runs[0]["versions"] and runs[0]["machine"]["cores"]
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = json.loads(con.execute("SELECT results FROM bench_runs").fetchone()[0])
+    assert stored["per_turn"] == report["per_turn"]
+
+
+@pytest.mark.e2e
+def test_bench_speed_end_to_end(tiny_model):
+    report = invoke(
+        "speed",
+        "--model",
+        str(tiny_model),
+        "--lengths",
+        "64,160",
+        "--trials",
+        "2",
+        "--gen-tokens",
+        "8",
+    )
+    assert [row["prompt_tokens"] for row in report["lengths"]] == [64, 160]
+    for row in report["lengths"]:
+        assert row["decode_tps_ratio"] > 0 and row["ttft_s"] > 0 and row["cached_ttft_s"] > 0
+        assert row["generated_tokens"] == 8 and row["trials"] == 2
+        assert row["cached_prefill_tokens"] < row["prompt_tokens"]
+        low, high = row["spread"]["ttft_s"]
+        assert low <= row["ttft_s"] <= high
+    # Stored in mlxmem's own database (this test's data directory) by default.
+    assert [r["kind"] for r in invoke("history")] == ["speed"]
+
+
+@pytest.mark.e2e
+def test_bench_restart_end_to_end(tiny_model):
+    report = invoke(
+        "restart", "--model", str(tiny_model), "--context-tokens", "768", "--trials", "1"
+    )
+    assert report["ttft_ratio"] > 0
+    assert report["rebuilt_prefilled_tokens"] == report["prompt_tokens"]
+    assert (
+        report["restored_cached_tokens"] + report["restored_prefilled_tokens"]
+        == (report["prompt_tokens"])
+    )
+    assert report["restored_cached_tokens"] > report["prompt_tokens"] // 2
+    assert report["cache_file_bytes"] > 0
+
+
+@pytest.mark.e2e
+def test_random_model_of_a_given_shape(tmp_path):
+    config = tmp_path / "shape.json"
+    config.write_text(json.dumps(SMALL))
+    report = invoke(
+        "speed", "--arch", str(config), "--lengths", "32", "--trials", "1", "--gen-tokens", "4"
+    )
+    assert report["model"]["random_weights"] is True
+    assert "hidden 64 x 1 layers" in report["model"]["description"]
+
+
+def test_errors_are_reported_without_a_traceback(tmp_path):
+    result = runner.invoke(app, ["bench", "speed", "--arch", "no-such-shape"])
+    assert result.exit_code == 1 and "Error: unknown arch" in result.output
+    result = runner.invoke(app, ["bench", "history", "--id", "7"])
+    assert result.exit_code == 1 and "no benchmark run with id 7" in result.output
+
+
+def test_every_bench_command_has_its_docstring_as_help():
+    from mlxmem_cli import bench as bench_cli
+
+    assert bench_cli.app.info.help
+    for command in bench_cli.app.registered_commands:
+        assert command.callback.__doc__, command.name
+        result = runner.invoke(app, ["bench", command.name, "--help"])
+        assert result.exit_code == 0 and "--json" in result.output
