@@ -103,8 +103,26 @@ class PromptBudget:
                 used.append(fact)  # a long fact that does not fit leaves room for shorter ones
         return used
 
-    def fits(self, system: Message, turns: Sequence[Message]) -> bool:
-        return self.engine.count_chat([system, *turns]) <= self.available
+    @property
+    def max_message_tokens(self) -> int:
+        """No single message takes more than half the prompt's room."""
+        return self.available // 2
+
+    def clip(self, turns: Sequence[Message]) -> list[Message]:
+        """Shorten messages longer than `max_message_tokens`, the same way every time, so an
+        oversized message keeps its place (and its cached prefix) in the window."""
+        cap = self.max_message_tokens
+        clipped = []
+        for t in turns:
+            size = len(t.tokens) if t.tokens is not None else self.engine.count_text(t.content)
+            clipped.append(
+                t if size <= cap else Message(t.role, shorten(self.engine, t.content, cap))
+            )
+        return clipped
+
+    def fits(self, system: Message, turns: Sequence[Message], headroom: int = 0) -> bool:
+        """Do `system` and `turns` (clipped) fit, leaving the reserve and `headroom` free?"""
+        return self.engine.count_chat([system, *self.clip(turns)]) <= self.available - headroom
 
     def assemble(
         self,
@@ -117,8 +135,10 @@ class PromptBudget:
         shortening long messages and, only if that is not enough, leaving out the oldest."""
         used = self.pack_facts(instructions, facts)
         system = Message("system", system_text(instructions, used, summary))
-        turns = list(turns)
-        shortened = omitted = 0
+        clipped = self.clip(turns)
+        shortened = sum(a is not b for a, b in zip(turns, clipped, strict=True))
+        turns = clipped
+        omitted = 0
         stuck: set[int] = set()  # messages that shortening no longer makes smaller
         tokens = self.engine.encode_chat([system, *turns])
         while len(tokens) > self.available:

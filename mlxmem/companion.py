@@ -161,7 +161,7 @@ class Companion:
         user = self.store.append_message(
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
-        collapses, snap = self._fold_while_over_budget(on_status)
+        collapses, snap = self._fold_while_over_budget(on_status, headroom=0)
         prompt = self._assemble(snap)
         written, ids, stats, interrupted = self._stream_reply(prompt, on_text, reply is not None)
         sampled = reply is None and not interrupted
@@ -177,7 +177,9 @@ class Companion:
         )
         result = TurnResult(logged, stats, prompt, interrupted, collapses)
         try:
-            folded, after = self._fold_while_over_budget(on_status)
+            # Fold now if the next message, sized like recent ones, would not fit: the cost
+            # then falls after this reply (and the cache is warmed), not before the next one.
+            folded, after = self._fold_while_over_budget(on_status, self._next_message_room(snap))
             result.collapses += folded
             result.warm_prefilled_tokens = self._warm_cache(after) if folded else 0
             if not interrupted:
@@ -213,13 +215,21 @@ class Companion:
             return "".join(parts), ids, self.engine.last_stats, True
         return "".join(parts), ids, self.engine.last_stats, False
 
-    def _fold_while_over_budget(self, on_status) -> tuple[list[CollapseEvent], Snapshot]:
-        """Collapse until the window fits; return the events and the store as it is then."""
+    def _next_message_room(self, snap: Snapshot) -> int:
+        """Room for a next message as long as the longest the person wrote in the window."""
+        sizes = [t.token_count or 0 for t in snap.turns if t.role == "user"]
+        return min(max(sizes, default=0), self.budget.max_message_tokens)
+
+    def _fold_while_over_budget(
+        self, on_status, headroom: int
+    ) -> tuple[list[CollapseEvent], Snapshot]:
+        """Collapse until the window fits with `headroom` to spare; return the events and the
+        store as it is then."""
         events: list[CollapseEvent] = []
         while True:
             snap = self.store.snapshot(self.conversation)
             facts = self.prompt_facts(snap.facts)
-            if not self.window.over_budget(facts, snap.summary, snap.turns):
+            if not self.window.over_budget(facts, snap.summary, snap.turns, headroom):
                 return events, snap
             if on_status:
                 on_status("folding older turns into the summary")

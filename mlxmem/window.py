@@ -92,12 +92,14 @@ class ConversationWindow:
     def messages(self, turns: Sequence[StoredMessage]) -> list[Message]:
         return as_messages(turns, self.engine.model_id)
 
-    def over_budget(self, facts: Sequence[str], summary: Summary | None, turns) -> bool:
-        """Would instructions + facts + summary + turns + the reserve exceed the budget?
-        (Counting the facts the assembler would pack, not all of them.)"""
+    def over_budget(
+        self, facts: Sequence[str], summary: Summary | None, turns, headroom: int = 0
+    ) -> bool:
+        """Would instructions + facts + summary + turns + the reserve (+ `headroom`) exceed
+        the budget? Counted as the assembler builds the prompt: packed facts, clipped turns."""
         packed = self.budget.pack_facts(self.instructions, facts)
         text = system_text(self.instructions, packed, summary and summary.text)
-        return not self.budget.fits(Message("system", text), self.messages(turns))
+        return not self.budget.fits(Message("system", text), self.messages(turns), headroom)
 
     def collapse_oldest(
         self, facts: Sequence[str], summary: Summary | None, turns: Sequence[StoredMessage]
