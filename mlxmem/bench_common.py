@@ -130,14 +130,20 @@ def random_model(arch: str, quantize: int | None, seed: int) -> BenchModel:
     from .tiny import is_tiny, make_tiny
 
     label, shape = resolve_arch(arch)
-    if quantize is None and "quantization" in shape:
-        quantize = shape["quantization"]["bits"]  # a registry shape: as published
+    # A registry shape is built as published: its quantization, and float16 activations and
+    # KV cache like mlx-community's conversions (fp32 would double the KV cache's size).
+    dtype = "float32"
+    if "quantization" in shape:
+        dtype = "float16"
+        if quantize is None:
+            quantize = shape["quantization"]["bits"]
     quant = f"q{quantize}" if quantize else "fp32"
-    path = paths.models_dir() / "bench" / f"{_safe(label)}-{quant}-seed{seed}"
+    name = f"{_safe(label)}-{quant}-{dtype}-seed{seed}"
+    path = paths.models_dir() / "bench" / name
     if not (is_tiny(path) and (path / "config.json").is_file()):
-        make_tiny(path, seed=seed, quantize=quantize, arch=shape or None)
+        make_tiny(path, seed=seed, quantize=quantize, arch=shape or None, dtype=dtype)
     config = json.loads((path / "config.json").read_text())
-    bits = f"{quantize}-bit" if quantize else "fp32"
+    bits = f"{quantize}-bit, {dtype}" if quantize else dtype
     return BenchModel(path, f"random {label} ({bits})", shape_text(config), True)
 
 
