@@ -76,7 +76,7 @@ def speed(
     """Prefill and decode tokens/s, time to first token and peak memory: mlxmem's engine next
     to bare mlx_lm.stream_generate on the same model and prompts, and a cached turn's time to
     first token against a fresh prefill of the same prompt. A warm-up, then N trials: medians,
-    with [min, max]."""
+    with their range (lowest to highest)."""
     sizes = _lengths(lengths)
     chosen = _model(model, arch, quantize, seed, as_json)
     with bench.bench_engine(chosen) as engine, _progress("speed") as progress:
