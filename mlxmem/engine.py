@@ -155,6 +155,7 @@ class MLXEngine(Engine):
         max_slot_bytes: int = DEFAULT_SLOT_MEMORY_BYTES,
     ):
         from mlx_lm import load
+        from mlx_lm.utils import maybe_set_recommended_wired_limit
         from mlx_lm.models.cache import make_prompt_cache
 
         from .kvslots import SlotPool
@@ -169,6 +170,10 @@ class MLXEngine(Engine):
             | {t.content for t in self.hf.added_tokens_decoder.values() if t.special}
         )
         self._system_role = self._supports_system_role()
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        # On Apple silicon keep the weights wired for the process's lifetime, as mlx-lm's
+        # stream_generate does per call (a no-op elsewhere).
+        maybe_set_recommended_wired_limit()
         self.model_path = Path(model_path)
         self.model_id = model_id or model_identity(self.model_path)
         self.slots = SlotPool(
@@ -235,10 +240,6 @@ class MLXEngine(Engine):
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.hf.decode(list(tokens))
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        return set(self.tokenizer.eos_token_ids)
 
     # -- generation -------------------------------------------------------------------------
 
