@@ -105,7 +105,7 @@ def _one_shot(companion: Companion, message: str, json_output: bool, model: str)
         print_json({"conversation": companion.conversation, "model": model, **result.to_dict()})
         return
     result = companion.send(message, on_text=_write)
-    _write("\n")
+    _end_line()
     _report_after(result)
 
 
@@ -132,9 +132,10 @@ def _interactive(companion: Companion) -> None:
             err.print(f"Error: {exc}")
             continue
         except KeyboardInterrupt:
-            err.print("\n(interrupted)")
+            _end_line()
+            err.print("(interrupted)")
             continue
-        _write("\n")
+        _end_line()
         _report_after(result)
 
 
@@ -196,10 +197,22 @@ def _report_after(result: TurnResult) -> None:
 
 
 def _status(text: str) -> None:
+    _end_line()
     err.print(f"[dim]... {text}[/dim]")
 
 
+_line_open = False  # whether the reply being streamed has not ended its line yet
+
+
+def _end_line() -> None:
+    if _line_open:
+        _write("\n")
+
+
 def _write(text: str) -> None:
+    global _line_open
+    if text:
+        _line_open = not text.endswith("\n")
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
