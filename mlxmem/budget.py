@@ -94,13 +94,16 @@ class PromptBudget:
         )
 
     def pack_facts(self, instructions: str, facts: Sequence[str]) -> list[str]:
-        """The longest prefix of `facts` (in priority order) within the facts share."""
-        base = self.system_tokens(instructions, [], None)
-        cap = int(self.budget * self.facts_share)
+        """The facts, in priority order, that fit the facts share. Each line is counted on its
+        own (one encode per fact, not per prefix of the list); the prompt as a whole is still
+        counted exactly by `assemble`, so the budget never rests on this sum."""
+        room = int(self.budget * self.facts_share) - self.engine.count_text(FACTS_HEADER) - 4
         used: list[str] = []
         for fact in facts:
-            if self.system_tokens(instructions, used + [fact], None) - base <= cap:
+            cost = self.engine.count_text(f"\n- {fact}")
+            if cost <= room:
                 used.append(fact)  # a long fact that does not fit leaves room for shorter ones
+                room -= cost
         return used
 
     @property

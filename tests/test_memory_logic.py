@@ -232,6 +232,7 @@ def test_prompt_plus_reserve_never_exceeds_the_budget(turns, facts, summary, bud
         "left out here" in kept and kept.split("\n[")[0].strip() in newest
     )
     assert sum(prompt.layers.to_dict().values()) == budget
+    assert prompt.layers.facts <= int(budget * 0.15)  # the facts share is a cap
 
 
 def test_many_facts_do_not_force_a_collapse_every_turn():
