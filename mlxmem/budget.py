@@ -4,7 +4,7 @@ whose exact token count plus the response reserve fits the model's context budge
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from .engine import Engine, Message
 from .errors import MlxmemError
@@ -41,7 +41,6 @@ class AssembledPrompt:
     tokens: list[int]
     layers: Layers
     budget: int
-    facts_used: list[str] = field(default_factory=list)
     facts_left_out: int = 0
     shortened: int = 0  # messages shortened (head and tail kept) to fit
     omitted: int = 0  # oldest turns left out of this prompt as a last resort
@@ -172,7 +171,6 @@ class PromptBudget:
             tokens=tokens,
             layers=layers,
             budget=self.budget,
-            facts_used=used,
             facts_left_out=len(facts) - len(used),
             shortened=shortened,
             omitted=omitted,

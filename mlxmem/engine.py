@@ -155,8 +155,8 @@ class MLXEngine(Engine):
         max_slot_bytes: int = DEFAULT_SLOT_MEMORY_BYTES,
     ):
         from mlx_lm import load
-        from mlx_lm.utils import maybe_set_recommended_wired_limit
         from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.utils import maybe_set_recommended_wired_limit
 
         from .kvslots import SlotPool
 

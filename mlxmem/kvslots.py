@@ -243,10 +243,6 @@ class SlotPool:
         if delete_file and self.directory is not None:
             remove_slot_files(self.path(name))
 
-    def drop_all(self) -> None:
-        """Forget every slot in memory (files on disk are the caller's business)."""
-        self._slots.clear()
-
     def enforce_cap(self, keep: str) -> None:
         """Save and free least recently used slots until the pool fits in `max_bytes`."""
         while len(self._slots) > 1 and self.nbytes > self.max_bytes:

@@ -352,21 +352,6 @@ class Store:
             rows = con.execute(f"{sql} ORDER BY m.id DESC LIMIT ?", [*params, limit]).fetchall()
         return [_message(row) for row in rows]
 
-    def set_token_count(self, message_id: int, n: int) -> None:
-        self._update_message(message_id, "token_count = ?", [n])
-
-    def mark_interrupted(self, message_id: int) -> None:
-        self._update_message(message_id, "interrupted = true", [])
-
-    def _update_message(self, message_id: int, assignment: str, params: list) -> None:
-        with self.connect() as con:
-            row = con.execute(
-                f"UPDATE messages SET {assignment} WHERE id = ? RETURNING id",
-                [*params, message_id],
-            ).fetchone()
-        if row is None:
-            raise NotFoundError(f"no message with id {message_id}")
-
     def delete_messages(self, ids: list[int]) -> Deletion:
         """Delete turns by id, and every summary whose range covers one of them."""
         with self._forgetting() as con:
@@ -485,17 +470,6 @@ class Store:
                 "DELETE FROM facts WHERE ? IS NULL OR source = ? RETURNING id", [source, source]
             ).fetchall()
         return len(rows)
-
-    # -- key/value state ---------------------------------------------------------------------
-
-    def get_state(self, key: str) -> str | None:
-        with self.connect() as con:
-            row = con.execute("SELECT value FROM state WHERE key = ?", [key]).fetchone()
-        return None if row is None else row[0]
-
-    def set_state(self, key: str, value: str) -> None:
-        with self.connect() as con:
-            con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
 
 
 def _messages_after(

@@ -147,15 +147,17 @@ def test_append_list_and_conversations():
     assert store.get_message(3).text == "Standup at nine"
 
 
-def test_token_count_and_interrupted():
+def test_token_count_interrupted_and_sampled_ids_round_trip():
     store = Store()
-    m = store.append_message("default", "assistant", "A long answer that")
-    store.set_token_count(m.id, 17)
-    store.mark_interrupted(m.id)
+    m = store.append_message(
+        "default", "assistant", "A long answer that", token_count=17, interrupted=True,
+        sampled_ids=[5, 6, 7], sampled_by="model-x",
+    )  # fmt: skip
     got = store.get_message(m.id)
     assert (got.token_count, got.interrupted) == (17, True)
-    with pytest.raises(NotFoundError):
-        store.set_token_count(99, 1)
+    assert (
+        (got.sampled_ids, got.sampled_by) == ((5, 6, 7), "model-x") == (m.sampled_ids, m.sampled_by)
+    )
     with pytest.raises(NotFoundError):
         store.get_message(99)
 
@@ -302,14 +304,6 @@ def test_facts_add_edit_delete_clear():
     assert store.clear_facts() == 1 and store.facts() == []
 
 
-def test_state():
-    store = Store()
-    assert store.get_state("window_start") is None
-    store.set_state("window_start", "5")
-    store.set_state("window_start", "9")
-    assert Store().get_state("window_start") == "9"
-
-
 # -- deleted means gone ---------------------------------------------------------------------
 
 
@@ -359,7 +353,8 @@ def test_interrupted_compaction_is_finished_at_next_open(mlxmem_home):
 
     reopened = Store()
     assert files_containing(mlxmem_home, "MARKER-CRASH-55aa") == []
-    assert reopened.get_state("compaction_pending") is None
+    with reopened.connect() as con:
+        assert con.execute("SELECT * FROM state WHERE key = 'compaction_pending'").fetchall() == []
     assert sorted(p.name for p in mlxmem_home.iterdir()) == ["mlxmem.duckdb", "mlxmem.duckdb.lock"]
 
 
