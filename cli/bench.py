@@ -13,11 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mlxmem import bench
-from mlxmem.bench_common import DEFAULT_BENCH_SEED, gpu_available, machine_text
-from mlxmem.bench_common import Progress as OnProgress
-from mlxmem.bench_restart import DEFAULT_RESTART_TRIALS
-from mlxmem.bench_speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
-from mlxmem.bench_turns import DEFAULT_SYNTHETIC_TURNS
+from mlxmem.bench.common import DEFAULT_BENCH_SEED, gpu_available, machine_text
+from mlxmem.bench.common import Progress as OnProgress
+from mlxmem.bench.restart import DEFAULT_RESTART_TRIALS
+from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
+from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
 
 from .common import handle_errors, print_json
@@ -189,7 +189,7 @@ def turns(
     result.settings["transcript"] = source
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
-        from mlxmem.bench_plot import plot_turns
+        from mlxmem.bench.plot import plot_turns
 
         title = f"{Path(source).name if transcript else source}: {chosen.label}"
         plot_turns(result, plot, title)

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 from mlxmem import paths
-from mlxmem.companion import ChatSettings, Companion, TurnResult
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MODEL,
@@ -21,7 +20,8 @@ from mlxmem.defaults import (
 )
 from mlxmem.engine import load_engine
 from mlxmem.errors import InputError, MlxmemError
-from mlxmem.store import Store
+from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
+from mlxmem.memory.store import Store
 
 from .common import handle_errors, print_json
 

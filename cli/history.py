@@ -8,7 +8,7 @@ from rich.text import Text
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
 from mlxmem.forget import forget_caches
-from mlxmem.store import SEARCH_LIMIT, Deletion, Message, Store
+from mlxmem.memory.store import SEARCH_LIMIT, Deletion, Message, Store
 
 from .common import handle_errors, print_json
 from .memory import as_record, local_time

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from mlxmem.errors import InputError
 from mlxmem.forget import forget_caches
-from mlxmem.store import Store
+from mlxmem.memory.store import Store
 
 from .common import handle_errors, print_json
 

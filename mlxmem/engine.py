@@ -2,7 +2,7 @@
 that reuses the longest cached prefix of each prompt.
 
 `Engine` is the interface the memory layers talk to; `MLXEngine` runs a real model through
-MLX and mlx-lm; `mlxmem.fake.FakeEngine` implements the same interface for logic tests.
+MLX and mlx-lm; `mlxmem.testing.FakeEngine` implements the same interface for logic tests.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
-from .errors import InputError, ModelLoadError
+from mlxmem.defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
+from mlxmem.errors import InputError, ModelLoadError
 
 ROLES = ("system", "user", "assistant")
 PREFILL_STEP = 512
@@ -158,7 +158,7 @@ class MLXEngine(Engine):
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import maybe_set_recommended_wired_limit
 
-        from .kvslots import SlotPool
+        from mlxmem.kvslots import SlotPool
 
         try:
             self.model, self.tokenizer = load(str(model_path))
@@ -357,7 +357,7 @@ def _without_system(messages: Sequence[Message]) -> list[Message]:
 def load_engine(model: str, cache_dir: Path | None = None):
     """Resolve a registry alias or a path, fetch it if needed, and load it.
     Returns the engine and the model's registry entry."""
-    from .models import ensure_local, resolve
+    from mlxmem.models import ensure_local, resolve
 
     spec = resolve(model)
     return MLXEngine(ensure_local(spec), cache_dir=cache_dir), spec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import paths
+from mlxmem import paths
 
 
 def forget_caches() -> int:

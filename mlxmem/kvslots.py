@@ -28,7 +28,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from .paths import ensure_private_dir, make_private
+from mlxmem.paths import ensure_private_dir, make_private
 
 LAYOUT_VERSION = "1"
 SUFFIX = ".safetensors"

@@ -4,7 +4,6 @@ Bookkeeping is checked on the fake engine; the commands end to end on a tiny ran
 small windows. Nothing here asserts a time: benchmarks measure, tests check consistency.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,10 +13,11 @@ from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
 from mlxmem import bench
-from mlxmem.bench_common import resolve_arch
-from mlxmem.bench_turns import read_transcript, run_turns
+from mlxmem.bench import synth
+from mlxmem.bench.common import resolve_arch
+from mlxmem.bench.turns import read_transcript, run_turns
 from mlxmem.errors import InputError
-from mlxmem.fake import FakeEngine
+from mlxmem.testing import FakeEngine
 from mlxmem.tiny import make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,17 +25,10 @@ SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
 runner = CliRunner()
 
 
-def load_synth():
-    spec = importlib.util.spec_from_file_location("synth", ROOT / "benchmarks" / "synth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def transcript(tmp_path_factory):
     """A short synthetic chat: 30 exchanges of journal text."""
-    return load_synth().write("journal", tmp_path_factory.mktemp("t") / "chat.jsonl", turns=30)
+    return synth.write("journal", tmp_path_factory.mktemp("t") / "chat.jsonl", turns=30)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +89,6 @@ def test_transcript_errors_name_the_line(tmp_path):
 
 
 def test_synthetic_scenarios_are_deterministic_jsonl(tmp_path):
-    synth = load_synth()
     for name in synth.SCENARIOS:
         a = synth.write(name, tmp_path / f"{name}-a.jsonl", turns=12)
         b = synth.write(name, tmp_path / f"{name}-b.jsonl", turns=12)

@@ -12,12 +12,12 @@ from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
 from mlxmem import paths
-from mlxmem.companion import ChatSettings, Companion
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.forget import forget_caches
-from mlxmem.store import Store
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.store import Store
+from mlxmem.memory.window import summary_cap
 from mlxmem.tiny import make_tiny
-from mlxmem.window import summary_cap
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()

@@ -10,7 +10,7 @@ from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
 from mlxmem import paths
-from mlxmem.store import Store
+from mlxmem.memory.store import Store
 
 runner = CliRunner()
 

@@ -5,14 +5,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxmem.budget import PromptBudget
-from mlxmem.companion import ChatSettings, Companion
 from mlxmem.engine import Message
 from mlxmem.errors import InputError
-from mlxmem.facts import clean_fact, is_duplicate, normalize
-from mlxmem.fake import FakeEngine
-from mlxmem.store import Store
-from mlxmem.window import MIN_VERBATIM, SUMMARY_REQUEST, as_messages, evict_count, summary_cap
+from mlxmem.memory.budget import PromptBudget
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.extraction import clean_fact, is_duplicate, normalize
+from mlxmem.memory.store import Store
+from mlxmem.memory.window import (
+    MIN_VERBATIM,
+    SUMMARY_REQUEST,
+    as_messages,
+    evict_count,
+    summary_cap,
+)
+from mlxmem.testing import FakeEngine
 
 FACT = "The user has a cat called Miso."
 

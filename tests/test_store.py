@@ -14,8 +14,8 @@ import pytest
 from mlxmem import paths
 from mlxmem.errors import InputError, NotFoundError, StoreError
 from mlxmem.forget import forget_caches
-from mlxmem.migrations import MIGRATIONS, migrate
-from mlxmem.store import Store
+from mlxmem.memory.migrations import MIGRATIONS, migrate
+from mlxmem.memory.store import Store
 
 SCHEMA = {
     "migrations": [("name", "VARCHAR"), ("applied_at", "TIMESTAMP")],
@@ -395,7 +395,7 @@ def test_two_processes_append_and_delete_at_the_same_time(mlxmem_home):
     Store()  # create the schema once, so both workers start on equal terms
     worker = """
         import json, os, sys, time
-        from mlxmem.store import Store
+        from mlxmem.memory.store import Store
         name, go = sys.argv[1], sys.argv[2]
         store = Store(timeout=60)
         print("ready", flush=True)
@@ -439,7 +439,7 @@ def test_lock_held_by_another_process_times_out_with_its_pid():
     holder = run_python(
         """
         import sys, time
-        from mlxmem.store import Store
+        from mlxmem.memory.store import Store
         with Store().connect():
             print("ready", flush=True)
             time.sleep(30)

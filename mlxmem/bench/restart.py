@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench_common import (
+from mlxmem.bench.common import (
     DEFAULT_BENCH_SEED,
     Progress,
     RecordingEngine,
@@ -26,10 +26,10 @@ from .bench_common import (
     ratio,
     synthetic_exchanges,
 )
-from .bench_turns import reply_into_cache
-from .companion import ChatSettings, Companion
-from .engine import MLXEngine
-from .store import Store
+from mlxmem.bench.turns import reply_into_cache
+from mlxmem.engine import MLXEngine
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.store import Store
 
 CONVERSATION = "bench"
 DEFAULT_RESTART_TRIALS = 3

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .bench_turns import TurnsResult
-from .errors import MlxmemError
+from mlxmem.bench.turns import TurnsResult
+from mlxmem.errors import MlxmemError
 
 # Bottom to top: the prompt's layers, the room left, and the reserve for the reply on top.
 LAYERS = ("instructions", "facts", "summary", "turns", "free", "reserve")

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import platform
-import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, paths
-from .defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
-from .engine import Chunk, Engine, GenerationStats, Message
-from .errors import InputError
+from mlxmem import __version__, paths
+from mlxmem.bench import synth
+from mlxmem.defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
+from mlxmem.engine import Chunk, Engine, GenerationStats, Message
+from mlxmem.errors import InputError
 
 # progress(description, done, total): what a long benchmark reports while it runs.
 Progress = Callable[[str, int, int], None]
@@ -80,7 +80,7 @@ def default_arch() -> str:
 
 def resolve_arch(name: str) -> tuple[str, dict[str, Any]]:
     """A shape by name (tiny, small, a registry arch) or a config.json path -> (label, shape)."""
-    from .tiny import list_archs, load_arch
+    from mlxmem.tiny import list_archs, load_arch
 
     if name in NAMED_SHAPES:
         return name, dict(NAMED_SHAPES[name])
@@ -112,7 +112,7 @@ def prepare_model(
 
 
 def _real_model(model: str) -> BenchModel:
-    from .models import ensure_local, resolve
+    from mlxmem.models import ensure_local, resolve
 
     spec = resolve(model)
     path = ensure_local(spec)
@@ -127,7 +127,7 @@ def _real_model(model: str) -> BenchModel:
 
 
 def random_model(arch: str, quantize: int | None, seed: int) -> BenchModel:
-    from .tiny import is_tiny, make_tiny
+    from mlxmem.tiny import is_tiny, make_tiny
 
     label, shape = resolve_arch(arch)
     # A registry shape is built as published: its quantization, and float16 activations and
@@ -251,81 +251,20 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 # -- synthetic conversation text ----------------------------------------------------------------
 
-_SUBJECTS = ["I", "My sister Anna", "Ben", "My friend Clara", "The team", "My mom", "We"]
-_VERBS = [
-    "went to",
-    "talked about",
-    "planned",
-    "cooked",
-    "remembered",
-    "worried about",
-    "finished",
-    "started",
-    "visited",
-    "wrote about",
-]
-_OBJECTS = [
-    "the garden",
-    "a long walk by the river",
-    "dinner with the family",
-    "the project deadline",
-    "a trip to the mountains",
-    "the new job",
-    "a birthday party",
-    "yoga in the park",
-    "the book club",
-    "an appointment with the doctor",
-    "the weekend",
-    "coffee with Leo",
-]
-_TAILS = [
-    "and it felt good.",
-    "but I was tired afterwards.",
-    "because it matters to me.",
-    "again this week.",
-    "with a lot of laughter.",
-    "and I want to do it more often.",
-    "before the rain started.",
-    "on Tuesday evening.",
-]
-_REPLIES = [
-    "That sounds lovely. How did it make you feel?",
-    "Thank you for telling me. What would help you most right now?",
-    "It seems important to you. Do you want to plan the next step together?",
-    "I remember you mentioned something similar before. What changed since then?",
-]
 
-
-def synthetic_sentence(rng: random.Random) -> str:
-    return " ".join(
-        [rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS), rng.choice(_TAILS)]
-    )
-
-
-def synthetic_text(rng: random.Random, sentences: int) -> str:
-    return " ".join(synthetic_sentence(rng) for _ in range(sentences))
-
-
-def synthetic_exchanges(
-    count: int, seed: int = DEFAULT_BENCH_SEED, max_sentences: int = 4
-) -> list[tuple[str, str]]:
-    """`count` (user, assistant) exchanges of journal-like text, the same for the same seed."""
-    rng = random.Random(seed)
-    exchanges = []
-    for _ in range(count):
-        user = synthetic_text(rng, rng.randint(1, max_sentences))
-        reply = rng.choice(_REPLIES) + " " + synthetic_text(rng, rng.randint(0, 2))
-        exchanges.append((user, reply.strip()))
-    return exchanges
+def synthetic_exchanges(count: int, seed: int = DEFAULT_BENCH_SEED) -> list[tuple[str, str]]:
+    """`count` (user, assistant) exchanges of the journal scenario, the same for the same seed."""
+    rng = synth.scenario_rng("journal", seed)
+    return [(user, reply) for _, user, reply in synth.journal(count, rng)]
 
 
 def prompt_of_length(engine: Engine, length: int, seed: int = DEFAULT_BENCH_SEED) -> list[int]:
     """Token ids of a chat prompt of exactly `length` tokens (a system message, then text)."""
-    rng = random.Random(seed)
+    rng = synth.scenario_rng("prompt", seed)
     head = engine.encode_chat([Message("system", "You are a helpful assistant.")], False)
     ids = list(head)
     while len(ids) < length:
-        ids += engine.encode_text(synthetic_text(rng, 20) + " ")
+        ids += engine.encode_text(synth.paragraph(rng, 20) + " ")
     return ids[:length]
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .bench_common import (
+from mlxmem.bench.common import (
     DEFAULT_BENCH_SEED,
     Call,
     Progress,
@@ -34,10 +34,10 @@ from .bench_common import (
     ratio,
     synthetic_exchanges,
 )
-from .companion import ChatSettings, Companion, TurnResult
-from .engine import Engine, Message
-from .errors import InputError
-from .store import Store
+from mlxmem.engine import Engine, Message
+from mlxmem.errors import InputError
+from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
+from mlxmem.memory.store import Store
 
 CONVERSATION = "bench"
 REBUILD_SLOT = "bench/rebuild"

@@ -11,10 +11,10 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .defaults import CHAT_SLOT
-from .engine import Chunk, Engine, GenerationStats, Message, check_text
-from .errors import InputError
-from .kvslots import common_prefix_len
+from mlxmem.defaults import CHAT_SLOT
+from mlxmem.engine import Chunk, Engine, GenerationStats, Message, check_text
+from mlxmem.errors import InputError
+from mlxmem.kvslots import common_prefix_len
 
 SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 _TOKEN_RE = re.compile(r"\s+|\w+|[^\w\s]")

@@ -2,8 +2,11 @@
 `text` (plus `session` and `id`), the format of the LoCoMo transcripts. Every word is made up
 here from a seed: the same seed writes the same files.
 
-    python benchmarks/synth.py                  # all scenarios into benchmarks/scenarios/
-    python benchmarks/synth.py journal --turns 50 --out /tmp/journal.jsonl
+    python -m mlxmem.bench.synth                # all scenarios into ./benchmarks/scenarios/
+    python -m mlxmem.bench.synth journal --turns 50 --out /tmp/journal.jsonl
+
+The benchmarks draw their synthetic chats (`bench turns` without a transcript, `bench restart`,
+`bench speed`'s prompts) from here too.
 
 Scenarios:
   journal        a year of evening check-ins: events, people, plans and feelings, 1-5 sentences
@@ -21,8 +24,7 @@ import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SCENARIOS_DIR = HERE / "scenarios"
+SCENARIOS_DIR = Path("benchmarks") / "scenarios"
 
 PEOPLE = ["Anna", "Ben", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Leo"]
 RELATIONS = ["sister", "brother", "friend", "colleague", "neighbor", "cousin", "boss"]
@@ -100,6 +102,14 @@ def reply(rng: random.Random) -> str:
     return rng.choice(REPLIES).format(p=rng.choice(PEOPLE), f=rng.choice(FEELINGS))
 
 
+def paragraph(rng: random.Random, sentences: int) -> str:
+    return " ".join(sentence(rng) for _ in range(sentences))
+
+
+def scenario_rng(name: str, seed: int) -> random.Random:
+    return random.Random(f"{name}:{seed}")
+
+
 def journal(turns: int, rng: random.Random) -> Iterator[tuple[int, str, str]]:
     for i in range(turns):
         text = " ".join(sentence(rng) for _ in range(rng.randint(1, 5)))
@@ -129,7 +139,7 @@ SCENARIOS: dict[str, tuple[Callable, int]] = {
 def write(name: str, out: Path, turns: int | None = None, seed: int = 0) -> Path:
     """Write scenario `name` to `out` as JSON lines; return the path."""
     make, default_turns = SCENARIOS[name]
-    rng = random.Random(f"{name}:{seed}")
+    rng = scenario_rng(name, seed)
     lines = []
     for i, (session, user, assistant) in enumerate(make(turns or default_turns, rng)):
         for j, (role, text) in enumerate((("user", user), ("assistant", assistant))):

@@ -8,14 +8,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
-from .defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
-from .engine import Engine, GenerationStats, check_text
-from .errors import InputError
-from .facts import FactExtractor, should_extract
-from .forget import forget_caches
-from .store import Fact, Snapshot, Store
-from .window import CollapseEvent, ConversationWindow, summary_cap
+from mlxmem.defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
+from mlxmem.engine import Engine, GenerationStats, check_text
+from mlxmem.errors import InputError
+from mlxmem.forget import forget_caches
+from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
+from mlxmem.memory.extraction import FactExtractor, should_extract
+from mlxmem.memory.store import Fact, Snapshot, Store
+from mlxmem.memory.window import CollapseEvent, ConversationWindow, summary_cap
 
 INSTRUCTIONS = (
     "You are a warm, concise companion running on the user's own device. You remember earlier "

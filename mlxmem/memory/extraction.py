@@ -10,9 +10,9 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
-from .budget import shorten
-from .defaults import FACTS_SLOT
-from .engine import Engine, Message
+from mlxmem.defaults import FACTS_SLOT
+from mlxmem.engine import Engine, Message
+from mlxmem.memory.budget import shorten
 
 EXTRACTION_INSTRUCTIONS = (
     "You keep a short list of durable facts about the user: their name, important people, "

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .bench_common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
-from .engine import MLXEngine
+from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
+from mlxmem.engine import MLXEngine
 
 DEFAULT_LENGTHS = (256, 1024, 3000)
 DEFAULT_TRIALS = 5

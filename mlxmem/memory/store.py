@@ -24,9 +24,9 @@ from typing import TypeVar
 
 import duckdb
 
-from . import paths
-from .errors import InputError, NotFoundError, StoreError
-from .migrations import migrate
+from mlxmem import paths
+from mlxmem.errors import InputError, NotFoundError, StoreError
+from mlxmem.memory.migrations import migrate
 
 ROLES = ("user", "assistant")
 SOURCES = ("manual", "automatic")

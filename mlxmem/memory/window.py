@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from .budget import PromptBudget, system_text
-from .engine import Engine, Message
-from .store import Message as StoredMessage
-from .store import Store, Summary
+from mlxmem.engine import Engine, Message
+from mlxmem.memory.budget import PromptBudget, system_text
+from mlxmem.memory.store import Message as StoredMessage
+from mlxmem.memory.store import Store, Summary
 
 # Keep at least the newest two exchanges verbatim.
 MIN_VERBATIM = 4

@@ -1,10 +1,10 @@
 """`mlxmem bench`: measure what mlxmem exists for against the baselines a user would otherwise
 use, in one run on one machine, and keep every run in DuckDB so runs can be compared.
 
-- `run_speed` (mlxmem.bench_speed): the engine next to bare mlx-lm, and cached turns;
-- `run_turns` (mlxmem.bench_turns): a conversation replayed through the memory system, next to
+- `run_speed` (mlxmem.bench.speed): the engine next to bare mlx-lm, and cached turns;
+- `run_turns` (mlxmem.bench.turns): a conversation replayed through the memory system, next to
   rebuilding every prompt and to summarizing in a fresh context;
-- `run_restart` (mlxmem.bench_restart): the first turn after a restart, cache on disk or not.
+- `run_restart` (mlxmem.bench.restart): the first turn after a restart, cache on disk or not.
 
 A `BenchRun` is one run's record: the machine, the versions, the model, the settings and the
 results; `record_run` stores it and `history` reads runs back.
@@ -23,15 +23,15 @@ from typing import Any
 
 import duckdb
 
-from . import paths
-from .bench_common import BenchModel, machine_info, prepare_model, versions
-from .bench_restart import RestartResult, run_restart
-from .bench_speed import SpeedResult, run_speed
-from .bench_turns import TurnsResult, read_transcript, run_turns, synthetic_transcript
-from .engine import MLXEngine
-from .errors import InputError, StoreError
-from .migrations import migrate
-from .store import Store
+from mlxmem import paths
+from mlxmem.bench.common import BenchModel, machine_info, prepare_model, versions
+from mlxmem.bench.restart import RestartResult, run_restart
+from mlxmem.bench.speed import SpeedResult, run_speed
+from mlxmem.bench.turns import TurnsResult, read_transcript, run_turns, synthetic_transcript
+from mlxmem.engine import MLXEngine
+from mlxmem.errors import InputError, StoreError
+from mlxmem.memory.migrations import migrate
+from mlxmem.memory.store import Store
 
 __all__ = [
     "BenchModel",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from .engine import Engine, Message
-from .errors import MlxmemError
+from mlxmem.engine import Engine, Message
+from mlxmem.errors import MlxmemError
 
 DEFAULT_FACTS_SHARE = 0.15
 # A shortened message keeps at least this many tokens (head and tail).
