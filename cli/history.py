@@ -7,8 +7,8 @@ from rich.text import Text
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
-from mlxmem.forget import forget_caches
-from mlxmem.memory.store import SEARCH_LIMIT, Deletion, Message, Store
+from mlxmem.memory.store import Deletion, Store, Turn
+from mlxmem.memory.turns import SEARCH_LIMIT
 
 from .common import handle_errors, print_json
 from .memory import as_record, local_time
@@ -52,7 +52,7 @@ def show(
 ) -> None:
     """Show the turns of a conversation, oldest first, with their ids."""
     store = Store()
-    messages = store.messages(conversation)
+    messages = store.turns(conversation)
     if not messages and conversation != DEFAULT_CONVERSATION:
         store.conversation(conversation)  # an unknown name is an error, not an empty list
     if last is not None:
@@ -90,29 +90,28 @@ def remove(
     store = Store()
     ranged = from_seq is not None or to_seq is not None
     if message_ids and conversation is None and not ranged and not everything:
-        deletion = store.delete_messages(message_ids)
+        deletion = store.delete_turns(message_ids)
     elif conversation is not None and not message_ids and everything and not ranged:
         deletion = store.delete_conversation(conversation)
     elif conversation is not None and not message_ids and ranged and not everything:
         first = 1 if from_seq is None else from_seq
-        deletion = store.delete_message_range(conversation, first, to_seq or LAST_SEQ)
+        deletion = store.delete_turn_range(conversation, first, to_seq or LAST_SEQ)
     else:
         raise InputError(
             "say what to delete: ID..., or --conversation NAME with --from/--to or --all"
         )
-    forget_caches()
     typer.echo(describe(deletion))
 
 
 def describe(deletion: Deletion) -> str:
-    turns, summaries = len(deletion.messages), len(deletion.summaries)
+    turns, summaries = len(deletion.turns), len(deletion.summaries)
     text = f"Deleted {turns} turn{'s' if turns != 1 else ''}"
     if summaries:
         text += f" and {summaries} summar{'ies' if summaries != 1 else 'y'} built from them"
     return text + "."
 
 
-def print_messages(messages: list[Message], as_json: bool, show_conversation: bool) -> None:
+def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:
     if as_json:
         print_json([as_record(m) for m in messages])
         return

@@ -10,7 +10,6 @@ from rich.table import Table
 from rich.text import Text
 
 from mlxmem.errors import InputError
-from mlxmem.forget import forget_caches
 from mlxmem.memory.store import Store
 
 from .common import handle_errors, print_json
@@ -73,7 +72,6 @@ def edit_fact(
 ) -> None:
     """Replace a fact's text; the old text is erased from disk."""
     Store().edit_fact(fact_id, text)
-    forget_caches()
     typer.echo(f"Updated fact {fact_id}.")
 
 
@@ -86,7 +84,6 @@ FACT_IDS = typer.Argument(..., metavar="ID...", help="Ids of the facts to delete
 def remove_facts(fact_ids: list[int] = FACT_IDS) -> None:
     """Delete facts by id; they are erased from disk, not just hidden."""
     count = Store().delete_facts(fact_ids)
-    forget_caches()
     typer.echo(f"Deleted {count} fact{'s' if count != 1 else ''}.")
 
 
@@ -102,5 +99,4 @@ def clear_facts(
     if not yes:
         raise InputError("this deletes every fact for good; run it again with --yes to confirm")
     count = Store().clear_facts(source)
-    forget_caches()
     typer.echo(f"Deleted {count} fact{'s' if count != 1 else ''}.")

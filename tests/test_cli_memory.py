@@ -92,8 +92,8 @@ def test_memory_commands_leave_no_trace_of_deleted_text(mlxmem_home):
 def chat():
     store = Store()
     for i, text in enumerate(["Hi, I'm Sam.", "Hello Sam!", "My cat is Miso.", "Cute name!"]):
-        store.append_message("default", ("user", "assistant")[i % 2], text)
-    store.append_message("work", "user", "Standup moved to ten.")
+        store.append_turn("default", ("user", "assistant")[i % 2], text)
+    store.append_turn("work", "user", "Standup moved to ten.")
     store.add_summary("default", "Sam introduced themselves.", 1, 2, 6)
     return store
 
@@ -137,7 +137,7 @@ def test_history_rm_one_turn(chat):
     assert mlxmem("history", "rm", "2").stdout == (
         "Deleted 1 turn and 1 summary built from them.\n"
     )
-    assert [m.seq for m in Store().messages("default")] == [1, 3, 4]
+    assert [m.seq for m in Store().turns("default")] == [1, 3, 4]
     assert Store().latest_summary("default") is None
     assert "no message with id 2" in error("history", "rm", "2")
 
@@ -145,7 +145,7 @@ def test_history_rm_one_turn(chat):
 def test_history_rm_range_and_conversation(chat):
     out = mlxmem("history", "rm", "--conversation", "default", "--from", "3", "--to", "4").stdout
     assert out == "Deleted 2 turns.\n"
-    assert [m.seq for m in Store().messages("default")] == [1, 2]
+    assert [m.seq for m in Store().turns("default")] == [1, 2]
     assert Store().latest_summary("default") is not None  # covers 1-2 only: kept
     assert mlxmem("history", "rm", "-c", "work", "--all").stdout == "Deleted 1 turn.\n"
     assert [c.name for c in Store().conversations()] == ["default"]
@@ -163,7 +163,7 @@ def test_history_rm_needs_a_target(chat):
     assert "say what to delete" in error("history", "rm", "1", "--all")
     assert "say what to delete" in error("history", "rm", "-c", "default")
     assert "say what to delete" in error("history", "rm", "-c", "default", "--all", "--to", "2")
-    assert len(Store().messages("default")) == 4
+    assert len(Store().turns("default")) == 4
     assert "no conversation named 'nope'" in error("history", "rm", "-c", "nope", "--all")
 
 

@@ -74,7 +74,7 @@ def test_long_conversation_keeps_every_invariant():
         elif i > 0:
             # Between collapses only the new message (and its template markers) is prefilled.
             assert result.stats.prefilled_tokens <= engine.count_text(user_text(i)) + 10
-    log = store.messages("default")
+    log = store.turns("default")
     assert [m.text for m in log if m.role == "user"] == [user_text(i) for i in range(40)]
     assert [m.role for m in log] == ["user", "assistant"] * 40
     assert collapse_turns >= 3
@@ -168,7 +168,7 @@ def test_empty_and_invalid_messages_are_refused_and_nothing_is_logged():
     for bad in ["", "   \n", "broken \udcff text"]:
         with pytest.raises(InputError):
             companion.send(bad)
-    assert store.messages("default") == []
+    assert store.turns("default") == []
 
 
 def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
@@ -178,7 +178,7 @@ def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
     assert result.prompt.shortened >= 1
     assert result.stats.prompt_tokens + 120 <= 600
     assert "THE-END" in result.prompt.messages[-1].content  # head and tail kept
-    assert store.messages("default")[0].text == huge.strip()
+    assert store.turns("default")[0].text == huge.strip()
 
 
 @pytest.mark.parametrize(
@@ -280,14 +280,14 @@ def test_interrupted_reply_is_kept_with_consistent_stats():
     result = companion.send("Tell me a story", on_text=stop_after_first)
     assert result.interrupted and result.stats.finish_reason == "interrupted"
     assert result.stats.cached_tokens + result.stats.prefilled_tokens == result.stats.prompt_tokens
-    last = store.messages("default")[-1]
+    last = store.turns("default")[-1]
     assert last.role == "assistant" and last.interrupted and last.sampled_ids is None
 
 
 def test_sampled_reply_ids_are_logged_and_reused_in_the_next_prompt():
     engine, store, companion = make(budget=2000)
     companion.send("hello")
-    reply = store.messages("default")[-1]
+    reply = store.turns("default")[-1]
     assert reply.sampled_by == engine.model_id
     assert list(reply.sampled_ids) == engine.encode_text(
         "That sounds lovely. Tell me more about your afternoon and the sardines."

@@ -13,7 +13,7 @@ import pytest
 
 from mlxmem import paths
 from mlxmem.errors import InputError, NotFoundError, StoreError
-from mlxmem.forget import forget_caches
+from mlxmem.memory.db import Database, wipe_caches
 from mlxmem.memory.migrations import MIGRATIONS, migrate
 from mlxmem.memory.store import Store
 
@@ -127,48 +127,48 @@ def test_old_database_upgrades_with_a_new_migration(tmp_path):
 
 def test_append_list_and_conversations():
     store = Store()
-    first = store.append_message("default", "user", "Hello there")
-    store.append_message("default", "assistant", "Hi!", token_count=3)
-    store.append_message("work", "user", "Standup at nine")
+    first = store.append_turn("default", "user", "Hello there")
+    store.append_turn("default", "assistant", "Hi!", token_count=3)
+    store.append_turn("work", "user", "Standup at nine")
     assert (first.id, first.seq, first.conversation) == (1, 1, "default")
-    turns = store.messages("default")
+    turns = store.turns("default")
     assert [(m.seq, m.role, m.text, m.token_count) for m in turns] == [
         (1, "user", "Hello there", None),
         (2, "assistant", "Hi!", 3),
     ]
     assert turns[0] == first
-    assert [m.text for m in store.messages("default", after_seq=1)] == ["Hi!"]
-    assert store.messages("work")[0].seq == 1
-    assert store.messages("never") == []
+    assert [m.text for m in store.turns("default", after_seq=1)] == ["Hi!"]
+    assert store.turns("work")[0].seq == 1
+    assert store.turns("never") == []
     assert [(c.name, c.message_count) for c in store.conversations()] == [
         ("default", 2),
         ("work", 1),
     ]
-    assert store.get_message(3).text == "Standup at nine"
+    assert store.get_turn(3).text == "Standup at nine"
 
 
 def test_token_count_interrupted_and_sampled_ids_round_trip():
     store = Store()
-    m = store.append_message(
+    m = store.append_turn(
         "default", "assistant", "A long answer that", token_count=17, interrupted=True,
         sampled_ids=[5, 6, 7], sampled_by="model-x",
     )  # fmt: skip
-    got = store.get_message(m.id)
+    got = store.get_turn(m.id)
     assert (got.token_count, got.interrupted) == (17, True)
     assert (
         (got.sampled_ids, got.sampled_by) == ((5, 6, 7), "model-x") == (m.sampled_ids, m.sampled_by)
     )
     with pytest.raises(NotFoundError):
-        store.get_message(99)
+        store.get_turn(99)
 
 
 def test_search_is_case_insensitive_and_escapes_wildcards():
     store = Store()
-    store.append_message("default", "user", "I met ÄNNA at the café")
-    store.append_message("default", "user", "battery at 50%")
-    store.append_message("default", "user", "battery at 500")
-    store.append_message("other", "user", "anna again")
-    store.append_message("default", "user", "snake_case and snakeXcase")
+    store.append_turn("default", "user", "I met ÄNNA at the café")
+    store.append_turn("default", "user", "battery at 50%")
+    store.append_turn("default", "user", "battery at 500")
+    store.append_turn("other", "user", "anna again")
+    store.append_turn("default", "user", "snake_case and snakeXcase")
     assert [m.text for m in store.search("änna")] == ["I met ÄNNA at the café"]
     assert [m.text for m in store.search("NNA")] == ["anna again", "I met ÄNNA at the café"]
     assert [m.text for m in store.search("anna", conversation="other")] == ["anna again"]
@@ -182,25 +182,25 @@ def test_search_is_case_insensitive_and_escapes_wildcards():
 def test_invalid_input_is_rejected():
     store = Store()
     with pytest.raises(InputError, match="surrogate"):
-        store.append_message("default", "user", "bad \ud800 text")
+        store.append_turn("default", "user", "bad \ud800 text")
     with pytest.raises(InputError):
-        store.append_message("default", "system", "hi")
+        store.append_turn("default", "system", "hi")
     with pytest.raises(InputError):
-        store.append_message("default", "user", b"bytes")
+        store.append_turn("default", "user", b"bytes")
     with pytest.raises(InputError):
         store.add_fact("   ")
     with pytest.raises(InputError, match="surrogate"):
         store.add_fact("\udfff")
     with pytest.raises(InputError):
         store.add_fact("x", source="guess")
-    assert store.messages("default") == [] and store.facts() == []
+    assert store.turns("default") == [] and store.facts() == []
 
 
 def test_text_round_trips_unchanged():
     store = Store()
     text = "line one\nline two\x00 <|eot_id|> 'quotes' \"double\" 🙂\t"
-    store.append_message("default", "user", text)
-    assert store.messages("default")[0].text == text
+    store.append_turn("default", "user", text)
+    assert store.turns("default")[0].text == text
 
 
 # -- summaries and deleting turns ----------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_text_round_trips_unchanged():
 
 def seed_turns(store: Store, n: int, conversation: str = "default") -> list:
     return [
-        store.append_message(conversation, "user" if i % 2 == 0 else "assistant", f"turn {i + 1}")
+        store.append_turn(conversation, "user" if i % 2 == 0 else "assistant", f"turn {i + 1}")
         for i in range(n)
     ]
 
@@ -230,12 +230,12 @@ def test_deleting_a_turn_deletes_summaries_that_cover_it():
     early = store.add_summary("default", "turns 1-4", 1, 4, 5)
     rolling = store.add_summary("default", "turns 1-6", 1, 6, 5)
     late = store.add_summary("default", "turns 7-8", 7, 8, 5)
-    deletion = store.delete_messages([turns[4].id])  # seq 5
-    assert [m.seq for m in deletion.messages] == [5]
+    deletion = store.delete_turns([turns[4].id])  # seq 5
+    assert [m.seq for m in deletion.turns] == [5]
     assert [s.id for s in deletion.summaries] == [rolling.id]
     assert deletion.conversations == ["default"]
     assert [s.id for s in store.summaries("default")] == [early.id, late.id]
-    assert [m.seq for m in store.messages("default")] == [1, 2, 3, 4, 6, 7, 8]
+    assert [m.seq for m in store.turns("default")] == [1, 2, 3, 4, 6, 7, 8]
 
 
 def test_delete_range_and_conversation():
@@ -243,16 +243,16 @@ def test_delete_range_and_conversation():
     seed_turns(store, 6)
     seed_turns(store, 2, "other")
     store.add_summary("default", "1-2", 1, 2, 1)
-    deletion = store.delete_message_range("default", 2, 4)
-    assert [m.seq for m in deletion.messages] == [2, 3, 4]
+    deletion = store.delete_turn_range("default", 2, 4)
+    assert [m.seq for m in deletion.turns] == [2, 3, 4]
     assert len(deletion.summaries) == 1
-    assert [m.seq for m in store.messages("default")] == [1, 5, 6]
+    assert [m.seq for m in store.turns("default")] == [1, 5, 6]
     with pytest.raises(NotFoundError):
-        store.delete_message_range("default", 2, 4)
+        store.delete_turn_range("default", 2, 4)
     with pytest.raises(InputError):
-        store.delete_message_range("default", 5, 4)
+        store.delete_turn_range("default", 5, 4)
     deletion = store.delete_conversation("default")
-    assert [m.seq for m in deletion.messages] == [1, 5, 6]
+    assert [m.seq for m in deletion.turns] == [1, 5, 6]
     assert [c.name for c in store.conversations()] == ["other"]
     with pytest.raises(NotFoundError):
         store.delete_conversation("default")
@@ -262,17 +262,17 @@ def test_delete_unknown_message_deletes_nothing():
     store = Store()
     turns = seed_turns(store, 2)
     with pytest.raises(NotFoundError):
-        store.delete_messages([turns[0].id, 999])
-    assert len(store.messages("default")) == 2
+        store.delete_turns([turns[0].id, 999])
+    assert len(store.turns("default")) == 2
 
 
 def test_ids_are_not_reused_after_compaction():
     store = Store()
     turns = seed_turns(store, 3)
     facts = [store.add_fact(f"fact {i}") for i in range(3)]
-    store.delete_messages([turns[-1].id])
+    store.delete_turns([turns[-1].id])
     store.delete_facts([facts[-1].id])
-    assert store.append_message("default", "user", "again").id == turns[-1].id + 1
+    assert store.append_turn("default", "user", "again").id == turns[-1].id + 1
     assert store.add_fact("again").id == facts[-1].id + 1
 
 
@@ -281,7 +281,7 @@ def test_ids_are_not_reused_after_compaction():
 
 def test_facts_add_edit_delete_clear():
     store = Store()
-    turn = store.append_message("default", "user", "My sister Anna visits on Sundays.")
+    turn = store.append_turn("default", "user", "My sister Anna visits on Sundays.")
     manual = store.add_fact("  Likes green tea.  ")
     auto = store.add_fact("Sister: Anna", source="automatic", message_id=turn.id)
     assert manual.text == "Likes green tea." and manual.source == "manual"
@@ -289,7 +289,7 @@ def test_facts_add_edit_delete_clear():
     edited = store.edit_fact(manual.id, "Likes black tea.")
     assert edited.text == "Likes black tea." and edited.updated_at >= manual.updated_at
     assert edited.created_at == manual.created_at
-    store.delete_messages([turn.id])
+    store.delete_turns([turn.id])
     assert store.get_fact(auto.id).message_id is None  # the fact stays, unlinked
     assert store.delete_facts([auto.id]) == 1
     with pytest.raises(NotFoundError):
@@ -311,7 +311,7 @@ def test_deleted_text_is_in_no_file(mlxmem_home):
     store = Store()
     # Enough rows that the markers land in checkpointed blocks, not just the WAL.
     seed_turns(store, 40)
-    turn = store.append_message("default", "user", "my secret is MARKER-TURN-7f3a")
+    turn = store.append_turn("default", "user", "my secret is MARKER-TURN-7f3a")
     seed_turns(store, 5)
     store.add_summary("default", "they said MARKER-SUMMARY-7f3a", 1, turn.seq, 9)
     fact = store.add_fact("MARKER-FACT-7f3a is the pin")
@@ -320,20 +320,19 @@ def test_deleted_text_is_in_no_file(mlxmem_home):
     markers = ["MARKER-TURN-7f3a", "MARKER-SUMMARY-7f3a", "MARKER-FACT-7f3a", "MARKER-EDIT-7f3a"]
     assert files_containing(mlxmem_home, "MARKER-FACT-7f3a") == [store.path]  # not vacuous
 
-    store.delete_messages([turn.id])
+    store.delete_turns([turn.id])
     store.delete_facts([fact.id])
-    store.edit_fact(edited.id, "new text")
-    forget_caches()
+    store.edit_fact(edited.id, "new text")  # each deletion wipes the caches itself
 
     for marker in markers:
         assert files_containing(mlxmem_home, marker) == [], marker
-    assert len(store.messages("default")) == 45
+    assert len(store.turns("default")) == 45
     assert store.get_fact(edited.id).text == "new text"
 
 
 def test_whole_conversation_and_cleared_facts_leave_no_bytes(mlxmem_home):
     store = Store()
-    store.append_message("diary", "user", "MARKER-DIARY-91c2")
+    store.append_turn("diary", "user", "MARKER-DIARY-91c2")
     store.add_fact("MARKER-CLEAR-91c2")
     store.delete_conversation("diary")
     store.clear_facts()
@@ -358,13 +357,28 @@ def test_interrupted_compaction_is_finished_at_next_open(mlxmem_home):
     assert sorted(p.name for p in mlxmem_home.iterdir()) == ["mlxmem.duckdb", "mlxmem.duckdb.lock"]
 
 
-def test_forget_caches_empties_the_cache_dir():
+def test_wipe_caches_empties_the_cache_dir():
     cache = paths.cache_dir()
     (cache / "chat.safetensors").write_bytes(b"x")
     (cache / "old").mkdir()
     (cache / "old" / "facts.safetensors").write_bytes(b"y")
-    assert forget_caches() == 2
+    assert wipe_caches(cache) == 2
     assert list(cache.iterdir()) == []
+
+
+def test_an_erase_cut_short_is_finished_by_the_next_open(mlxmem_home, monkeypatch):
+    store = Store()
+    seed_turns(store, 40)
+    fact = store.add_fact("MARKER-CRASH-51c2 is the code")
+    with monkeypatch.context() as m:
+        # The process dies after the delete committed, before caches and old bytes are gone.
+        m.setattr(Database, "_erase_locked", lambda self: (_ for _ in ()).throw(SystemExit(9)))
+        with pytest.raises(SystemExit):
+            store.delete_facts([fact.id])
+        (paths.cache_dir() / "chat.safetensors").write_bytes(b"kv MARKER-CRASH-51c2")
+        assert files_containing(mlxmem_home, "MARKER-CRASH-51c2") != []
+    Store()  # any command's next open
+    assert files_containing(mlxmem_home, "MARKER-CRASH-51c2") == []
 
 
 # -- files, permissions, locking ---------------------------------------------------------------
@@ -403,10 +417,10 @@ def test_two_processes_append_and_delete_at_the_same_time(mlxmem_home):
             time.sleep(0.01)
         kept, facts = [], []
         for i in range(18):
-            m = store.append_message(name, "user", f"{name} {i}")
+            m = store.append_turn(name, "user", f"{name} {i}")
             f = store.add_fact(f"{name} fact {i}")
             if i % 3 == 2:
-                store.delete_messages([m.id])
+                store.delete_turns([m.id])
                 store.delete_facts([f.id])
             else:
                 kept.append(m.text)
@@ -429,7 +443,7 @@ def test_two_processes_append_and_delete_at_the_same_time(mlxmem_home):
     store = Store()
     for name, (kept, _) in zip(("alpha", "beta"), results, strict=True):
         assert len(kept) == 12
-        assert [m.text for m in store.messages(name)] == kept
+        assert [m.text for m in store.turns(name)] == kept
     all_facts = sorted(f.text for f in store.facts())
     assert all_facts == sorted(results[0][1] + results[1][1])
 

@@ -387,7 +387,7 @@ def _fresh_summary_baseline(
     for collapse, new in zip(collapses, summaries[-len(collapses) :], strict=True):
         before = [s for s in summaries if s.id < new.id]
         previous = before[-1] if before else None
-        turns = store.messages(CONVERSATION, after_seq=previous and previous.last_seq)
+        turns = store.turns(CONVERSATION, after_seq=previous and previous.last_seq)
         evicted = [t for t in turns if t.seq <= new.last_seq]
         prompt = window.fresh_summary_prompt(previous, evicted)
         engine.drop_slot(FRESH_SUMMARY_SLOT)

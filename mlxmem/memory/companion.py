@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from mlxmem.defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
 from mlxmem.engine import Engine, GenerationStats, check_text
 from mlxmem.errors import InputError
-from mlxmem.forget import forget_caches
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
+from mlxmem.memory.db import wipe_caches
 from mlxmem.memory.extraction import FactExtractor, should_extract
 from mlxmem.memory.store import Fact, Snapshot, Store
 from mlxmem.memory.window import CollapseEvent, ConversationWindow, summary_cap
@@ -158,7 +158,7 @@ class Companion:
         text = check_text(text).strip()
         if not text:
             raise InputError("empty message")
-        user = self.store.append_message(
+        user = self.store.append_turn(
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
         collapses, snap = self._fold_while_over_budget(on_status, headroom=0)
@@ -166,7 +166,7 @@ class Companion:
         written, ids, stats, interrupted = self._stream_reply(prompt, on_text, reply is not None)
         sampled = reply is None and not interrupted
         logged = written if reply is None else reply
-        self.store.append_message(
+        self.store.append_turn(
             self.conversation,
             "assistant",
             logged,
@@ -252,7 +252,7 @@ class Companion:
         if self.store.forget_epoch() != epoch:
             # Something was deleted while this turn ran: the cache may hold it. Start over.
             self.engine.drop_slot(self.slot)
-            forget_caches()
+            wipe_caches(self.store.cache_dir)
 
     def _maybe_extract(self, user, facts: list[Fact], on_status) -> Fact | None:
         if not (self.settings.extract_facts and should_extract(user.text)):
@@ -281,6 +281,4 @@ class Companion:
 
     def forget(self, fact_ids: list[int]) -> int:
         """Delete facts for good: from the database file and from every KV cache file."""
-        count = self.store.delete_facts(fact_ids)
-        forget_caches()
-        return count
+        return self.store.delete_facts(fact_ids)

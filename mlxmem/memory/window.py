@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass
 
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import PromptBudget, system_text
-from mlxmem.memory.store import Message as StoredMessage
-from mlxmem.memory.store import Store, Summary
+from mlxmem.memory.store import Store, Summary, Turn
 
 # Keep at least the newest two exchanges verbatim.
 MIN_VERBATIM = 4
@@ -43,14 +42,14 @@ class CollapseEvent:
         return asdict(self)
 
 
-def as_messages(turns: Sequence[StoredMessage], model_id: str) -> list[Message]:
+def as_messages(turns: Sequence[Turn], model_id: str) -> list[Message]:
     """Logged turns as prompt messages; a reply this model sampled keeps its token ids."""
     return [
         Message(t.role, t.text, t.sampled_ids if t.sampled_by == model_id else None) for t in turns
     ]
 
 
-def evict_count(turns: Sequence[StoredMessage]) -> int:
+def evict_count(turns: Sequence[Turn]) -> int:
     """How many of the oldest turns to fold: half, ending before a user turn when possible,
     keeping at least MIN_VERBATIM."""
     n = min(len(turns) // 2, len(turns) - MIN_VERBATIM)
@@ -85,11 +84,11 @@ class ConversationWindow:
         self.slot = slot
         self.summary_cap = summary_cap(budget.budget)
 
-    def state(self) -> tuple[Summary | None, list[StoredMessage]]:
+    def state(self) -> tuple[Summary | None, list[Turn]]:
         snap = self.store.snapshot(self.conversation)
         return snap.summary, snap.turns
 
-    def messages(self, turns: Sequence[StoredMessage]) -> list[Message]:
+    def messages(self, turns: Sequence[Turn]) -> list[Message]:
         return as_messages(turns, self.engine.model_id)
 
     def over_budget(
@@ -102,7 +101,7 @@ class ConversationWindow:
         return not self.budget.fits(Message("system", text), self.messages(turns), headroom)
 
     def collapse_oldest(
-        self, facts: Sequence[str], summary: Summary | None, turns: Sequence[StoredMessage]
+        self, facts: Sequence[str], summary: Summary | None, turns: Sequence[Turn]
     ) -> CollapseEvent | None:
         """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`
         and `summary` are what the chat prompt holds now, so its cached prefix is reused."""

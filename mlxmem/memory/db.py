@@ -1,0 +1,234 @@
+"""The DuckDB file under layers 2 and 3: opening, locking, transactions, and erasing.
+
+The file is never held open between operations: DuckDB lets only one process open a file for
+writing, and the chat process shares it with `mlxmem memory` and `mlxmem history`. Every
+operation takes a lock file, opens the database, works in one transaction and closes it.
+
+Deleted means gone, and erasing is one durable operation owned here, not by callers:
+1. the rows go, an "erase pending" record is written and the forget epoch is bumped, in one
+   transaction;
+2. every KV cache file is deleted (a cache mirrors a prompt, so it may hold the removed text);
+3. the file is compacted: DuckDB keeps the bytes of deleted or updated rows (after DELETE,
+   CHECKPOINT and VACUUM alike), so the live data is copied into a fresh file that atomically
+   replaces the old one, and the copy no longer holds the pending record.
+If any step fails or the process dies, the next open by any command finishes steps 2 and 3
+before anything reads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import duckdb
+
+from mlxmem import paths
+from mlxmem.errors import StoreError
+from mlxmem.memory.migrations import migrate
+
+LOCK_TIMEOUT_S = 5.0
+ERASE_PENDING = "compaction_pending"  # the key's name predates the cache wipe; kept for old files
+FORGET_EPOCH = "forget_epoch"
+_COMPACT_ALIAS = "mlxmem_compacted"
+T = TypeVar("T")
+
+
+class Database:
+    """One DuckDB file at `path`, with its KV cache folder `cache_dir` (default: `kv/` beside
+    the file), opened per operation under a lock file."""
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        timeout: float = LOCK_TIMEOUT_S,
+        cache_dir: Path | None = None,
+    ):
+        self.path = Path(path) if path is not None else paths.db_path()
+        self.timeout = timeout
+        self.cache_dir = cache_dir or self.path.parent / paths.CACHE_DIRNAME
+        paths.ensure_private_dir(self.path.parent)
+        with self._lock():
+            with self._transaction() as con:
+                pending = con.execute(
+                    "SELECT count(*) FROM state WHERE key = ?", [ERASE_PENDING]
+                ).fetchone()[0]
+            if pending:
+                self._erase_locked()
+
+    @contextmanager
+    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One operation: lock, open, run a transaction, commit, close. Do not nest."""
+        with self._lock(), self._transaction() as con:
+            yield con
+
+    @contextmanager
+    def forgetting(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Like connect(), for work that removes text: the transaction also records a pending
+        erase and bumps the forget epoch; the caches are wiped and the file compacted before
+        the lock is released."""
+        with self._lock():
+            with self._transaction() as con:
+                yield con
+                con.execute("INSERT OR REPLACE INTO state VALUES (?, '1')", [ERASE_PENDING])
+                # A chat in another process compares this before it writes what it derived.
+                con.execute(
+                    "INSERT OR REPLACE INTO state SELECT ?, CAST(coalesce(max(CAST(value AS"
+                    " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
+                    [FORGET_EPOCH, FORGET_EPOCH],
+                )
+            self._erase_locked()
+
+    def _erase_locked(self) -> None:
+        wipe_caches(self.cache_dir)
+        try:
+            self._write_compacted_copy()
+        except (duckdb.Error, OSError) as exc:
+            for leftover in (self._sibling(".compact"), self._sibling(".compact.wal")):
+                leftover.unlink(missing_ok=True)
+            raise StoreError(
+                f"the deletion is saved, but its old bytes could not be erased from {self.path} "
+                f"yet ({exc}); mlxmem retries when it next opens the database"
+            ) from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = self._open()
+        try:
+            con.begin()
+            yield con
+            con.commit()
+        finally:
+            con.close()  # rolls back an uncommitted transaction
+            self._make_files_private()
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        # DuckDB's own lock lives on the database file, which compaction replaces: a separate
+        # lock file keeps other mlxmem processes out from the delete until the replacement.
+        fd = os.open(self._sibling(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self._retry(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), self._holder_pid)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        con = self._retry(lambda: duckdb.connect(str(self.path)), lambda: "unknown")
+        try:
+            migrate(con)
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(f"cannot read the database {self.path}: {exc}") from None
+        return con
+
+    def _retry(self, attempt: Callable[[], T], holder_pid: Callable[[], str]) -> T:
+        """Call attempt() until it stops failing on a lock held elsewhere, up to the timeout."""
+        deadline = time.monotonic() + self.timeout
+        delay = 0.005
+        while True:
+            try:
+                return attempt()
+            except BlockingIOError:
+                pid = holder_pid()
+            except duckdb.IOException as exc:
+                if "Could not set lock" not in str(exc):
+                    raise self._open_error(exc) from None
+                found = re.search(r"PID (\d+)", str(exc))
+                pid = found.group(1) if found else "unknown"
+            except duckdb.Error as exc:
+                raise self._open_error(exc) from None
+            if time.monotonic() > deadline:
+                raise self._busy_error(pid)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _busy_error(self, pid: str) -> StoreError:
+        if pid == str(os.getpid()):
+            return StoreError(f"database {self.path} is already open in this process (nested use?)")
+        return StoreError(f"database is in use by another process (pid {pid}): {self.path}")
+
+    def _open_error(self, exc: duckdb.Error) -> StoreError:
+        if "not a valid DuckDB database file" in str(exc):
+            return StoreError(
+                f"{self.path} is not a DuckDB database (corrupt, or another kind of file). "
+                "mlxmem leaves it untouched: move it away to start a new database, "
+                "or restore it from a backup."
+            )
+        return StoreError(f"cannot open the database {self.path}: {exc}")
+
+    def _holder_pid(self) -> str:
+        try:
+            return self._sibling(".lock").read_text().strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def _write_compacted_copy(self) -> None:
+        tmp = self._sibling(".compact")
+        for leftover in (tmp, Path(f"{tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+        con = self._open()
+        try:
+            con.execute("CHECKPOINT")  # empties the WAL, which belongs to the old file
+            source = con.execute("SELECT current_database()").fetchone()[0]
+            con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
+            paths.make_private(tmp)
+            con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
+            con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
+            con.execute(f"DETACH {_COMPACT_ALIAS}")
+        finally:
+            con.close()
+        # A WAL left by the old file would be replayed onto the new one.
+        if self._sibling(".wal").exists() or Path(f"{tmp}.wal").exists():
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"could not compact {self.path}: its write-ahead log stayed behind")
+        paths.make_private(tmp)
+        _fsync(tmp)
+        os.replace(tmp, self.path)
+        _fsync(self.path.parent)
+
+    def _sibling(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    def _make_files_private(self) -> None:
+        for path in (self.path, self._sibling(".wal")):
+            paths.make_private(path)
+
+
+def wipe_caches(cache_dir: Path) -> int:
+    """Delete every file under a KV cache folder; return how many. The cache is only an
+    optimization: the engine rebuilds it from the store on the next call."""
+    if not cache_dir.is_dir():
+        return 0
+    removed = 0
+    # Deepest first, so that emptied folders can go too.
+    for path in sorted(cache_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        else:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _sql_ident(value: str) -> str:
+    return '"' + value.replace('"', '""') + '"'
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

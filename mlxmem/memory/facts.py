@@ -1,0 +1,106 @@
+"""Layer 3 as stored: the facts about the person, each manual or automatic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import duckdb
+
+from mlxmem.errors import InputError, NotFoundError
+from mlxmem.memory.db import Database
+from mlxmem.memory.turns import get_turn
+from mlxmem.text import as_utc, check_text, to_db, utc_now
+
+SOURCES = ("manual", "automatic")
+
+
+@dataclass(frozen=True)
+class Fact:
+    id: int
+    text: str
+    source: str
+    created_at: datetime
+    updated_at: datetime
+    message_id: int | None  # the turn an automatic fact was extracted from
+
+
+SELECT_FACTS = "SELECT id, text, source, created_at, updated_at, message_id FROM facts"
+
+
+class FactList(Database):
+    def facts(self) -> list[Fact]:
+        with self.connect() as con:
+            return all_facts(con)
+
+    def get_fact(self, fact_id: int) -> Fact:
+        with self.connect() as con:
+            return get_fact(con, fact_id)
+
+    def add_fact(self, text: str, source: str = "manual", message_id: int | None = None) -> Fact:
+        """Add a fact; `message_id` names the turn it was extracted from, if any."""
+        text = check_text(text, "fact", allow_empty=False).strip()
+        _check_source(source)
+        now = utc_now()
+        with self.connect() as con:
+            if message_id is not None:
+                get_turn(con, message_id)
+            (fid,) = con.execute(
+                "INSERT INTO facts (text, source, created_at, updated_at, message_id)"
+                " VALUES (?, ?, ?, ?, ?) RETURNING id",
+                [text, source, to_db(now), to_db(now), message_id],
+            ).fetchone()
+        return Fact(fid, text, source, now, now, message_id)
+
+    def edit_fact(self, fact_id: int, text: str) -> Fact:
+        """Replace a fact's text; the old text is erased from disk and caches."""
+        text = check_text(text, "fact", allow_empty=False).strip()
+        with self.forgetting() as con:
+            get_fact(con, fact_id)
+            con.execute(
+                "UPDATE facts SET text = ?, updated_at = ? WHERE id = ?",
+                [text, to_db(utc_now()), fact_id],
+            )
+            return get_fact(con, fact_id)
+
+    def delete_facts(self, ids: list[int]) -> int:
+        """Delete facts by id (all or none: an unknown id raises NotFoundError), erasing their
+        bytes from the file and every KV cache."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return 0
+        with self.forgetting() as con:
+            for fid in ids:
+                get_fact(con, fid)
+            con.execute("DELETE FROM facts WHERE list_contains(?, id)", [ids])
+        return len(ids)
+
+    def clear_facts(self, source: str | None = None) -> int:
+        """Delete every fact (or every fact from `source`); return how many."""
+        if source is not None:
+            _check_source(source)
+        with self.forgetting() as con:
+            rows = con.execute(
+                "DELETE FROM facts WHERE ? IS NULL OR source = ? RETURNING id", [source, source]
+            ).fetchall()
+        return len(rows)
+
+
+def all_facts(con: duckdb.DuckDBPyConnection) -> list[Fact]:
+    return [fact_of(row) for row in con.execute(f"{SELECT_FACTS} ORDER BY id").fetchall()]
+
+
+def get_fact(con: duckdb.DuckDBPyConnection, fact_id: int) -> Fact:
+    row = con.execute(f"{SELECT_FACTS} WHERE id = ?", [fact_id]).fetchone()
+    if row is None:
+        raise NotFoundError(f"no fact with id {fact_id}")
+    return fact_of(row)
+
+
+def fact_of(row: tuple) -> Fact:
+    return Fact(row[0], row[1], row[2], as_utc(row[3]), as_utc(row[4]), row[5])
+
+
+def _check_source(source: str) -> None:
+    if source not in SOURCES:
+        raise InputError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")

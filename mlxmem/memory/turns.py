@@ -1,0 +1,165 @@
+"""Layer 2: the chat log. Every turn, whole and unchanged, in conversations."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+import duckdb
+
+from mlxmem.errors import InputError, NotFoundError
+from mlxmem.memory.db import Database
+from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
+
+SEARCH_LIMIT = 50
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    name: str
+    created_at: datetime
+    message_count: int
+
+
+@dataclass(frozen=True)
+class Turn:
+    id: int
+    conversation: str
+    seq: int
+    role: str
+    text: str
+    created_at: datetime
+    token_count: int | None
+    interrupted: bool
+    sampled_ids: tuple[int, ...] | None = None  # for an assistant turn: the ids it was sampled as
+    sampled_by: str | None = None  # the model identity those ids belong to
+
+
+SELECT_TURNS = """SELECT m.id, c.name, m.seq, m.role, m.text, m.created_at, m.token_count,
+    m.interrupted, m.sampled_ids, m.sampled_by
+    FROM messages m JOIN conversations c ON c.id = m.conversation_id"""
+_CONVERSATIONS = """SELECT c.id, c.name, c.created_at, count(m.id) FROM conversations c
+    LEFT JOIN messages m ON m.conversation_id = c.id"""
+
+
+class TurnLog(Database):
+    def append_turn(
+        self,
+        conversation: str,
+        role: str,
+        text: str,
+        token_count: int | None = None,
+        interrupted: bool = False,
+        sampled_ids: list[int] | None = None,
+        sampled_by: str | None = None,
+    ) -> Turn:
+        """Append a turn (creating the conversation on first use); committed before return."""
+        if role not in ROLES:
+            raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        check_text(text, "message")
+        check_text(conversation, "conversation name", allow_empty=False)
+        now = utc_now()
+        with self.connect() as con:
+            cid = conversation_id(con, conversation, create=now)
+            seq = con.execute(
+                "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE conversation_id = ?", [cid]
+            ).fetchone()[0]
+            (mid,) = con.execute(
+                "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count,"
+                " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING id",
+                [
+                    cid,
+                    seq,
+                    role,
+                    text,
+                    to_db(now),
+                    token_count,
+                    interrupted,
+                    sampled_ids,
+                    sampled_by,
+                ],
+            ).fetchone()
+        ids = None if sampled_ids is None else tuple(sampled_ids)
+        return Turn(
+            mid, conversation, seq, role, text, now, token_count, interrupted, ids, sampled_by
+        )
+
+    def turns(self, conversation: str, after_seq: int | None = None) -> list[Turn]:
+        """The turns of `conversation` in order (those after `after_seq` if given)."""
+        with self.connect() as con:
+            return turns_after(con, conversation, after_seq)
+
+    def get_turn(self, turn_id: int) -> Turn:
+        with self.connect() as con:
+            return get_turn(con, turn_id)
+
+    def conversation(self, name: str) -> Conversation:
+        with self.connect() as con:
+            row = con.execute(f"{_CONVERSATIONS} WHERE c.name = ? GROUP BY ALL", [name]).fetchone()
+        if row is None:
+            raise NotFoundError(f"no conversation named {name!r}")
+        return _conversation(row)
+
+    def conversations(self) -> list[Conversation]:
+        with self.connect() as con:
+            rows = con.execute(f"{_CONVERSATIONS} GROUP BY ALL ORDER BY c.id").fetchall()
+        return [_conversation(row) for row in rows]
+
+    def search(
+        self, query: str, conversation: str | None = None, limit: int = SEARCH_LIMIT
+    ) -> list[Turn]:
+        """Turns containing `query` (case-insensitive), newest first."""
+        check_text(query, "search query", allow_empty=False)
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%"
+        sql = f"{SELECT_TURNS} WHERE m.text ILIKE ? ESCAPE '\\'"
+        params: list = [pattern]
+        if conversation is not None:
+            sql += " AND c.name = ?"
+            params.append(conversation)
+        with self.connect() as con:
+            rows = con.execute(f"{sql} ORDER BY m.id DESC LIMIT ?", [*params, limit]).fetchall()
+        return [turn_of(row) for row in rows]
+
+
+def turns_after(
+    con: duckdb.DuckDBPyConnection, conversation: str, after_seq: int | None
+) -> list[Turn]:
+    rows = con.execute(
+        f"{SELECT_TURNS} WHERE c.name = ? AND m.seq > ? ORDER BY m.seq",
+        [conversation, after_seq or 0],
+    ).fetchall()
+    return [turn_of(row) for row in rows]
+
+
+def conversation_id(
+    con: duckdb.DuckDBPyConnection, name: str, create: datetime | None = None
+) -> int:
+    """The id of conversation `name`; created at time `create` if given and missing."""
+    row = con.execute("SELECT id FROM conversations WHERE name = ?", [name]).fetchone()
+    if row is not None:
+        return row[0]
+    if create is None:
+        raise NotFoundError(f"no conversation named {name!r}")
+    return con.execute(
+        "INSERT INTO conversations (name, created_at) VALUES (?, ?) RETURNING id",
+        [name, to_db(create)],
+    ).fetchone()[0]
+
+
+def get_turn(con: duckdb.DuckDBPyConnection, turn_id: int) -> Turn:
+    row = con.execute(f"{SELECT_TURNS} WHERE m.id = ?", [turn_id]).fetchone()
+    if row is None:
+        raise NotFoundError(f"no message with id {turn_id}")
+    return turn_of(row)
+
+
+def turn_of(row: tuple) -> Turn:
+    ids = None if row[8] is None else tuple(row[8])
+    return Turn(*row[:5], as_utc(row[5]), row[6], row[7], ids, row[9])
+
+
+def _conversation(row: tuple) -> Conversation:
+    return Conversation(row[0], row[1], as_utc(row[2]), row[3])

@@ -1,0 +1,39 @@
+"""What every layer checks about text, and the one clock: timestamps are UTC."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from mlxmem.errors import InputError
+
+# The roles of logged turns; the system message is assembled, never logged.
+ROLES = ("user", "assistant")
+
+
+def check_text(text: object, what: str = "message", allow_empty: bool = True) -> str:
+    """`text` if it is a str that encodes as UTF-8 (no lone surrogates from invalid input),
+    else InputError; with `allow_empty=False` blank text is refused too."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be text, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what} is not valid UTF-8 text (it has a lone surrogate)") from None
+    if not allow_empty and not text.strip():
+        raise InputError(f"{what} is empty")
+    return text
+
+
+def utc_now() -> datetime:
+    """Now, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+def as_utc(value: datetime) -> datetime:
+    """A naive UTC timestamp as stored by DuckDB, made timezone-aware."""
+    return value.replace(tzinfo=timezone.utc)
+
+
+def to_db(value: datetime) -> datetime:
+    """A timezone-aware timestamp as DuckDB's naive UTC TIMESTAMP."""
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
