@@ -15,8 +15,8 @@ from pathlib import Path
 
 from mlxmem.defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
 from mlxmem.errors import InputError, ModelLoadError
+from mlxmem.text import check_text
 
-ROLES = ("system", "user", "assistant")
 PREFILL_STEP = 512
 
 
@@ -44,6 +44,17 @@ class GenerationStats:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def interrupted(cls, prompt_tokens: int, generated_tokens: int) -> GenerationStats:
+        """What is known of a stream the caller stopped before its final chunk: the sizes,
+        not the timings or the cache split (zero)."""
+        return cls(prompt_tokens, 0, 0, generated_tokens, 0.0, 0.0, 0.0, 0.0, "interrupted")
+
+
+class StopGeneration(Exception):
+    """Thrown into a stream (`stream.throw(StopGeneration())`) to stop it early: the stream
+    then yields its final chunk, whose stats say `interrupted`."""
+
 
 @dataclass
 class Chunk:
@@ -61,23 +72,11 @@ class Generation:
     stats: GenerationStats
 
 
-def check_text(text: str) -> str:
-    """Reject text that cannot be encoded (lone surrogates from invalid UTF-8 input)."""
-    if not isinstance(text, str):
-        raise InputError("message must be text")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InputError("message is not valid UTF-8 text") from None
-    return text
-
-
 class Engine:
     """What the memory layers need from a model. Subclasses implement the four methods."""
 
     model_id: str = ""
     special_tokens: Sequence[str] = ()  # control-token strings of the chat template
-    last_stats: GenerationStats | None = None  # of the latest stream call, even if interrupted
 
     def encode_chat(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
@@ -103,8 +102,12 @@ class Engine:
         temp: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[Chunk]:
-        """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix."""
+        """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix.
+        The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
+        stopped it early. With `ignore_eos` the end-of-turn token does
+        not stop generation: exactly `max_tokens` are generated (for benchmarks)."""
         raise NotImplementedError
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
@@ -252,6 +255,7 @@ class MLXEngine(Engine):
         temp: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[Chunk]:
         import mlx.core as mx
         from mlx_lm.generate import generate_step
@@ -281,26 +285,27 @@ class MLXEngine(Engine):
         first = None
         finish = "interrupted"
         try:
-            for token, _ in steps:
-                first = first or time.perf_counter()
-                out.append(token)
-                if token in self.eos_token_ids:
-                    finish = "stop"
-                    break
-                detokenizer.add_token(token)
-                yield Chunk(detokenizer.last_segment, token)
-                if len(out) == max_tokens:
-                    finish = "length"
-                    break
+            try:
+                for token, _ in steps:
+                    first = first or time.perf_counter()
+                    out.append(token)
+                    if token in self.eos_token_ids and not ignore_eos:
+                        finish = "stop"
+                        break
+                    detokenizer.add_token(token)
+                    yield Chunk(detokenizer.last_segment, token)
+                    if len(out) == max_tokens:
+                        finish = "length"
+                        break
+            except StopGeneration:
+                finish = "interrupted"
             detokenizer.finalize()
-            self.last_stats = self._stats(prompt, cached, out, start, first, finish)
-            yield Chunk(detokenizer.last_segment, None, self.last_stats)
+            stats = self._stats(prompt, cached, out, start, first, finish)
+            yield Chunk(detokenizer.last_segment, None, stats)
         finally:
             steps.close()
             kv.sync_tokens(prompt + out)
             self.slots.enforce_cap(keep=slot)
-            if finish == "interrupted":
-                self.last_stats = self._stats(prompt, cached, out, start, first, finish)
 
     @staticmethod
     def _stats(prompt, cached, out, start, first, finish) -> GenerationStats:

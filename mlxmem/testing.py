@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from mlxmem.defaults import CHAT_SLOT
-from mlxmem.engine import Chunk, Engine, GenerationStats, Message, check_text
+from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError
 from mlxmem.kvslots import common_prefix_len
+from mlxmem.text import check_text
 
 SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 _TOKEN_RE = re.compile(r"\s+|\w+|[^\w\s]")
@@ -79,6 +80,7 @@ class FakeEngine(Engine):
         temp: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[Chunk]:
         if max_tokens < 1:
             raise InputError("max_tokens must be at least 1")
@@ -87,26 +89,34 @@ class FakeEngine(Engine):
         text = self.decode(prompt)
         self.calls.append(FakeCall(slot, text, len(prompt), cached, max_tokens))
         reply = self.encode_text(self.responder(text))
+        if ignore_eos:  # no end of turn: repeat the reply up to exactly max_tokens
+            reply = (reply or [self._id(".")]) * (max_tokens // max(1, len(reply)) + 1)
         finish = "stop" if len(reply) < max_tokens else "length"
         out = reply[:max_tokens] if finish == "length" else reply + [SPECIALS.index("<|eot_id|>")]
         self.slots[slot] = prompt + out
-        self.last_stats = GenerationStats(
-            prompt_tokens=len(prompt),
-            cached_tokens=cached,
-            prefilled_tokens=len(prompt) - cached,
-            generated_tokens=len(out),
-            ttft_s=0.0,
-            prefill_tps=0.0,
-            decode_tps=0.0,
-            peak_memory_gb=0.0,
-            finish_reason="interrupted",
+        shown = 0
+        try:
+            for token in reply[:max_tokens]:
+                shown += 1
+                yield Chunk(self._words[token], token)
+        except StopGeneration:
+            finish, out = "interrupted", out[:shown]
+            self.slots[slot] = prompt + out
+        yield Chunk(
+            "",
+            None,
+            GenerationStats(
+                prompt_tokens=len(prompt),
+                cached_tokens=cached,
+                prefilled_tokens=len(prompt) - cached,
+                generated_tokens=len(out),
+                ttft_s=0.0,
+                prefill_tps=0.0,
+                decode_tps=0.0,
+                peak_memory_gb=0.0,
+                finish_reason=finish,
+            ),
         )
-        for n, token in enumerate(reply[:max_tokens], 1):
-            self.last_stats.generated_tokens = n
-            yield Chunk(self._words[token], token)
-        self.last_stats.generated_tokens = len(out)
-        self.last_stats.finish_reason = finish
-        yield Chunk("", None, self.last_stats)
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         prompt = list(prompt)

@@ -16,6 +16,7 @@ from mlxmem import bench
 from mlxmem.bench import synth
 from mlxmem.bench.common import resolve_arch
 from mlxmem.bench.turns import read_transcript, run_turns
+from mlxmem.engine import Message, MLXEngine
 from mlxmem.errors import InputError
 from mlxmem.testing import FakeEngine
 from mlxmem.tiny import make_tiny
@@ -242,6 +243,26 @@ def test_bench_speed_end_to_end(tiny_model):
         assert low <= row["ttft_s"] <= high
     # Stored in mlxmem's own database (this test's data directory) by default.
     assert [r["kind"] for r in invoke("history")] == ["speed"]
+
+
+@pytest.mark.e2e
+def test_bench_speed_turns_end_of_text_off_on_both_sides_alike(tiny_model):
+    from mlxmem.bench import speed
+
+    engine = MLXEngine(tiny_model)
+    prompt = engine.encode_chat([Message("user", "Tell me about rivers.")])
+    first = engine.generate(prompt, slot="probe", max_tokens=1, temp=0.0).tokens[0]
+    # Make the token the model greedily writes first its end of text: a run that honours EOS
+    # stops after one token.
+    engine.eos_token_ids = frozenset({first})
+    engine.tokenizer.eos_token_ids = {first}
+    assert (
+        engine.generate(prompt, slot="probe2", max_tokens=8, temp=0.0).stats.generated_tokens == 1
+    )
+    mine, _, _ = speed._mlxmem(engine, prompt, 8, seed=0)
+    bare = speed._bare(engine, prompt, 8, seed=0)
+    assert mine.generated_tokens == bare.generated_tokens == 8
+    assert engine.tokenizer.eos_token_ids == {first}  # the engine's tokenizer is left alone
 
 
 @pytest.mark.e2e

@@ -175,7 +175,8 @@ def test_long_conversation_through_the_real_engine(tiny):
     assert [m.text for m in log if m.role == "user"] == texts
     for summary in store.summaries("long"):
         assert summary.token_count <= summary_cap(budget)
-    summary, window = companion.window.state()
+    snap = store.snapshot("long")
+    summary, window = snap.summary, snap.turns
     assert [m.seq for m in window] == list(range(summary.last_seq + 1, len(log) + 1))
 
 

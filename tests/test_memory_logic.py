@@ -79,7 +79,8 @@ def test_long_conversation_keeps_every_invariant():
     assert [m.role for m in log] == ["user", "assistant"] * 40
     assert collapse_turns >= 3
     # Compress, never forget: every turn is either inside the summary's range or verbatim.
-    summary, verbatim = companion.window.state()
+    snap = store.snapshot("default")
+    summary, verbatim = snap.summary, snap.turns
     assert summary is not None and summary.first_seq == 1
     assert [m.seq for m in verbatim] == list(range(summary.last_seq + 1, 81))
     assert len(verbatim) >= MIN_VERBATIM

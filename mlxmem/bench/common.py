@@ -17,9 +17,10 @@ from typing import Any
 
 from mlxmem import __version__, paths
 from mlxmem.bench import synth
-from mlxmem.defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
+from mlxmem.defaults import CHAT_SLOT, DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
 from mlxmem.engine import Chunk, Engine, GenerationStats, Message
 from mlxmem.errors import InputError
+from mlxmem.memory.companion import Companion, TurnResult
 
 # progress(description, done, total): what a long benchmark reports while it runs.
 Progress = Callable[[str, int, int], None]
@@ -284,38 +285,79 @@ class Call:
     first_at: float  # time.perf_counter() at the first chunk
 
 
-class RecordingEngine:
-    """Wraps an engine and records every `stream` call (what the memory layers asked for);
-    everything else goes to the wrapped engine unchanged."""
-
-    generate = Engine.generate
+class RecordingEngine(Engine):
+    """An engine that passes every call to `inner` and records each `stream` call (what the
+    memory layers asked for)."""
 
     def __init__(self, inner: Engine):
         self.inner = inner
+        self.model_id = inner.model_id
+        self.special_tokens = inner.special_tokens
         self.calls: list[Call] = []
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        return self.inner.encode_chat(messages, add_generation_prompt)
 
-    def stream(self, prompt: Sequence[int], **kwargs) -> Iterator[Chunk]:
+    def encode_text(self, text: str) -> list[int]:
+        return self.inner.encode_text(text)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.inner.decode(tokens)
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        slot: str = CHAT_SLOT,
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> Iterator[Chunk]:
         start = time.perf_counter()
         first = None
-        for chunk in self.inner.stream(prompt, **kwargs):
+        chunks = self.inner.stream(
+            prompt,
+            slot=slot,
+            max_tokens=max_tokens,
+            temp=temp,
+            top_p=top_p,
+            seed=seed,
+            ignore_eos=ignore_eos,
+        )
+        for chunk in chunks:
             first = first or time.perf_counter()
             if chunk.stats is not None:
-                self.calls.append(
-                    Call(
-                        slot=kwargs.get("slot", ""),
-                        prompt=list(prompt),
-                        max_tokens=kwargs.get("max_tokens", 0),
-                        stats=chunk.stats,
-                        wall_ttft_s=first - start,
-                        seconds=time.perf_counter() - start,
-                        first_at=first,
-                    )
+                seconds = time.perf_counter() - start
+                call = Call(
+                    slot, list(prompt), max_tokens, chunk.stats, first - start, seconds, first
                 )
+                self.calls.append(call)
             yield chunk
+
+    def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        return self.inner.prefill(prompt, slot=slot)
+
+    def save_slots(self, names: Sequence[str] | None = None) -> None:
+        self.inner.save_slots(names)
+
+    def drop_slot(self, slot: str) -> None:
+        self.inner.drop_slot(slot)
 
     def take_calls(self) -> list[Call]:
         calls, self.calls = self.calls, []
         return calls
+
+
+def replay_turn(companion: Companion, user: str, reply: str) -> TurnResult:
+    """One exchange of a transcript through the memory system: the model prefills the prompt
+    and samples one token (for the timings), and the transcript's `reply` is logged as the
+    assistant's turn."""
+    turn = companion.begin(user)
+    stats = companion.engine.generate(
+        turn.prompt.tokens, slot=companion.slot, max_tokens=1, temp=0.0
+    ).stats
+    return companion.finish(turn, reply, stats, sampled_ids=None)

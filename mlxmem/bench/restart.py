@@ -24,6 +24,7 @@ from mlxmem.bench.common import (
     Spread,
     no_progress,
     ratio,
+    replay_turn,
     synthetic_exchanges,
 )
 from mlxmem.bench.turns import reply_into_cache
@@ -136,7 +137,7 @@ def _fill(model_path: Path, directory: Path, context_tokens: int, reserve: int, 
         cost = engine.count_text(user) + engine.count_text(reply) + 2 * TEMPLATE_SLACK
         if companion.context().layers.free - cost < need:
             break
-        result = companion.send(user, reply=reply)
+        result = replay_turn(companion, user, reply)
         if not result.collapses:  # as a generated reply would be, the last one is cached too
             reply_into_cache(engine, companion, result)
             engine.save_slots([companion.slot])
@@ -155,7 +156,7 @@ def _first_turn(
     recorder = RecordingEngine(engine)
     companion = _companion(recorder, directory, context_tokens, reserve, seed)
     start = time.perf_counter()
-    result = companion.send(MESSAGE, reply=REPLY)
+    result = replay_turn(companion, MESSAGE, REPLY)
     call = next(c for c in recorder.calls if c.prompt == result.prompt.tokens)
     trial = RestartTrial(
         ttft_s=call.first_at - start,

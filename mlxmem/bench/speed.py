@@ -3,15 +3,17 @@ model and prompts (prefill and decode tokens/s, time to first token, peak memory
 time to first token of a cached turn: the same prompt with all but a new message in the KV slot.
 
 Like mlx-lm's own benchmark: fixed seed, a warm-up, N trials, the median, and no end-of-text
-token, so every trial decodes exactly the same number of tokens.
+token on either side (`ignore_eos` for the engine, a tokenizer copy without end-of-text ids for
+bare mlx-lm), so every trial decodes exactly the same number of tokens.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
 from mlxmem.engine import MLXEngine
@@ -110,26 +112,25 @@ def run_speed(
     }
     total = len(lengths) * trials + 1
     results = []
-    with no_end_of_text(engine):
-        progress("warm-up", 0, total)
-        _trial(engine, prompt_of_length(engine, min(lengths), seed), gen_tokens, seed, 0)
-        done = 1
-        for length in lengths:
-            prompt = prompt_of_length(engine, length, seed)
-            runs = []
-            for i in range(trials):
-                progress(f"{length} tokens, trial {i + 1}/{trials}", done, total)
-                runs.append(_trial(engine, prompt, gen_tokens, seed, i))
-                done += 1
-            results.append(
-                LengthResult(
-                    length,
-                    mlxmem=[r[0] for r in runs],
-                    bare=[r[1] for r in runs],
-                    cached_ttft_s=[r[2] for r in runs],
-                    cached_prefill=runs[0][3],
-                )
+    progress("warm-up", 0, total)
+    _trial(engine, prompt_of_length(engine, min(lengths), seed), gen_tokens, seed, 0)
+    done = 1
+    for length in lengths:
+        prompt = prompt_of_length(engine, length, seed)
+        runs = []
+        for i in range(trials):
+            progress(f"{length} tokens, trial {i + 1}/{trials}", done, total)
+            runs.append(_trial(engine, prompt, gen_tokens, seed, i))
+            done += 1
+        results.append(
+            LengthResult(
+                length,
+                mlxmem=[r[0] for r in runs],
+                bare=[r[1] for r in runs],
+                cached_ttft_s=[r[2] for r in runs],
+                cached_prefill=runs[0][3],
             )
+        )
     progress("done", total, total)
     engine.drop_slot(SPEED_SLOT)
     return SpeedResult(results, settings)
@@ -150,7 +151,7 @@ def _mlxmem(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int):
     """A fresh prefill and decode, then the same prompt again as a cached turn."""
     engine.drop_slot(SPEED_SLOT)
     stats = engine.generate(
-        prompt, slot=SPEED_SLOT, max_tokens=gen_tokens, temp=0.0, seed=seed
+        prompt, slot=SPEED_SLOT, max_tokens=gen_tokens, temp=0.0, seed=seed, ignore_eos=True
     ).stats
     fresh = Trial(
         stats.ttft_s,
@@ -179,7 +180,7 @@ def _bare(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int) -> T
     n = 0
     for response in stream_generate(
         engine.model,
-        engine.tokenizer,
+        without_end_of_text(engine.tokenizer),
         prompt,
         max_tokens=gen_tokens,
         sampler=make_sampler(temp=0.0),
@@ -197,12 +198,9 @@ def _bare(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int) -> T
     )
 
 
-@contextlib.contextmanager
-def no_end_of_text(engine: MLXEngine) -> Iterator[None]:
-    """Decode the full token count every time, as mlx-lm's benchmark does."""
-    saved = set(engine.tokenizer.eos_token_ids)
-    engine.tokenizer.eos_token_ids = set()
-    try:
-        yield
-    finally:
-        engine.tokenizer.eos_token_ids = saved
+def without_end_of_text(tokenizer: Any) -> Any:
+    """A copy of an mlx-lm tokenizer with no end-of-text ids, for bare `stream_generate` (as
+    mlx-lm's own benchmark empties them); the engine's own tokenizer is left as it is."""
+    bare = copy.copy(tokenizer)
+    bare.eos_token_ids = set()
+    return bare

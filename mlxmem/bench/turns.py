@@ -32,12 +32,15 @@ from mlxmem.bench.common import (
     RecordingEngine,
     no_progress,
     ratio,
+    replay_turn,
     synthetic_exchanges,
 )
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
+from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
-from mlxmem.memory.store import Store
+from mlxmem.memory.store import Store, Summary, Turn
+from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow
 
 CONVERSATION = "bench"
 REBUILD_SLOT = "bench/rebuild"
@@ -88,7 +91,7 @@ def read_transcript(path: str | Path, replay: bool = True) -> list[Exchange]:
 
 
 def synthetic_transcript(turns: int = DEFAULT_SYNTHETIC_TURNS, seed: int = 0) -> list[Exchange]:
-    return list(synthetic_exchanges(turns, seed))
+    return synthetic_exchanges(turns, seed)
 
 
 # -- what one turn cost ----------------------------------------------------------------------------
@@ -282,7 +285,7 @@ def run_turns(
         for i, (user, reply) in enumerate(exchanges):
             progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
             start = time.perf_counter()
-            result = companion.send(user, reply=None if generate else reply)
+            result = companion.send(user) if generate else replay_turn(companion, user, reply)
             seconds = time.perf_counter() - start
             record = _record(i, result, recorder.take_calls(), companion, seconds)
             record.collapse_turn = collapsed_after_reply or bool(record.collapses)
@@ -348,7 +351,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
         wait_s=stats.ttft_s + sum(c.seconds for c in collapses if c.before_reply),
         verbatim_turns=len(prompt.messages) - 1,
         collapse_turn=False,
-        warm_prefilled_tokens=getattr(result, "warm_prefilled_tokens", 0),
+        warm_prefilled_tokens=result.warm_prefilled_tokens,
         reply_prefilled_tokens=0,
         shortened=prompt.shortened,
         omitted=prompt.omitted,
@@ -367,6 +370,20 @@ def reply_into_cache(engine: Engine, companion: Companion, result: TurnResult) -
     messages = [*result.prompt.messages, Message("assistant", result.reply)]
     tokens = engine.encode_chat(messages, False)
     return engine.prefill(tokens, slot=companion.slot)
+
+
+def fresh_summary_prompt(
+    window: ConversationWindow, summary: Summary | None, evicted: Sequence[Turn]
+) -> list[int]:
+    """Baseline (b)'s prompt: summarize the evicted turns as a transcript in a new context
+    (what a cache-less design would prefill)."""
+    transcript = "\n".join(f"{t.role}: {t.text}" for t in evicted)
+    earlier = f"Earlier summary: {summary.text}\n\n" if summary else ""
+    request = f"{earlier}Conversation:\n{transcript}\n\n{SUMMARY_REQUEST}"
+    budget = PromptBudget(window.engine, window.budget.budget, window.summary_cap)
+    return budget.assemble(
+        "You summarize conversations.", [], None, [Message("user", request)]
+    ).tokens
 
 
 def _rebuild_baseline(engine: Engine, result: TurnResult, record: TurnRecord) -> None:
@@ -389,7 +406,7 @@ def _fresh_summary_baseline(
         previous = before[-1] if before else None
         turns = store.turns(CONVERSATION, after_seq=previous and previous.last_seq)
         evicted = [t for t in turns if t.seq <= new.last_seq]
-        prompt = window.fresh_summary_prompt(previous, evicted)
+        prompt = fresh_summary_prompt(window, previous, evicted)
         engine.drop_slot(FRESH_SUMMARY_SLOT)
         start = time.perf_counter()
         stats = engine.generate(

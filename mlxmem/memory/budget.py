@@ -16,6 +16,12 @@ FACTS_HEADER = "What you know about the user (they can see and edit this list):"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 
 
+def response_reserve(wanted: int, budget: int) -> int:
+    """Tokens kept free for the reply: the model's reserve, but never over a quarter of the
+    budget (a small window still needs room for the conversation)."""
+    return max(1, min(wanted, budget // 4))
+
+
 class BudgetError(MlxmemError):
     """The fixed parts (instructions, reserve) leave no room for a single message."""
 
@@ -44,6 +50,14 @@ class AssembledPrompt:
     facts_left_out: int = 0
     shortened: int = 0  # messages shortened (head and tail kept) to fit
     omitted: int = 0  # oldest turns left out of this prompt as a last resort
+    # Tokens of the prompt with oversized messages clipped, before any further shrinking:
+    # what the window must fit, so that no turn is shortened or left out to make room.
+    natural_tokens: int = 0
+
+    def fits(self, headroom: int = 0) -> bool:
+        """Did every turn fit as clipped, with the reserve and `headroom` still free? If not,
+        the window must fold."""
+        return self.natural_tokens + self.layers.reserve + headroom <= self.budget
 
 
 def system_text(instructions: str, facts: Sequence[str], summary: str | None) -> str:
@@ -122,10 +136,6 @@ class PromptBudget:
             )
         return clipped
 
-    def fits(self, system: Message, turns: Sequence[Message], headroom: int = 0) -> bool:
-        """Do `system` and `turns` (clipped) fit, leaving the reserve and `headroom` free?"""
-        return self.engine.count_chat([system, *self.clip(turns)]) <= self.available - headroom
-
     def assemble(
         self,
         instructions: str,
@@ -143,6 +153,7 @@ class PromptBudget:
         omitted = 0
         stuck: set[int] = set()  # messages that shortening no longer makes smaller
         tokens = self.engine.encode_chat([system, *turns])
+        natural = len(tokens)
         while len(tokens) > self.available:
             over = len(tokens) - self.available
             i = self._longest_shrinkable(turns, stuck)
@@ -174,6 +185,7 @@ class PromptBudget:
             facts_left_out=len(facts) - len(used),
             shortened=shortened,
             omitted=omitted,
+            natural_tokens=natural,
         )
 
     def _longest_shrinkable(self, turns: list[Message], stuck: set[int]) -> int | None:

@@ -9,13 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mlxmem.defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
-from mlxmem.engine import Engine, GenerationStats, check_text
+from mlxmem.engine import Engine, GenerationStats, StopGeneration
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
+from mlxmem.memory.budget import response_reserve as budget_reserve
 from mlxmem.memory.db import wipe_caches
 from mlxmem.memory.extraction import FactExtractor, should_extract
-from mlxmem.memory.store import Fact, Snapshot, Store
+from mlxmem.memory.store import Fact, Snapshot, Store, Turn
 from mlxmem.memory.window import CollapseEvent, ConversationWindow, summary_cap
+from mlxmem.text import check_text
 
 INSTRUCTIONS = (
     "You are a warm, concise companion running on the user's own device. You remember earlier "
@@ -32,6 +34,17 @@ class ChatSettings:
     seed: int | None = DEFAULT_SEED
     extract_facts: bool = True
     instructions: str = INSTRUCTIONS
+
+
+@dataclass(frozen=True)
+class PendingTurn:
+    """A turn between `Companion.begin` and `Companion.finish`: the logged message, the store
+    as the prompt was assembled from it, the prompt, and the collapses it took."""
+
+    user: Turn
+    snapshot: Snapshot
+    prompt: AssembledPrompt
+    collapses: list[CollapseEvent]
 
 
 @dataclass
@@ -84,9 +97,10 @@ class Companion:
         self.conversation = conversation
         self.settings = settings or ChatSettings()
         self.response_reserve = response_reserve
-        reserve = max(1, min(response_reserve, context_tokens // 4))
         self.slot = f"{conversation}/chat"
-        self.budget = PromptBudget(engine, context_tokens, reserve)
+        self.budget = PromptBudget(
+            engine, context_tokens, budget_reserve(response_reserve, context_tokens)
+        )
         self.window = ConversationWindow(
             engine, store, conversation, self.budget, self.settings.instructions, self.slot
         )
@@ -115,7 +129,7 @@ class Companion:
             + summary_cap(budget)
             + 32  # the headers of the facts and summary blocks
             + 2 * (MIN_MESSAGE_TOKENS + 16)
-            + min(self.response_reserve, budget // 4)
+            + budget_reserve(self.response_reserve, budget)
         )
 
     # -- layer 3 in the prompt --------------------------------------------------------------
@@ -147,58 +161,71 @@ class Companion:
         text: str,
         on_text: Callable[[str], None] | None = None,
         on_status: Callable[[str], None] | None = None,
-        reply: str | None = None,
     ) -> TurnResult:
         """Run one turn. `on_text` receives the reply as it streams; `on_status` hears about
         work after the reply (summarizing, remembering). Ctrl-C during the reply keeps the part
-        written so far, marked interrupted; Ctrl-C after it skips that work until next turn.
+        written so far, marked interrupted; Ctrl-C after it skips that work until next turn."""
+        turn = self.begin(text, on_status)
+        written, ids, stats = self._stream_reply(turn.prompt, on_text)
+        interrupted = stats.finish_reason == "interrupted"
+        return self.finish(turn, written, stats, None if interrupted else ids, on_status)
 
-        With `reply` (replaying a transcript), the model only prefills the prompt and samples
-        one token, for the timings, and `reply` is logged as the assistant's turn."""
+    def begin(self, text: str, on_status: Callable[[str], None] | None = None) -> PendingTurn:
+        """The first half of a turn: log the user's message, fold the window if it does not
+        fit, and assemble the prompt the reply is written from."""
         text = check_text(text).strip()
         if not text:
             raise InputError("empty message")
         user = self.store.append_turn(
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
-        collapses, snap = self._fold_while_over_budget(on_status, headroom=0)
-        prompt = self._assemble(snap)
-        written, ids, stats, interrupted = self._stream_reply(prompt, on_text, reply is not None)
-        sampled = reply is None and not interrupted
-        logged = written if reply is None else reply
+        collapses, snap, prompt = self._fold_while_over_budget(on_status, headroom=0)
+        return PendingTurn(user, snap, prompt, collapses)
+
+    def finish(
+        self,
+        turn: PendingTurn,
+        reply: str,
+        stats: GenerationStats,
+        sampled_ids: list[int] | None,
+        on_status: Callable[[str], None] | None = None,
+    ) -> TurnResult:
+        """The second half: log `reply` (with the ids it was sampled as, if the engine's model
+        wrote all of it), fold ahead for the next message, extract a fact, save the cache."""
+        interrupted = stats.finish_reason == "interrupted"
         self.store.append_turn(
             self.conversation,
             "assistant",
-            logged,
-            token_count=len(ids) if sampled else self.engine.count_text(logged),
+            reply,
+            token_count=self.engine.count_text(reply) if sampled_ids is None else len(sampled_ids),
             interrupted=interrupted,
-            sampled_ids=ids if sampled else None,
-            sampled_by=self.engine.model_id if sampled else None,
+            sampled_ids=sampled_ids,
+            sampled_by=None if sampled_ids is None else self.engine.model_id,
         )
-        result = TurnResult(logged, stats, prompt, interrupted, collapses)
+        result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
+        snap = turn.snapshot
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
-            folded, after = self._fold_while_over_budget(on_status, self._next_message_room(snap))
+            folded, _, after = self._fold_while_over_budget(
+                on_status, self._next_message_room(snap)
+            )
             result.collapses += folded
             result.warm_prefilled_tokens = self._warm_cache(after) if folded else 0
             if not interrupted:
-                result.fact_added = self._maybe_extract(user, snap.facts, on_status)
+                result.fact_added = self._maybe_extract(turn.user, snap.facts, on_status)
         except KeyboardInterrupt:
             pass  # best effort: the next turn folds first if the window is still over budget
         self._save_cache(snap.forget_epoch)
         return result
 
-    def _stream_reply(self, prompt: AssembledPrompt, on_text, measure_only: bool = False):
+    def _stream_reply(self, prompt: AssembledPrompt, on_text):
         parts: list[str] = []
         ids: list[int] = []
-        max_tokens = self.budget.reserve
-        if self.settings.max_tokens is not None:
-            max_tokens = max(1, min(self.settings.max_tokens, max_tokens))
         stream = self.engine.stream(
             prompt.tokens,
             slot=self.slot,
-            max_tokens=1 if measure_only else max_tokens,
+            max_tokens=self.max_reply_tokens,
             temp=self.settings.temp,
             top_p=self.settings.top_p,
             seed=self.settings.seed,
@@ -210,10 +237,24 @@ class Companion:
                     ids.append(chunk.token)
                 if on_text and chunk.text:
                     on_text(chunk.text)
+                if chunk.stats is not None:
+                    return "".join(parts), ids, chunk.stats
         except KeyboardInterrupt:
-            stream.close()
-            return "".join(parts), ids, self.engine.last_stats, True
-        return "".join(parts), ids, self.engine.last_stats, False
+            try:  # stop the stream, and take its final chunk with the stats
+                final = stream.throw(StopGeneration())
+                return "".join(parts), ids, final.stats
+            except (StopGeneration, StopIteration, KeyboardInterrupt):
+                pass  # the interrupt hit inside the engine, which has already wound down
+            finally:
+                stream.close()
+        return "".join(parts), ids, GenerationStats.interrupted(len(prompt.tokens), len(ids))
+
+    @property
+    def max_reply_tokens(self) -> int:
+        """The reply's token limit: the settings' if lower than the response reserve."""
+        if self.settings.max_tokens is None:
+            return self.budget.reserve
+        return max(1, min(self.settings.max_tokens, self.budget.reserve))
 
     def _next_message_room(self, snap: Snapshot) -> int:
         """Room for a next message as long as the longest the person wrote in the window."""
@@ -222,28 +263,30 @@ class Companion:
 
     def _fold_while_over_budget(
         self, on_status, headroom: int
-    ) -> tuple[list[CollapseEvent], Snapshot]:
-        """Collapse until the window fits with `headroom` to spare; return the events and the
-        store as it is then."""
+    ) -> tuple[list[CollapseEvent], Snapshot, AssembledPrompt]:
+        """Collapse until the assembled prompt fits with `headroom` to spare; return the
+        events, the store as it is then, and that prompt."""
         events: list[CollapseEvent] = []
         while True:
             snap = self.store.snapshot(self.conversation)
-            facts = self.prompt_facts(snap.facts)
-            if not self.window.over_budget(facts, snap.summary, snap.turns, headroom):
-                return events, snap
+            prompt = self._assemble(snap)
+            if prompt.fits(headroom):
+                return events, snap, prompt
             if on_status:
                 on_status("folding older turns into the summary")
+            facts = self.prompt_facts(snap.facts)
             event = self.window.collapse_oldest(facts, snap.summary, snap.turns)
             if event is None:
-                return events, snap  # only the newest exchanges are left: the assembler shortens
+                # Only the newest exchanges are left: the assembler shortens them.
+                return events, snap, prompt
             events.append(event)
             self._auto_fact_ids = {f.id for f in snap.facts if f.source == "automatic"}
 
-    def _warm_cache(self, snap: Snapshot) -> int:
+    def _warm_cache(self, prompt: AssembledPrompt) -> int:
         """After a collapse, prefill the new prefix (summary and kept turns) now, while the
         person reads the reply, so the next turn only prefills its own message."""
-        messages = self._assemble(snap).messages
-        return self.engine.prefill(self.engine.encode_chat(messages, False), slot=self.slot)
+        tokens = self.engine.encode_chat(prompt.messages, False)
+        return self.engine.prefill(tokens, slot=self.slot)
 
     def _save_cache(self, epoch: int) -> None:
         # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from mlxmem.engine import Engine, Message
-from mlxmem.memory.budget import PromptBudget, system_text
+from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.store import Store, Summary, Turn
 
 # Keep at least the newest two exchanges verbatim.
@@ -84,21 +84,8 @@ class ConversationWindow:
         self.slot = slot
         self.summary_cap = summary_cap(budget.budget)
 
-    def state(self) -> tuple[Summary | None, list[Turn]]:
-        snap = self.store.snapshot(self.conversation)
-        return snap.summary, snap.turns
-
     def messages(self, turns: Sequence[Turn]) -> list[Message]:
         return as_messages(turns, self.engine.model_id)
-
-    def over_budget(
-        self, facts: Sequence[str], summary: Summary | None, turns, headroom: int = 0
-    ) -> bool:
-        """Would instructions + facts + summary + turns + the reserve (+ `headroom`) exceed
-        the budget? Counted as the assembler builds the prompt: packed facts, clipped turns."""
-        packed = self.budget.pack_facts(self.instructions, facts)
-        text = system_text(self.instructions, packed, summary and summary.text)
-        return not self.budget.fits(Message("system", text), self.messages(turns), headroom)
 
     def collapse_oldest(
         self, facts: Sequence[str], summary: Summary | None, turns: Sequence[Turn]
@@ -135,22 +122,6 @@ class ConversationWindow:
             cached_tokens=result.stats.cached_tokens,
             prefilled_tokens=result.stats.prefilled_tokens,
             seconds=time.perf_counter() - start,
-        )
-
-    def fresh_summary_prompt(self, summary: Summary | None, evicted) -> list[int]:
-        """The baseline a collapse is compared with: summarize the evicted turns as a
-        transcript in a new context (what a cache-less design would prefill)."""
-        transcript = "\n".join(f"{t.role}: {t.text}" for t in evicted)
-        earlier = f"Earlier summary: {summary.text}\n\n" if summary else ""
-        return (
-            self._summary_budget()
-            .assemble(
-                "You summarize conversations.",
-                [],
-                None,
-                [Message("user", f"{earlier}Conversation:\n{transcript}\n\n{SUMMARY_REQUEST}")],
-            )
-            .tokens
         )
 
     def _summary_budget(self) -> PromptBudget:
