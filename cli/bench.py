@@ -44,7 +44,9 @@ QUANTIZE = typer.Option(
 )
 SEED = typer.Option(DEFAULT_BENCH_SEED, "--seed", help="Seed for weights, prompts and sampling.")
 DB = typer.Option(
-    None, "--db", help="Store the run in this DuckDB file (default: mlxmem's database)."
+    None,
+    "--db",
+    help="Store the run in this DuckDB file (default: bench.duckdb in the data directory).",
 )
 JSON = typer.Option(False, "--json", help="Print the results as JSON instead of tables.")
 CONTEXT = typer.Option(None, "--context-tokens", help="Context budget (default: the model's).")

@@ -241,7 +241,7 @@ def test_bench_speed_end_to_end(tiny_model):
         assert row["cached_prefill_tokens"] < row["prompt_tokens"]
         low, high = row["spread"]["ttft_s"]
         assert low <= row["ttft_s"] <= high
-    # Stored in mlxmem's own database (this test's data directory) by default.
+    # Stored in the benchmark database of this test's data directory by default.
     assert [r["kind"] for r in invoke("history")] == ["speed"]
 
 

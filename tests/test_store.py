@@ -50,16 +50,6 @@ SCHEMA = {
         ("updated_at", "TIMESTAMP"),
         ("message_id", "BIGINT"),
     ],
-    "bench_runs": [
-        ("id", "BIGINT"),
-        ("kind", "VARCHAR"),
-        ("created_at", "TIMESTAMP"),
-        ("model", "VARCHAR"),
-        ("machine", "VARCHAR"),
-        ("versions", "VARCHAR"),
-        ("settings", "VARCHAR"),
-        ("results", "VARCHAR"),
-    ],
 }
 
 
@@ -96,6 +86,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m001_initial",),
             ("m002_bench_runs",),
             ("m003_sampled_ids",),
+            ("m004_bench_runs_to_own_file",),
         ]
     assert store.path == paths.db_path()
 
@@ -120,6 +111,24 @@ def test_old_database_upgrades_with_a_new_migration(tmp_path):
     assert migrate(con, [*MIGRATIONS, m002_add_mood]) == []
     assert schema(con)["messages"][-1] == ("mood", "VARCHAR")
     con.close()
+
+
+def test_benchmark_runs_move_out_of_the_chat_database(mlxmem_home):
+    from mlxmem import bench
+
+    old = duckdb.connect(str(paths.db_path()))
+    migrate(old, MIGRATIONS[:3])  # a database from before the split, with two runs in it
+    for kind in ("speed", "turns"):
+        old.execute(
+            "INSERT INTO bench_runs (kind, created_at, model, machine, versions, settings,"
+            " results) VALUES (?, now(), 'm', '{}', '{}', '{}', ?)",
+            [kind, f'{{"kind": "{kind}"}}'],
+        )
+    old.close()
+    with Store().connect() as con:
+        assert schema(con) == SCHEMA  # no bench_runs left among the chats
+    assert [r.kind for r in bench.history()] == ["turns", "speed"]
+    assert (mlxmem_home / "bench.duckdb").is_file()
 
 
 # -- the chat log ------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ use, in one run on one machine, and keep every run in DuckDB so runs can be comp
 - `run_restart` (mlxmem.bench.restart): the first turn after a restart, cache on disk or not.
 
 A `BenchRun` is one run's record: the machine, the versions, the model, the settings and the
-results; `record_run` stores it and `history` reads runs back.
+results; `record_run` stores it and `history` reads runs back, from their own DuckDB file
+(`bench.duckdb` in the data directory), apart from the person's chats.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from mlxmem.bench.turns import TurnsResult, read_transcript, run_turns, syntheti
 from mlxmem.engine import MLXEngine
 from mlxmem.errors import InputError, StoreError
 from mlxmem.memory.migrations import migrate
-from mlxmem.memory.store import Store
 
 __all__ = [
     "BenchModel",
@@ -101,7 +101,7 @@ def bench_engine(model: BenchModel) -> Iterator[MLXEngine]:
 
 
 def record_run(run: BenchRun, db: str | Path | None = None) -> BenchRun:
-    """Store `run` in the database (default: mlxmem's own) and return it with its id."""
+    """Store `run` in the benchmark database (default: bench_db_path()); return it with its id."""
     run.created_at = datetime.now(timezone.utc)
     with _connect(db) as con:
         (run.id,) = con.execute(
@@ -144,27 +144,54 @@ def history(
     return [_run(row) for row in rows]
 
 
+BENCH_DB_FILENAME = "bench.duckdb"
+
+
+def bench_db_path() -> Path:
+    """Where runs are kept by default: their own file in the data directory, apart from the
+    person's chats."""
+    return paths.data_dir() / BENCH_DB_FILENAME
+
+
 @contextlib.contextmanager
 def _connect(db: str | Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """mlxmem's database through the Store (locked, shared with chats); any other file
-    directly, so that a `--db` path's folder keeps its permissions."""
-    if db is None or Path(db).expanduser().resolve() == paths.db_path().resolve():
-        with Store(db).connect() as con:
-            yield con
-        return
+    path = Path(db).expanduser() if db is not None else bench_db_path()
     try:
-        con = duckdb.connect(str(Path(db).expanduser()))
+        con = duckdb.connect(str(path))
     except duckdb.Error as exc:
-        raise StoreError(f"cannot open the database {db}: {exc}") from None
+        raise StoreError(f"cannot open the benchmark database {path}: {exc}") from None
     try:
-        migrate(con)
+        migrate(con, RUN_MIGRATIONS)
         con.begin()
         yield con
         con.commit()
     except duckdb.Error as exc:
-        raise StoreError(f"cannot use the database {db}: {exc}") from None
+        raise StoreError(f"cannot use the benchmark database {path}: {exc}") from None
     finally:
         con.close()
+        if db is None:
+            paths.make_private(path)
+
+
+def b001_runs(con: duckdb.DuckDBPyConnection) -> None:
+    # IF NOT EXISTS: the chat database's m004 may have created this table already, when it
+    # moved runs recorded before the split into this file.
+    con.execute("CREATE SEQUENCE IF NOT EXISTS bench_runs_id_seq START 1")
+    con.execute(
+        """CREATE TABLE IF NOT EXISTS bench_runs (
+            id BIGINT PRIMARY KEY DEFAULT nextval('bench_runs_id_seq'),
+            kind VARCHAR NOT NULL,
+            created_at TIMESTAMP NOT NULL,
+            model VARCHAR NOT NULL,
+            machine VARCHAR NOT NULL,
+            versions VARCHAR NOT NULL,
+            settings VARCHAR NOT NULL,
+            results VARCHAR NOT NULL
+        )"""
+    )
+
+
+RUN_MIGRATIONS = [b001_runs]
 
 
 def _run(row: tuple) -> BenchRun:

@@ -6,8 +6,10 @@ the `migrations` table, each in its own transaction, in order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 import duckdb
 
@@ -122,3 +124,43 @@ def m002_bench_runs(con: duckdb.DuckDBPyConnection) -> None:
 def m003_sampled_ids(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE messages ADD COLUMN sampled_ids INTEGER[]")
     con.execute("ALTER TABLE messages ADD COLUMN sampled_by VARCHAR")
+
+
+# Benchmark runs are not the person's chat data: they move to their own file beside the
+# database (`bench.duckdb`, owned by mlxmem.bench). Runs recorded here before are copied there.
+@migration
+def m004_bench_runs_to_own_file(con: duckdb.DuckDBPyConnection) -> None:
+    (count,) = con.execute("SELECT count(*) FROM bench_runs").fetchone()
+    if count:
+        (path,) = con.execute(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+        ).fetchone()
+        target = str(Path(path).with_name("bench.duckdb")).replace("'", "''")
+        con.execute(f"ATTACH '{target}' AS bench_file")
+        con.execute("CREATE SEQUENCE IF NOT EXISTS bench_file.bench_runs_id_seq START 1")
+        con.execute(
+            """CREATE TABLE IF NOT EXISTS bench_file.bench_runs (
+                id BIGINT PRIMARY KEY DEFAULT nextval('bench_file.bench_runs_id_seq'),
+                kind VARCHAR NOT NULL,
+                created_at TIMESTAMP NOT NULL,
+                model VARCHAR NOT NULL,
+                machine VARCHAR NOT NULL,
+                versions VARCHAR NOT NULL,
+                settings VARCHAR NOT NULL,
+                results VARCHAR NOT NULL
+            )"""
+        )
+        # A transaction writes to one database: copy and commit, then drop. A crash between
+        # the two reruns this migration; NOT EXISTS keeps the copy from doubling.
+        con.execute(
+            "INSERT INTO bench_file.bench_runs (kind, created_at, model, machine, versions,"
+            " settings, results) SELECT kind, created_at, model, machine, versions, settings,"
+            " results FROM bench_runs b WHERE NOT EXISTS (SELECT 1 FROM bench_file.bench_runs"
+            " t WHERE t.kind = b.kind AND t.created_at = b.created_at) ORDER BY id"
+        )
+        con.commit()
+        con.execute("DETACH bench_file")
+        os.chmod(Path(path).with_name("bench.duckdb"), 0o600)
+        con.begin()
+    con.execute("DROP TABLE bench_runs")
+    con.execute("DROP SEQUENCE bench_runs_id_seq")
