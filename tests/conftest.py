@@ -1,8 +1,13 @@
 import os
+from pathlib import Path
 
 import pytest
+from mlxmem_cli.main import app
+from typer.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +17,16 @@ def mlxmem_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXMEM_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return home
+
+
+def cli(*args: str, code: int = 0):
+    """Run `mlxmem ARGS...` in this process and check its exit code."""
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == code, result.output
+    return result
+
+
+def files_containing(root: Path, marker: str) -> list[Path]:
+    """Every file under `root` whose bytes contain `marker`."""
+    needle = marker.encode()
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]

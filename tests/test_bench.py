@@ -296,13 +296,3 @@ def test_errors_are_reported_without_a_traceback(tmp_path):
     assert result.exit_code == 1 and "Error: unknown arch" in result.output
     result = runner.invoke(app, ["bench", "history", "--id", "7"])
     assert result.exit_code == 1 and "no benchmark run with id 7" in result.output
-
-
-def test_every_bench_command_has_its_docstring_as_help():
-    from mlxmem_cli import bench as bench_cli
-
-    assert bench_cli.app.info.help
-    for command in bench_cli.app.registered_commands:
-        assert command.callback.__doc__, command.name
-        result = runner.invoke(app, ["bench", command.name, "--help"])
-        assert result.exit_code == 0 and "--json" in result.output

@@ -5,9 +5,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import files_containing
 from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
@@ -65,7 +65,8 @@ def test_one_shot_turns_in_new_processes_reuse_the_persisted_cache(tiny):
         "with my sister Rita and her two kids, then we have lunch at our favourite bakery."
     )
     first, _ = one_shot(tiny, intro)
-    assert first["cached_tokens"] == 0 and first["reply"] is not None
+    assert first["cached_tokens"] == 0 and first["generated_tokens"] > 0
+    assert first["reply"] == Store().turns("default")[1].text  # the reply shown is the one logged
     for text in ["What is my cat called?", "Where do I live?", "Thanks!"]:
         later, _ = one_shot(tiny, text)
         assert later["cached_tokens"] >= 0.9 * later["prompt_tokens"]
@@ -189,11 +190,8 @@ def test_deleted_fact_and_turn_leave_no_trace_in_any_file(tiny, mlxmem_home):
     fact = next(f for f in Store().facts() if marker_fact in f.text)
     assert runner.invoke(app, ["memory", "rm", str(fact.id)]).exit_code == 0
     assert runner.invoke(app, ["history", "rm", str(turn.id)]).exit_code == 0
-    for path in Path(mlxmem_home).rglob("*"):
-        if path.is_file() and "models" not in path.parts:
-            data = path.read_bytes()
-            assert marker_turn.encode() not in data, path
-            assert marker_fact.encode() not in data, path
+    assert files_containing(mlxmem_home, marker_turn) == []
+    assert files_containing(mlxmem_home, marker_fact) == []
     after, _ = one_shot(tiny, "Are you still there?")
     assert after["generated_tokens"] > 0
 
@@ -227,7 +225,7 @@ def test_chat_and_memory_rm_in_two_processes_at_once(tiny):
     assert all(r.returncode == 0 for r in removed), [r.stderr for r in removed]
     assert Store().facts() == []
     assert [m.role for m in Store().turns("default")] == ["user", "assistant"]
-    assert json.loads(out)["reply"] is not None
+    assert json.loads(out)["generated_tokens"] > 0
 
 
 def test_interactive_session_with_slash_commands(tiny):
@@ -261,30 +259,6 @@ def test_interactive_session_with_slash_commands(tiny):
     assert "IDs are numbers" in out and "unknown command /nope" in out
     assert [m.role for m in Store().turns("default")] == ["user", "assistant"]
     assert Store().facts() == []
-
-
-def test_every_command_explains_itself():
-    import typer.main
-
-    root = typer.main.get_command(app)
-    names = []
-
-    def walk(group, prefix):
-        for name, command in group.commands.items():
-            names.append(prefix + [name])
-            if hasattr(command, "commands"):
-                walk(command, prefix + [name])
-
-    walk(root, [])
-    assert {"chat", "memory", "history", "bench", "models"} <= {n[0] for n in names}
-    for name in names:
-        result = runner.invoke(app, [*name, "--help"])
-        assert result.exit_code == 0, name
-        assert "Usage:" in result.output
-        command = root
-        for part in name:
-            command = command.commands[part]
-        assert (command.help or "").strip(), f"mlxmem {' '.join(name)} has no help"
 
 
 def test_a_killed_chat_loses_no_committed_turn(tmp_path):

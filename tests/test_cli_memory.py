@@ -4,9 +4,7 @@ then check the rows in the database."""
 import json
 
 import pytest
-import typer
-from mlxmem_cli import history, memory
-from mlxmem_cli.main import app
+from conftest import cli
 from typer.testing import CliRunner
 
 from mlxmem import paths
@@ -15,10 +13,7 @@ from mlxmem.memory.store import Store
 runner = CliRunner()
 
 
-def mlxmem(*args: str, code: int = 0):
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == code, result.output
-    return result
+mlxmem = cli
 
 
 def as_json(*args: str) -> list:
@@ -165,11 +160,3 @@ def test_history_rm_needs_a_target(chat):
     assert "say what to delete" in error("history", "rm", "-c", "default", "--all", "--to", "2")
     assert len(Store().turns("default")) == 4
     assert "no conversation named 'nope'" in error("history", "rm", "-c", "nope", "--all")
-
-
-@pytest.mark.parametrize(("name", "group"), [("memory", memory.app), ("history", history.app)])
-def test_every_command_has_help(name: str, group: typer.Typer):
-    assert group.info.help
-    for command in group.registered_commands:
-        assert command.callback.__doc__, command.name
-        assert runner.invoke(app, [name, command.name, "--help"]).exit_code == 0

@@ -56,35 +56,64 @@ def test_evict_count_folds_the_oldest_half_and_keeps_two_exchanges():
     assert evict_count(turns(5)) == 1  # cannot end on an exchange without going under 4
 
 
-def test_long_conversation_keeps_every_invariant():
-    engine, store, companion = make()
-    collapse_turns = 0
+@pytest.fixture(scope="module")
+def long_chat(tmp_path_factory):
+    """40 turns on a 600-token budget through the fake engine: the run every invariant test
+    below reads. Returns the engine, the store, and per turn its result and model calls."""
+    engine = FakeEngine(scripted)
+    store = Store(tmp_path_factory.mktemp("long") / "mlxmem.duckdb")
+    companion = Companion(engine, store, "default", 600, 120, ChatSettings())
+    turns = []
     for i in range(40):
-        calls_before = len(engine.calls)
+        before = len(engine.calls)
         result = companion.send(user_text(i))
-        new_calls = engine.calls[calls_before:]
-        # Budget: every model call's prompt plus what it may generate fits.
-        for call in new_calls:
+        turns.append((result, engine.calls[before:]))
+    return engine, store, turns
+
+
+def test_budget_every_model_call_fits(long_chat):
+    _, _, turns = long_chat
+    for result, calls in turns:
+        for call in calls:
             assert call.prompt_tokens + call.max_tokens <= 600
         assert sum(result.prompt.layers.to_dict().values()) == 600
-        # The newest user message is in the prompt, verbatim.
+
+
+def test_the_newest_message_is_in_the_prompt_verbatim(long_chat):
+    _, _, turns = long_chat
+    for i, (result, _) in enumerate(turns):
         assert result.prompt.messages[-1] == Message("user", user_text(i))
-        if result.collapses:
-            collapse_turns += 1
-        elif i > 0:
-            # Between collapses only the new message (and its template markers) is prefilled.
-            assert result.stats.prefilled_tokens <= engine.count_text(user_text(i)) + 10
+
+
+def test_between_collapses_only_the_new_message_is_prefilled(long_chat):
+    engine, _, turns = long_chat
+    quiet = [(i, r) for i, (r, _) in enumerate(turns) if i > 0 and not r.collapses]
+    assert len(quiet) >= 20
+    for i, result in quiet:
+        assert result.stats.prefilled_tokens <= engine.count_text(user_text(i)) + 10
+
+
+def test_nothing_lost_every_turn_is_logged_in_order(long_chat):
+    _, store, _ = long_chat
     log = store.turns("default")
     assert [m.text for m in log if m.role == "user"] == [user_text(i) for i in range(40)]
     assert [m.role for m in log] == ["user", "assistant"] * 40
-    assert collapse_turns >= 3
-    # Compress, never forget: every turn is either inside the summary's range or verbatim.
+
+
+def test_compress_never_forget_every_turn_is_summarized_or_verbatim(long_chat):
+    _, store, turns = long_chat
+    assert sum(bool(r.collapses) for r, _ in turns) >= 3
     snap = store.snapshot("default")
-    summary, verbatim = snap.summary, snap.turns
-    assert summary is not None and summary.first_seq == 1
-    assert [m.seq for m in verbatim] == list(range(summary.last_seq + 1, 81))
-    assert len(verbatim) >= MIN_VERBATIM
-    for s in store.summaries("default"):
+    assert snap.summary is not None and snap.summary.first_seq == 1
+    assert [m.seq for m in snap.turns] == list(range(snap.summary.last_seq + 1, 81))
+    assert len(snap.turns) >= MIN_VERBATIM
+
+
+def test_summaries_keep_their_token_cap(long_chat):
+    _, store, _ = long_chat
+    summaries = store.summaries("default")
+    assert summaries
+    for s in summaries:
         assert s.token_count <= summary_cap(600)
 
 

@@ -4,10 +4,9 @@ paths, and clear errors (never a download) when a hub model is missing offline."
 import json
 
 import pytest
+from conftest import cli
 from huggingface_hub import constants
 from huggingface_hub.errors import LocalEntryNotFoundError
-from mlxmem_cli import models as models_cli
-from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
 from mlxmem import models
@@ -42,10 +41,7 @@ def cached_snapshot(cache, repo):
     return snapshot
 
 
-def mlxmem(*args, code=0):
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == code, result.output
-    return result
+mlxmem = cli
 
 
 # -- registry --------------------------------------------------------------------------------
@@ -220,11 +216,3 @@ def test_models_pull_tiny_writes_it():
 
 def test_models_pull_unknown_alias():
     assert "unknown model" in mlxmem("models", "pull", "nope", code=1).stderr
-
-
-def test_every_models_command_has_its_docstring_as_help():
-    commands = models_cli.app.registered_commands
-    assert {c.name for c in commands} == {"list", "pull", "make-tiny"}
-    for command in commands:
-        summary = command.callback.__doc__.splitlines()[0]
-        assert summary in mlxmem("models", command.name, "--help").stdout

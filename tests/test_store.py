@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import files_containing
 
 from mlxmem import paths
 from mlxmem.errors import InputError, NotFoundError, StoreError
@@ -62,11 +63,6 @@ def schema(con) -> dict:
     for table, column, kind in rows:
         tables.setdefault(table, []).append((column, kind))
     return tables
-
-
-def files_containing(root: Path, marker: str) -> list[Path]:
-    needle = marker.encode()
-    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
 def run_python(code: str, **kwargs) -> subprocess.Popen:

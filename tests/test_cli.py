@@ -1,0 +1,46 @@
+"""The command line as a whole: every command explains itself, and README documents it."""
+
+from pathlib import Path
+
+import typer.main
+from mlxmem_cli.main import app
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def command_paths() -> list[list[str]]:
+    """Every command and group, as the words that name it: ["memory", "rm"], ..."""
+    found: list[list[str]] = []
+
+    def walk(group, prefix: list[str]) -> None:
+        for name, command in group.commands.items():
+            found.append(prefix + [name])
+            if hasattr(command, "commands"):
+                walk(command, prefix + [name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def leaf_commands() -> list[list[str]]:
+    paths = command_paths()
+    return [p for p in paths if not any(q[: len(p)] == p and q != p for q in paths)]
+
+
+def test_every_command_has_help():
+    from conftest import cli
+
+    root = typer.main.get_command(app)
+    assert {"chat", "memory", "history", "bench", "models"} <= {p[0] for p in command_paths()}
+    for path in command_paths():
+        output = cli(*path, "--help").output
+        assert "Usage:" in output
+        command = root
+        for part in path:
+            command = command.commands[part]
+        assert (command.help or "").strip(), f"mlxmem {' '.join(path)} has no help"
+
+
+def test_readme_documents_every_command():
+    missing = [" ".join(p) for p in leaf_commands() if f"mlxmem {' '.join(p)}" not in README]
+    assert missing == [], f"README.md never shows: {', '.join(missing)}"
