@@ -20,7 +20,7 @@ from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIA
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
 
-from .common import handle_errors, print_json
+from .common import JSON, err, print_json
 
 app = typer.Typer(
     help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
@@ -28,7 +28,6 @@ app = typer.Typer(
     "memory system), `restart` (the first turn after a restart), `history` (stored runs).",
     no_args_is_help=True,
 )
-err = Console(stderr=True, highlight=False)
 
 MODEL = typer.Option(
     None, "--model", help="A registry alias or a model directory: real weights (on a Mac)."
@@ -48,7 +47,6 @@ DB = typer.Option(
     "--db",
     help="Store the run in this DuckDB file (default: bench.duckdb in the data directory).",
 )
-JSON = typer.Option(False, "--json", help="Print the results as JSON instead of tables.")
 CONTEXT = typer.Option(None, "--context-tokens", help="Context budget (default: the model's).")
 TRANSCRIPT = typer.Option(
     None, "--transcript", help="JSON lines with role and text (default: a synthetic chat)."
@@ -59,7 +57,6 @@ PLOT = typer.Option(
 
 
 @app.command("speed")
-@handle_errors
 def speed(
     model: str = MODEL,
     arch: str = ARCH,
@@ -121,7 +118,6 @@ def speed(
 
 
 @app.command("turns")
-@handle_errors
 def turns(
     transcript: Path = TRANSCRIPT,
     model: str = MODEL,
@@ -243,7 +239,6 @@ def turns(
 
 
 @app.command("restart")
-@handle_errors
 def restart(
     model: str = MODEL,
     arch: str = ARCH,
@@ -290,7 +285,6 @@ def restart(
 
 
 @app.command("history")
-@handle_errors
 def history(
     kind: str = typer.Option(None, "--kind", help="Only runs of this kind: speed, turns, restart."),
     limit: int = typer.Option(bench.DEFAULT_HISTORY_LIMIT, "--limit", min=1, help="Newest N."),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from typing import TextIO
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from mlxmem import paths
@@ -23,9 +23,7 @@ from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store
 
-from .common import handle_errors, print_json
-
-err = Console(stderr=True, highlight=False)
+from .common import err, print_json
 
 HELP = """\
 Commands:
@@ -41,7 +39,6 @@ def register(app: typer.Typer) -> None:
     app.command("chat")(chat)
 
 
-@handle_errors
 def chat(
     message: str = typer.Option(
         None, "--message", "-m", help="Send one message, print the reply and exit."
@@ -94,31 +91,30 @@ def chat(
         ChatSettings(temp=temp, top_p=top_p, max_tokens=max_tokens, seed=seed, extract_facts=facts),
     )
     if message is not None:
-        _one_shot(companion, message, json_output, model)
+        _one_shot(companion, message, json_output, model, Terminal())
     else:
-        _interactive(companion)
+        _interactive(companion, Terminal())
 
 
-def _one_shot(companion: Companion, message: str, json_output: bool, model: str) -> None:
+def _one_shot(
+    companion: Companion, message: str, json_output: bool, model: str, term: Terminal
+) -> None:
     if json_output:
         result = companion.send(message)
         print_json({"conversation": companion.conversation, "model": model, **result.to_dict()})
         return
-    result = companion.send(message, on_text=_write)
-    _end_line()
+    result = companion.send(message, on_text=term.write)
+    term.end_line()
     _report_after(result)
 
 
-def _interactive(companion: Companion) -> None:
+def _interactive(companion: Companion, term: Terminal) -> None:
     err.print(f"[dim]conversation {companion.conversation!r} - /help for commands[/dim]")
     while True:
         try:
             line = input(">>> ")
-        except EOFError:
-            _write("\n")
-            return
-        except KeyboardInterrupt:
-            _write("\n")
+        except (EOFError, KeyboardInterrupt):
+            term.write("\n")
             return
         if not line.strip():
             continue
@@ -127,15 +123,15 @@ def _interactive(companion: Companion) -> None:
                 return
             continue
         try:
-            result = companion.send(line, on_text=_write, on_status=_status)
+            result = companion.send(line, on_text=term.write, on_status=term.status)
         except MlxmemError as exc:
             err.print(f"Error: {exc}")
             continue
         except KeyboardInterrupt:
-            _end_line()
+            term.end_line()
             err.print("(interrupted)")
             continue
-        _end_line()
+        term.end_line()
         _report_after(result)
 
 
@@ -196,29 +192,35 @@ def _report_after(result: TurnResult) -> None:
         err.print(f"[dim]remembered [{result.fact_added.id}] {result.fact_added.text}[/dim]")
 
 
-def _status(text: str) -> None:
-    _end_line()
-    err.print(f"[dim]... {text}[/dim]")
+class Terminal:
+    """Where the reply streams: stdout, remembering whether the reply's line is still open,
+    and going quiet if the reader goes away (`| head`): the turn is logged all the same."""
 
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream or sys.stdout
+        self.line_open = False
+        self.gone = False
 
-_line_open = False  # whether the reply being streamed has not ended its line yet
+    def write(self, text: str) -> None:
+        if not text or self.gone:
+            return
+        self.line_open = not text.endswith("\n")
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except BrokenPipeError:
+            # Python's advice: point the descriptor at /dev/null, so that the flush at exit
+            # does not fail again.
+            self.gone = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
 
+    def end_line(self) -> None:
+        if self.line_open:
+            self.write("\n")
 
-def _end_line() -> None:
-    if _line_open:
-        _write("\n")
-
-
-def _write(text: str) -> None:
-    global _line_open
-    if text:
-        _line_open = not text.endswith("\n")
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader went away (`| head`): finish the turn quietly, it is logged all the same.
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    def status(self, text: str) -> None:
+        self.end_line()
+        err.print(f"[dim]... {text}[/dim]")
 
 
 def _read_stdin() -> str:

@@ -1,40 +1,52 @@
-"""What every command shares: turning library errors into `Error: ...` and printing JSON."""
+"""What every command shares: `--json`, printing JSON records, the stderr console, and turning
+library errors into `Error: ...` once, for the whole app."""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
 
+import click
 import typer
+from rich.console import Console
+from typer.core import TyperGroup
 
 from mlxmem.errors import MlxmemError
 
-F = TypeVar("F", bound=Callable[..., Any])
+# Status, warnings and errors go to stderr, so that stdout carries only the reply or the JSON.
+err = Console(stderr=True, highlight=False)
+
+JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+# Token ids kept for the model's KV cache: not for people or scripts reading the log.
+INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
 
 
-def fail(message: str) -> typer.Exit:
-    """Print `Error: message` on stderr and return the Exit to raise."""
-    typer.echo(f"Error: {message}", err=True)
-    return typer.Exit(code=1)
+class ErrorsAsMessages(TyperGroup):
+    """The root group: an expected failure anywhere below it becomes `Error: ...` on stderr and
+    exit code 1, with no traceback; Ctrl-C exits 130."""
 
-
-def handle_errors(func: F) -> F:
-    """Map expected failures to `Error: ...` on stderr and exit code 1, with no traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def invoke(self, ctx: click.Context) -> Any:
         try:
-            return func(*args, **kwargs)
+            return super().invoke(ctx)
         except MlxmemError as exc:
-            raise fail(str(exc)) from None
+            typer.echo(f"Error: {exc}", err=True)
+            raise typer.Exit(code=1) from None
         except KeyboardInterrupt:
             typer.echo("", err=True)
             raise typer.Exit(code=130) from None
 
-    return wrapper  # type: ignore[return-value]
+
+def as_record(value: Any) -> dict[str, Any]:
+    """A dataclass as a JSON-ready dict, with ISO 8601 timestamps and no internal fields."""
+    return {
+        key: item.isoformat() if isinstance(item, datetime) else item
+        for key, item in asdict(value).items()
+        if key not in INTERNAL_FIELDS
+    }
 
 
 def print_json(value: Any) -> None:

@@ -10,8 +10,8 @@ from mlxmem.errors import InputError
 from mlxmem.memory.store import Deletion, Store, Turn
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import handle_errors, print_json
-from .memory import as_record, local_time
+from .common import JSON, as_record, print_json
+from .memory import local_time
 
 app = typer.Typer(
     help="The chat log (layer 2): every turn, whole and unchanged. List conversations, "
@@ -19,7 +19,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-JSON_OPTION = typer.Option(False, "--json", help="Print a JSON array.")
 MESSAGE_IDS = typer.Argument(
     None, metavar="ID", help="Ids of the turns to delete (see `history show`)."
 )
@@ -27,8 +26,7 @@ LAST_SEQ = 2**31 - 1
 
 
 @app.command("list")
-@handle_errors
-def list_conversations(as_json: bool = JSON_OPTION) -> None:
+def list_conversations(as_json: bool = JSON) -> None:
     """List the conversations with their number of turns."""
     conversations = Store().conversations()
     if as_json:
@@ -44,11 +42,10 @@ def list_conversations(as_json: bool = JSON_OPTION) -> None:
 
 
 @app.command("show")
-@handle_errors
 def show(
     conversation: str = typer.Argument(DEFAULT_CONVERSATION, help="The conversation's name."),
     last: int = typer.Option(None, "--last", "-n", min=1, help="Only the newest N turns."),
-    as_json: bool = JSON_OPTION,
+    as_json: bool = JSON,
 ) -> None:
     """Show the turns of a conversation, oldest first, with their ids."""
     store = Store()
@@ -61,12 +58,11 @@ def show(
 
 
 @app.command("search")
-@handle_errors
 def search(
     query: str = typer.Argument(..., help="Text to look for (case-insensitive)."),
     conversation: str = typer.Option(None, "--conversation", "-c", help="Only this conversation."),
     limit: int = typer.Option(SEARCH_LIMIT, "--limit", min=1, help="At most this many turns."),
-    as_json: bool = JSON_OPTION,
+    as_json: bool = JSON,
 ) -> None:
     """Find turns containing QUERY, newest first."""
     messages = Store().search(query, conversation=conversation, limit=limit)
@@ -74,7 +70,6 @@ def search(
 
 
 @app.command("rm")
-@handle_errors
 def remove(
     message_ids: list[int] = MESSAGE_IDS,
     conversation: str = typer.Option(None, "--conversation", "-c", help="The conversation."),

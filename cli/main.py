@@ -5,6 +5,7 @@ import typer
 from mlxmem import __version__
 
 from . import bench, chat, history, memory, models
+from .common import ErrorsAsMessages
 
 app = typer.Typer(
     name="mlxmem",
@@ -14,6 +15,7 @@ app = typer.Typer(
     "you that you can list, edit and delete.",
     no_args_is_help=True,
     add_completion=False,
+    cls=ErrorsAsMessages,
 )
 
 

@@ -1,8 +1,6 @@
 """`mlxmem memory`: the facts about you that the model sees; list, add, edit, delete them."""
 
-from dataclasses import asdict
 from datetime import datetime
-from typing import Any
 
 import typer
 from rich.console import Console
@@ -12,7 +10,7 @@ from rich.text import Text
 from mlxmem.errors import InputError
 from mlxmem.memory.store import Store
 
-from .common import handle_errors, print_json
+from .common import JSON, as_record, print_json
 
 app = typer.Typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -21,26 +19,12 @@ app = typer.Typer(
 )
 
 
-# Token ids kept for the model's KV cache: not for people or scripts reading the log.
-INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
-
-
-def as_record(value: Any) -> dict[str, Any]:
-    """A dataclass as a JSON-ready dict, with ISO 8601 timestamps."""
-    return {
-        key: item.isoformat() if isinstance(item, datetime) else item
-        for key, item in asdict(value).items()
-        if key not in INTERNAL_FIELDS
-    }
-
-
 def local_time(value: datetime) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M")
 
 
 @app.command("list")
-@handle_errors
-def list_facts(as_json: bool = typer.Option(False, "--json", help="Print a JSON array.")) -> None:
+def list_facts(as_json: bool = JSON) -> None:
     """List the facts the model knows about you."""
     facts = Store().facts()
     if as_json:
@@ -57,7 +41,6 @@ def list_facts(as_json: bool = typer.Option(False, "--json", help="Print a JSON 
 
 
 @app.command("add")
-@handle_errors
 def add_fact(text: str = typer.Argument(..., help="The fact, e.g. 'My sister is Anna.'")) -> None:
     """Add a fact about you (tagged manual); the model sees it from its next reply."""
     fact = Store().add_fact(text, source="manual")
@@ -65,7 +48,6 @@ def add_fact(text: str = typer.Argument(..., help="The fact, e.g. 'My sister is 
 
 
 @app.command("edit")
-@handle_errors
 def edit_fact(
     fact_id: int = typer.Argument(..., metavar="ID", help="The fact's id (see `memory list`)."),
     text: str = typer.Argument(..., help="The new text."),
@@ -80,7 +62,6 @@ FACT_IDS = typer.Argument(..., metavar="ID...", help="Ids of the facts to delete
 
 
 @app.command("rm")
-@handle_errors
 def remove_facts(fact_ids: list[int] = FACT_IDS) -> None:
     """Delete facts by id; they are erased from disk, not just hidden."""
     count = Store().delete_facts(fact_ids)
@@ -88,7 +69,6 @@ def remove_facts(fact_ids: list[int] = FACT_IDS) -> None:
 
 
 @app.command("clear")
-@handle_errors
 def clear_facts(
     yes: bool = typer.Option(False, "--yes", help="Confirm that every fact should go."),
     source: str = typer.Option(

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry, resolve
 
-from .common import handle_errors, print_json
+from .common import JSON, print_json
 
 app = typer.Typer(
     help="The models mlxmem knows by name (mlxmem/models.toml, plus a models.toml in the data "
@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 
 
-def as_record(spec: ModelSpec) -> dict[str, Any]:
+def spec_record(spec: ModelSpec) -> dict[str, Any]:
     """A ModelSpec as a JSON-ready dict, plus whether it is on disk and is the default."""
     return {
         "alias": spec.alias,
@@ -37,10 +37,9 @@ def as_record(spec: ModelSpec) -> dict[str, Any]:
 
 
 @app.command("list")
-@handle_errors
-def list_models(as_json: bool = typer.Option(False, "--json", help="Print a JSON array.")) -> None:
+def list_models(as_json: bool = JSON) -> None:
     """List the model aliases, their token budgets and whether each is on disk."""
-    records = [as_record(spec) for spec in load_registry().values()]
+    records = [spec_record(spec) for spec in load_registry().values()]
     if as_json:
         print_json(records)
         return
@@ -54,7 +53,6 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print a JSON
 
 
 @app.command("pull")
-@handle_errors
 def pull(
     alias: str = typer.Argument(..., help="An alias (see `models list`) or a hub repo id."),
 ) -> None:
@@ -70,7 +68,6 @@ TINY_PATH = typer.Argument(..., metavar="PATH", help="Directory to write the mod
 
 
 @app.command("make-tiny")
-@handle_errors
 def make_tiny(
     path: Path = TINY_PATH,
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),

@@ -238,9 +238,9 @@ class SlotPool:
                     warnings.warn(f"could not save KV cache ({exc})", CacheWarning, stacklevel=2)
                     remove_slot_files(self.path(n), temporary=True)
 
-    def drop(self, name: str, delete_file: bool = True) -> None:
+    def drop(self, name: str) -> None:
         self._slots.pop(name, None)
-        if delete_file and self.directory is not None:
+        if self.directory is not None:
             remove_slot_files(self.path(name))
 
     def enforce_cap(self, keep: str) -> None:
