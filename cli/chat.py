@@ -23,7 +23,7 @@ from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store
 
-from .common import err, print_json
+from .common import describe, err, print_json
 
 HELP = """\
 Commands:
@@ -152,7 +152,7 @@ def _command(companion: Companion, line: str) -> bool:
             ids = [int(x) for x in arg.split()] if arg.strip() else []
             if not ids:
                 raise InputError("usage: /forget ID...")
-            err.print(f"forgot {companion.forget(ids)} fact(s)")
+            err.print(describe(companion.forget(ids)))
         elif name == "/context":
             _print_context(companion)
         else:

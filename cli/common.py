@@ -15,6 +15,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from mlxmem.errors import MlxmemError
+from mlxmem.memory.store import Deletion
 
 # Status, warnings and errors go to stderr, so that stdout carries only the reply or the JSON.
 err = Console(stderr=True, highlight=False)
@@ -52,3 +53,30 @@ def as_record(value: Any) -> dict[str, Any]:
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, ensure_ascii=False, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def describe(deletion: Deletion) -> str:
+    """What a deletion removed, in a sentence the person can check."""
+    parts = []
+    if deletion.turns:
+        parts.append(plural(len(deletion.turns), "turn"))
+    if deletion.facts:
+        auto = [f for f in deletion.facts if deletion.turns and f.source == "automatic"]
+        asked = len(deletion.facts) - len(auto)
+        if asked:
+            parts.append(plural(asked, "fact"))
+        if auto:
+            quoted = "; ".join(f"[{f.id}] {f.text}" for f in auto)
+            parts.append(f"{plural(len(auto), 'automatic fact')} taken from them ({quoted})")
+    if deletion.summaries:
+        parts.append(plural(len(deletion.summaries), "summary", "summaries") + " that saw them")
+    if not parts:
+        return "Nothing to delete."
+    text = "Deleted " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
+    if deletion.summaries:
+        text += "; the older turns are summarized again, without it, before the next reply"
+    return text + "."

@@ -7,10 +7,10 @@ from rich.text import Text
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
-from mlxmem.memory.store import Deletion, Store, Turn
+from mlxmem.memory.store import Store, Turn
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import JSON, as_record, print_json
+from .common import JSON, as_record, describe, print_json
 from .memory import local_time
 
 app = typer.Typer(
@@ -98,14 +98,6 @@ def remove(
     typer.echo(describe(deletion))
 
 
-def describe(deletion: Deletion) -> str:
-    turns, summaries = len(deletion.turns), len(deletion.summaries)
-    text = f"Deleted {turns} turn{'s' if turns != 1 else ''}"
-    if summaries:
-        text += f" and {summaries} summar{'ies' if summaries != 1 else 'y'} built from them"
-    return text + "."
-
-
 def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:
     if as_json:
         print_json([as_record(m) for m in messages])
@@ -115,10 +107,13 @@ def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool)
         return
     columns = ["id", "conversation", "#", "role", "text"]
     table = Table(*(columns if show_conversation else columns[:1] + columns[2:]))
-    for m in messages:
+    for i, m in enumerate(messages):
         text = Text(m.text)
         if m.interrupted:
             text.append(" [interrupted]", style="dim")
+        after = messages[i + 1] if i + 1 < len(messages) else None
+        if m.role == "user" and after and after.role == "user" and not show_conversation:
+            text.append(" [unanswered]", style="dim")
         cells = [str(m.id), Text(m.conversation), str(m.seq), m.role, text]
         table.add_row(*(cells if show_conversation else cells[:1] + cells[2:]))
     Console().print(table)

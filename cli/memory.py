@@ -10,7 +10,7 @@ from rich.text import Text
 from mlxmem.errors import InputError
 from mlxmem.memory.store import Store
 
-from .common import JSON, as_record, print_json
+from .common import JSON, as_record, describe, plural, print_json
 
 app = typer.Typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -62,10 +62,28 @@ FACT_IDS = typer.Argument(..., metavar="ID...", help="Ids of the facts to delete
 
 
 @app.command("rm")
-def remove_facts(fact_ids: list[int] = FACT_IDS) -> None:
-    """Delete facts by id; they are erased from disk, not just hidden."""
-    count = Store().delete_facts(fact_ids)
-    typer.echo(f"Deleted {count} fact{'s' if count != 1 else ''}.")
+def remove_facts(
+    fact_ids: list[int] = FACT_IDS,
+    with_mentions: bool = typer.Option(
+        False, "--with-mentions", help="Also delete the turns of the log that quote the fact."
+    ),
+) -> None:
+    """Delete facts by id; they are erased from disk and every cache, not just hidden, and
+    the summaries that saw them are made again without them.
+
+    Turns of the chat log may still quote a fact (a reply that repeated it): they are listed,
+    and --with-mentions deletes them too."""
+    store = Store()
+    facts = [store.get_fact(fid) for fid in fact_ids]
+    mentions = {t.id: t for f in facts for t in store.mentions(f)}
+    typer.echo(describe(store.delete_facts(fact_ids)))
+    if mentions and with_mentions:
+        typer.echo(describe(store.delete_turns(list(mentions))))
+    elif mentions:
+        typer.echo(f"{plural(len(mentions), 'turn')} of the log still quote it:")
+        for turn in mentions.values():
+            typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
+        typer.echo("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
 
 
 @app.command("clear")
@@ -78,5 +96,4 @@ def clear_facts(
     """Delete every fact (or every fact from one source). Needs --yes."""
     if not yes:
         raise InputError("this deletes every fact for good; run it again with --yes to confirm")
-    count = Store().clear_facts(source)
-    typer.echo(f"Deleted {count} fact{'s' if count != 1 else ''}.")
+    typer.echo(describe(Store().clear_facts(source)))

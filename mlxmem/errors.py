@@ -21,5 +21,9 @@ class StoreError(MlxmemError):
     """The database cannot be opened or written (held by another process, corrupt)."""
 
 
+class StaleError(StoreError):
+    """A write derived from data that was deleted meanwhile; it was discarded."""
+
+
 class NotFoundError(MlxmemError):
     """A fact, message or conversation id that does not exist."""

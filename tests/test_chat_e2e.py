@@ -255,7 +255,7 @@ def test_interactive_session_with_slash_commands(tiny):
     assert "remembered [1] I am vegetarian" in out
     assert "[1] (manual) I am vegetarian" in out
     assert "context budget: 4096 tokens" in out and "instructions" in out
-    assert "forgot 1 fact(s)" in out and "nothing remembered yet" in out
+    assert "Deleted 1 fact." in out and "nothing remembered yet" in out
     assert "IDs are numbers" in out and "unknown command /nope" in out
     assert [m.role for m in Store().turns("default")] == ["user", "assistant"]
     assert Store().facts() == []

@@ -130,7 +130,8 @@ def test_history_search(chat):
 
 def test_history_rm_one_turn(chat):
     assert mlxmem("history", "rm", "2").stdout == (
-        "Deleted 1 turn and 1 summary built from them.\n"
+        "Deleted 1 turn and 1 summary that saw them; the older turns are summarized again, "
+        "without it, before the next reply.\n"
     )
     assert [m.seq for m in Store().turns("default")] == [1, 3, 4]
     assert Store().latest_summary("default") is None

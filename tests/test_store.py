@@ -13,7 +13,7 @@ import pytest
 from conftest import files_containing
 
 from mlxmem import paths
-from mlxmem.errors import InputError, NotFoundError, StoreError
+from mlxmem.errors import InputError, NotFoundError, StaleError, StoreError
 from mlxmem.memory.db import Database, wipe_caches
 from mlxmem.memory.migrations import MIGRATIONS, migrate
 from mlxmem.memory.store import Store
@@ -21,7 +21,12 @@ from mlxmem.memory.store import Store
 SCHEMA = {
     "migrations": [("name", "VARCHAR"), ("applied_at", "TIMESTAMP")],
     "state": [("key", "VARCHAR"), ("value", "VARCHAR")],
-    "conversations": [("id", "BIGINT"), ("name", "VARCHAR"), ("created_at", "TIMESTAMP")],
+    "conversations": [
+        ("id", "BIGINT"),
+        ("name", "VARCHAR"),
+        ("created_at", "TIMESTAMP"),
+        ("last_seq", "INTEGER"),
+    ],
     "messages": [
         ("id", "BIGINT"),
         ("conversation_id", "BIGINT"),
@@ -42,6 +47,7 @@ SCHEMA = {
         ("last_seq", "INTEGER"),
         ("token_count", "INTEGER"),
         ("created_at", "TIMESTAMP"),
+        ("fact_ids", "BIGINT[]"),
     ],
     "facts": [
         ("id", "BIGINT"),
@@ -83,6 +89,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m002_bench_runs",),
             ("m003_sampled_ids",),
             ("m004_bench_runs_to_own_file",),
+            ("m005_provenance",),
         ]
     assert store.path == paths.db_path()
 
@@ -237,10 +244,55 @@ def test_deleting_a_turn_deletes_summaries_that_cover_it():
     late = store.add_summary("default", "turns 7-8", 7, 8, 5)
     deletion = store.delete_turns([turns[4].id])  # seq 5
     assert [m.seq for m in deletion.turns] == [5]
-    assert [s.id for s in deletion.summaries] == [rolling.id]
+    # The rolling summary saw seq 5; the later one was built on it.
+    assert [s.id for s in deletion.summaries] == [rolling.id, late.id]
     assert deletion.conversations == ["default"]
-    assert [s.id for s in store.summaries("default")] == [early.id, late.id]
+    assert [s.id for s in store.summaries("default")] == [early.id]
     assert [m.seq for m in store.turns("default")] == [1, 2, 3, 4, 6, 7, 8]
+    # The window now reaches back to the newest summary left: nothing is silently forgotten.
+    assert [t.seq for t in store.snapshot("default").turns] == [6, 7, 8]
+
+
+def test_deleting_a_fact_deletes_the_summaries_that_saw_it():
+    store = Store()
+    seed_turns(store, 8)
+    seed_turns(store, 4, "other")
+    fact, other = store.add_fact("Has a dog called Rex."), store.add_fact("Likes tea.")
+    before = store.add_summary("default", "turns 1-2", 1, 2, 5, fact_ids=[other.id])
+    saw = store.add_summary("default", "turns 1-4, Rex", 1, 4, 5, fact_ids=[fact.id, other.id])
+    after = store.add_summary("default", "turns 1-6", 1, 6, 5, fact_ids=[other.id])
+    elsewhere = store.add_summary("other", "Rex again", 1, 2, 5, fact_ids=[fact.id])
+    deletion = store.delete_facts([fact.id])
+    assert [f.id for f in deletion.facts] == [fact.id]
+    assert {s.id for s in deletion.summaries} == {saw.id, after.id, elsewhere.id}
+    assert [s.id for s in store.summaries("default")] == [before.id]
+    assert store.summaries("other") == []
+    edited = store.add_summary("default", "turns 1-4", 1, 4, 5, fact_ids=[other.id])
+    store.edit_fact(other.id, "Likes coffee.")  # an edit removes the old text: the same
+    assert edited not in store.summaries("default") and store.summaries("default") == []
+
+
+def test_seq_numbers_are_never_reused():
+    store = Store()
+    turns = seed_turns(store, 4)
+    store.add_summary("default", "1-4", 1, 4, 5)
+    store.delete_turns([turns[-1].id])  # the newest turn, seq 4
+    again = store.append_turn("default", "user", "a new message")
+    assert again.seq == 5  # seq 4 is not handed out again
+
+
+def test_a_write_derived_from_deleted_data_is_refused(mlxmem_home):
+    store = Store()
+    seed_turns(store, 2)
+    epoch = store.snapshot("default").forget_epoch
+    store.delete_conversation("default")
+    with pytest.raises(StaleError):
+        store.append_turn("default", "assistant", "a late reply", epoch=epoch)
+    with pytest.raises(StaleError):
+        store.add_fact("late fact", source="automatic", epoch=epoch)
+    assert store.conversations() == [] and store.facts() == []  # nothing was recreated
+    store.append_turn("default", "user", "a new start")  # a fresh message starts anew
+    assert [t.seq for t in store.turns("default")] == [1]
 
 
 def test_delete_range_and_conversation():
@@ -294,9 +346,8 @@ def test_facts_add_edit_delete_clear():
     edited = store.edit_fact(manual.id, "Likes black tea.")
     assert edited.text == "Likes black tea." and edited.updated_at >= manual.updated_at
     assert edited.created_at == manual.created_at
-    store.delete_turns([turn.id])
-    assert store.get_fact(auto.id).message_id is None  # the fact stays, unlinked
-    assert store.delete_facts([auto.id]) == 1
+    deletion = store.delete_turns([turn.id])
+    assert deletion.facts == [auto]  # a fact taken from a turn goes with it
     with pytest.raises(NotFoundError):
         store.delete_facts([auto.id])
     with pytest.raises(NotFoundError):
@@ -304,9 +355,9 @@ def test_facts_add_edit_delete_clear():
     with pytest.raises(NotFoundError):
         store.add_fact("from nowhere", message_id=12345)
     store.add_fact("auto one", source="automatic")
-    assert store.clear_facts(source="automatic") == 1
+    assert len(store.clear_facts(source="automatic").facts) == 1
     assert [f.text for f in store.facts()] == ["Likes black tea."]
-    assert store.clear_facts() == 1 and store.facts() == []
+    assert len(store.clear_facts().facts) == 1 and store.facts() == []
 
 
 # -- deleted means gone ---------------------------------------------------------------------

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 from mlxmem.defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
 from mlxmem.engine import Engine, GenerationStats, StopGeneration
-from mlxmem.errors import InputError
+from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
 from mlxmem.memory.budget import response_reserve as budget_reserve
-from mlxmem.memory.db import wipe_caches
+from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
-from mlxmem.memory.store import Fact, Snapshot, Store, Turn
+from mlxmem.memory.store import Deletion, Fact, Snapshot, Store, Turn
 from mlxmem.memory.window import CollapseEvent, ConversationWindow, summary_cap
 from mlxmem.text import check_text
 
@@ -24,6 +24,10 @@ INSTRUCTIONS = (
     "conversations through the facts and the summary below; use them when they help, and say "
     "so when you do not know something."
 )
+
+
+class StaleWarning(UserWarning):
+    """A result was discarded because something was deleted while it was computed."""
 
 
 @dataclass
@@ -56,12 +60,14 @@ class TurnResult:
     collapses: list[CollapseEvent] = field(default_factory=list)
     fact_added: Fact | None = None
     warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
+    discarded: bool = False  # a deletion raced the reply, which was shown but not logged
 
     def to_dict(self) -> dict:
         return {
             "reply": self.reply,
             **self.stats.to_dict(),
             "interrupted": self.interrupted,
+            "discarded": self.discarded,
             "layers": self.prompt.layers.to_dict(),
             "budget": self.prompt.budget,
             "collapsed": bool(self.collapses),
@@ -137,19 +143,19 @@ class Companion:
     def _automatic_fact_ids(self) -> set[int]:
         return {f.id for f in self.store.facts() if f.source == "automatic"}
 
-    def prompt_facts(self, facts: list[Fact]) -> list[str]:
+    def prompt_facts(self, facts: list[Fact]) -> list[Fact]:
         """Manual facts first, then automatic ones newest first. A new automatic fact waits for
         the next collapse or session (it is in the verbatim turns already) so the cached
         prefix stays put; manual changes and deletions show at once."""
         manual = [f for f in facts if f.source == "manual"]
         auto = [f for f in facts if f.source == "automatic" and f.id in self._auto_fact_ids]
         auto.sort(key=lambda f: f.id, reverse=True)
-        return [f.text for f in manual + auto]
+        return manual + auto
 
     def _assemble(self, snap: Snapshot) -> AssembledPrompt:
         return self.budget.assemble(
             self.settings.instructions,
-            self.prompt_facts(snap.facts),
+            [f.text for f in self.prompt_facts(snap.facts)],
             snap.summary and snap.summary.text,
             self.window.messages(snap.turns),
         )
@@ -180,6 +186,8 @@ class Companion:
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
         collapses, snap, prompt = self._fold_while_over_budget(on_status, headroom=0)
+        if not snap.turns or snap.turns[-1].id != user.id:
+            raise StaleError("the message was deleted while it was being sent; nothing to answer")
         return PendingTurn(user, snap, prompt, collapses)
 
     def finish(
@@ -193,17 +201,32 @@ class Companion:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
         wrote all of it), fold ahead for the next message, extract a fact, save the cache."""
         interrupted = stats.finish_reason == "interrupted"
-        self.store.append_turn(
-            self.conversation,
-            "assistant",
-            reply,
-            token_count=self.engine.count_text(reply) if sampled_ids is None else len(sampled_ids),
-            interrupted=interrupted,
-            sampled_ids=sampled_ids,
-            sampled_by=None if sampled_ids is None else self.engine.model_id,
-        )
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
         snap = turn.snapshot
+        try:
+            self.store.append_turn(
+                self.conversation,
+                "assistant",
+                reply,
+                token_count=len(sampled_ids) if sampled_ids else self.engine.count_text(reply),
+                interrupted=interrupted,
+                sampled_ids=sampled_ids,
+                sampled_by=None if sampled_ids is None else self.engine.model_id,
+                epoch=snap.forget_epoch,
+            )
+        except StaleError:
+            # Something was deleted while the reply was written: it may rest on the deleted
+            # material, so it is not logged, and the cache that holds it goes.
+            self.engine.drop_slot(self.slot)
+            warnings.warn(
+                "the reply was not kept in the log: something was deleted while it was "
+                "being written",
+                StaleWarning,
+                stacklevel=2,
+            )
+            result.discarded = True
+            return result
+        crash_point("turn:reply-logged")
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
@@ -213,9 +236,13 @@ class Companion:
             result.collapses += folded
             result.warm_prefilled_tokens = self._warm_cache(after) if folded else 0
             if not interrupted:
-                result.fact_added = self._maybe_extract(turn.user, snap.facts, on_status)
+                result.fact_added = self._maybe_extract(
+                    turn.user, snap.facts, on_status, snap.forget_epoch
+                )
         except KeyboardInterrupt:
             pass  # best effort: the next turn folds first if the window is still over budget
+        except StaleError:
+            pass  # a deletion raced the summary or the fact: the next turn starts afresh
         self._save_cache(snap.forget_epoch)
         return result
 
@@ -275,7 +302,7 @@ class Companion:
             if on_status:
                 on_status("folding older turns into the summary")
             facts = self.prompt_facts(snap.facts)
-            event = self.window.collapse_oldest(facts, snap.summary, snap.turns)
+            event = self.window.collapse_oldest(facts, snap.summary, snap.turns, snap.forget_epoch)
             if event is None:
                 # Only the newest exchanges are left: the assembler shortens them.
                 return events, snap, prompt
@@ -291,13 +318,16 @@ class Companion:
     def _save_cache(self, epoch: int) -> None:
         # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed
         # instructions, and its tail is a user message that must not outlive a deletion.
-        self.engine.save_slots([self.slot])
-        if self.store.forget_epoch() != epoch:
-            # Something was deleted while this turn ran: the cache may hold it. Start over.
-            self.engine.drop_slot(self.slot)
-            wipe_caches(self.store.cache_dir)
+        # Saved under the store's lock and only if nothing was deleted since the turn read
+        # the store, so no deletion can slip between the check and the file.
+        try:
+            with self.store.guarded(epoch):
+                self.engine.save_slots([self.slot])
+        except StaleError:
+            self.engine.drop_slot(self.slot)  # it may hold what was deleted: start over
+        crash_point("turn:cache-saved")
 
-    def _maybe_extract(self, user, facts: list[Fact], on_status) -> Fact | None:
+    def _maybe_extract(self, user, facts: list[Fact], on_status, epoch: int) -> Fact | None:
         if not (self.settings.extract_facts and should_extract(user.text)):
             return None
         if on_status:
@@ -307,7 +337,9 @@ class Companion:
             fact = self.extractor.extract(user.text, existing)
             if fact is None:
                 return None
-            return self.store.add_fact(fact, source="automatic", message_id=user.id)
+            return self.store.add_fact(fact, source="automatic", message_id=user.id, epoch=epoch)
+        except StaleError:
+            raise
         except Exception as exc:  # noqa: BLE001 - extraction is best effort by design
             warnings.warn(f"fact extraction failed: {exc}", stacklevel=2)
             return None
@@ -322,6 +354,7 @@ class Companion:
         """Add a manual fact; it is in the prompt from the next reply on."""
         return self.store.add_fact(check_text(text), source="manual")
 
-    def forget(self, fact_ids: list[int]) -> int:
-        """Delete facts for good: from the database file and from every KV cache file."""
+    def forget(self, fact_ids: list[int]) -> Deletion:
+        """Delete facts for good: from the database file, every KV cache file, and the
+        summaries that saw them (folded again before the next reply)."""
         return self.store.delete_facts(fact_ids)

@@ -29,7 +29,7 @@ from typing import TypeVar
 import duckdb
 
 from mlxmem import paths
-from mlxmem.errors import StoreError
+from mlxmem.errors import StaleError, StoreError
 from mlxmem.memory.migrations import migrate
 
 LOCK_TIMEOUT_S = 5.0
@@ -84,8 +84,20 @@ class Database:
                 )
             self._erase_locked()
 
+    @contextmanager
+    def guarded(self, epoch: int | None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Like connect(), for a write derived from what the store held at forget epoch
+        `epoch` (a reply, a summary, a fact, a cache file): if anything was deleted since, it
+        raises StaleError and writes nothing. None: no check."""
+        with self.connect() as con:
+            if epoch is not None and forget_epoch(con) != epoch:
+                raise StaleError("something was deleted meanwhile; this result is discarded")
+            yield con
+
     def _erase_locked(self) -> None:
+        crash_point("erase:committed")
         wipe_caches(self.cache_dir)
+        crash_point("erase:caches-wiped")
         try:
             self._write_compacted_copy()
         except (duckdb.Error, OSError) as exc:
@@ -191,6 +203,7 @@ class Database:
             raise StoreError(f"could not compact {self.path}: its write-ahead log stayed behind")
         paths.make_private(tmp)
         _fsync(tmp)
+        crash_point("erase:copied")
         os.replace(tmp, self.path)
         _fsync(self.path.parent)
 
@@ -200,6 +213,18 @@ class Database:
     def _make_files_private(self) -> None:
         for path in (self.path, self._sibling(".wal")):
             paths.make_private(path)
+
+
+def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
+    """Counts deletions and edits: anything derived before a change may hold removed text."""
+    row = con.execute("SELECT value FROM state WHERE key = ?", [FORGET_EPOCH]).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def crash_point(name: str) -> None:
+    """Die here, as `kill -9` would, when the tests ask for it (MLXMEM_CRASH_AT=name)."""
+    if os.environ.get("MLXMEM_CRASH_AT") == name:
+        os._exit(137)
 
 
 def wipe_caches(cache_dir: Path) -> int:

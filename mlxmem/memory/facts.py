@@ -37,12 +37,19 @@ class FactList(Database):
         with self.connect() as con:
             return get_fact(con, fact_id)
 
-    def add_fact(self, text: str, source: str = "manual", message_id: int | None = None) -> Fact:
-        """Add a fact; `message_id` names the turn it was extracted from, if any."""
+    def add_fact(
+        self,
+        text: str,
+        source: str = "manual",
+        message_id: int | None = None,
+        epoch: int | None = None,
+    ) -> Fact:
+        """Add a fact; `message_id` names the turn it was extracted from, if any. With
+        `epoch`, refused (StaleError) if anything was deleted since that forget epoch."""
         text = check_text(text, "fact", allow_empty=False).strip()
         _check_source(source)
         now = utc_now()
-        with self.connect() as con:
+        with self.guarded(epoch) as con:
             if message_id is not None:
                 get_turn(con, message_id)
             (fid,) = con.execute(
@@ -51,39 +58,6 @@ class FactList(Database):
                 [text, source, to_db(now), to_db(now), message_id],
             ).fetchone()
         return Fact(fid, text, source, now, now, message_id)
-
-    def edit_fact(self, fact_id: int, text: str) -> Fact:
-        """Replace a fact's text; the old text is erased from disk and caches."""
-        text = check_text(text, "fact", allow_empty=False).strip()
-        with self.forgetting() as con:
-            get_fact(con, fact_id)
-            con.execute(
-                "UPDATE facts SET text = ?, updated_at = ? WHERE id = ?",
-                [text, to_db(utc_now()), fact_id],
-            )
-            return get_fact(con, fact_id)
-
-    def delete_facts(self, ids: list[int]) -> int:
-        """Delete facts by id (all or none: an unknown id raises NotFoundError), erasing their
-        bytes from the file and every KV cache."""
-        ids = list(dict.fromkeys(ids))
-        if not ids:
-            return 0
-        with self.forgetting() as con:
-            for fid in ids:
-                get_fact(con, fid)
-            con.execute("DELETE FROM facts WHERE list_contains(?, id)", [ids])
-        return len(ids)
-
-    def clear_facts(self, source: str | None = None) -> int:
-        """Delete every fact (or every fact from `source`); return how many."""
-        if source is not None:
-            _check_source(source)
-        with self.forgetting() as con:
-            rows = con.execute(
-                "DELETE FROM facts WHERE ? IS NULL OR source = ? RETURNING id", [source, source]
-            ).fetchall()
-        return len(rows)
 
 
 def all_facts(con: duckdb.DuckDBPyConnection) -> list[Fact]:

@@ -164,3 +164,18 @@ def m004_bench_runs_to_own_file(con: duckdb.DuckDBPyConnection) -> None:
         con.begin()
     con.execute("DROP TABLE bench_runs")
     con.execute("DROP SEQUENCE bench_runs_id_seq")
+
+
+# Provenance and seq numbers that are never reused. `conversations.last_seq` counts the turns
+# ever appended, so a deleted newest turn's number is not handed out again (a summary may still
+# name it). `summaries.fact_ids` are the facts that were in the summary's prompt: deleting one
+# of them invalidates the summary (and the rolling summaries built on it).
+@migration
+def m005_provenance(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE conversations ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0")
+    con.execute(
+        "UPDATE conversations c SET last_seq = coalesce((SELECT max(s) FROM (SELECT max(seq) s"
+        " FROM messages m WHERE m.conversation_id = c.id UNION ALL SELECT max(last_seq) s FROM"
+        " summaries u WHERE u.conversation_id = c.id)), 0)"
+    )
+    con.execute("ALTER TABLE summaries ADD COLUMN fact_ids BIGINT[]")

@@ -8,16 +8,25 @@ all three kinds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
-from mlxmem.memory.db import FORGET_EPOCH
-from mlxmem.memory.facts import Fact, FactList, all_facts
+from mlxmem.memory.db import forget_epoch
+from mlxmem.memory.facts import (
+    SELECT_FACTS,
+    SOURCES,
+    Fact,
+    FactList,
+    all_facts,
+    fact_of,
+    get_fact,
+)
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
+    SEARCH_LIMIT,
     SELECT_TURNS,
     Conversation,
     Turn,
@@ -27,17 +36,21 @@ from mlxmem.memory.turns import (
     turn_of,
     turns_after,
 )
+from mlxmem.text import check_text, to_db, utc_now
 
 __all__ = ["Conversation", "Deletion", "Fact", "Snapshot", "Store", "Summary", "Turn"]
 
 
 @dataclass(frozen=True)
 class Deletion:
-    """What a delete removed."""
+    """What a delete removed: the turns and facts asked for, the automatic facts taken from
+    those turns, and the summaries that saw any of them (rebuilt from the remaining log before
+    the next reply)."""
 
     turns: list[Turn]
     summaries: list[Summary]
     conversations: list[str]
+    facts: list[Fact] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,13 +74,45 @@ class Store(TurnLog, SummaryLog, FactList):
                 facts=all_facts(con),
                 summary=summary,
                 turns=turns_after(con, conversation, summary and summary.last_seq),
-                forget_epoch=_forget_epoch(con),
+                forget_epoch=forget_epoch(con),
             )
 
     def forget_epoch(self) -> int:
         """Counts deletions and edits: a KV cache built before a change may hold removed text."""
         with self.connect() as con:
-            return _forget_epoch(con)
+            return forget_epoch(con)
+
+    def delete_facts(self, ids: list[int]) -> Deletion:
+        """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
+        summaries that had them in their prompt; their bytes are erased from the file and
+        every KV cache."""
+        with self.forgetting() as con:
+            return _delete_facts(con, [get_fact(con, fid) for fid in dict.fromkeys(ids)])
+
+    def clear_facts(self, source: str | None = None) -> Deletion:
+        """Delete every fact (or every fact from `source`), as delete_facts does."""
+        if source is not None and source not in SOURCES:
+            raise InputError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+        with self.forgetting() as con:
+            victims = [f for f in all_facts(con) if source is None or f.source == source]
+            return _delete_facts(con, victims)
+
+    def edit_fact(self, fact_id: int, text: str) -> Fact:
+        """Replace a fact's text; the old text is erased from disk and caches, with the
+        summaries that saw it."""
+        text = check_text(text, "fact", allow_empty=False).strip()
+        with self.forgetting() as con:
+            get_fact(con, fact_id)
+            _summaries_that_saw(con, [fact_id])
+            con.execute(
+                "UPDATE facts SET text = ?, updated_at = ? WHERE id = ?",
+                [text, to_db(utc_now()), fact_id],
+            )
+            return get_fact(con, fact_id)
+
+    def mentions(self, fact: Fact) -> list[Turn]:
+        """Turns of the log that still contain a fact's text (a reply that quoted it)."""
+        return self.search(fact.text, limit=SEARCH_LIMIT)
 
     def delete_turns(self, ids: list[int]) -> Deletion:
         """Delete turns by id, and every summary whose range covers one of them."""
@@ -100,22 +145,39 @@ class Store(TurnLog, SummaryLog, FactList):
             rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
             con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
             con.execute("DELETE FROM conversations WHERE id = ?", [cid])
-        return Deletion(deletion.turns, deletion.summaries + [summary_of(r) for r in rest], [name])
-
-
-def _forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
-    row = con.execute("SELECT value FROM state WHERE key = ?", [FORGET_EPOCH]).fetchone()
-    return 0 if row is None else int(row[0])
+        hit = deletion.summaries + [summary_of(r) for r in rest]
+        return Deletion(deletion.turns, hit, [name], deletion.facts)
 
 
 def _delete_turns(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> Deletion:
+    """Delete turns, the automatic facts extracted from them, and every summary that saw
+    either."""
+    ids = [t.id for t in victims]
+    rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, message_id)", [ids]).fetchall()
+    taken = [fact_of(row) for row in rows]
     names = list(dict.fromkeys(t.conversation for t in victims))
     hit: list[Summary] = []
     for name in names:
-        hit += summaries.delete_covering(
-            con, name, [t.seq for t in victims if t.conversation == name]
-        )
-    ids = [t.id for t in victims]
-    con.execute("UPDATE facts SET message_id = NULL WHERE list_contains(?, message_id)", [ids])
+        seqs = [t.seq for t in victims if t.conversation == name]
+        hit += summaries.delete_derived(con, name, seqs=seqs)
+    deletion = _delete_facts(con, taken)
     con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
-    return Deletion(victims, hit, names)
+    return Deletion(victims, hit + deletion.summaries, names, taken)
+
+
+def _delete_facts(con: duckdb.DuckDBPyConnection, victims: list[Fact]) -> Deletion:
+    """Delete facts, and in every conversation the summaries that had them in their prompt."""
+    ids = [f.id for f in victims]
+    hit = _summaries_that_saw(con, ids)
+    con.execute("DELETE FROM facts WHERE list_contains(?, id)", [ids])
+    return Deletion([], hit, [], victims)
+
+
+def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> list[Summary]:
+    """Delete, in every conversation, the summaries written with one of these facts in their
+    prompt (and the later ones built on them)."""
+    hit: list[Summary] = []
+    if fact_ids:
+        for (name,) in con.execute("SELECT name FROM conversations ORDER BY id").fetchall():
+            hit += summaries.delete_derived(con, name, fact_ids=fact_ids)
+    return hit

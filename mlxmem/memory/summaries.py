@@ -23,29 +23,41 @@ class Summary:
     last_seq: int
     token_count: int | None
     created_at: datetime
+    fact_ids: tuple[int, ...] = ()  # the facts that were in the summary's prompt
 
 
 SELECT_SUMMARIES = """SELECT s.id, c.name, s.text, s.first_seq, s.last_seq, s.token_count,
-    s.created_at FROM summaries s JOIN conversations c ON c.id = s.conversation_id"""
+    s.created_at, s.fact_ids FROM summaries s JOIN conversations c ON c.id = s.conversation_id"""
 
 
 class SummaryLog(Database):
     def add_summary(
-        self, conversation: str, text: str, first_seq: int, last_seq: int, token_count: int | None
+        self,
+        conversation: str,
+        text: str,
+        first_seq: int,
+        last_seq: int,
+        token_count: int | None,
+        fact_ids: Sequence[int] = (),
+        epoch: int | None = None,
     ) -> Summary:
-        """Record a summary of the turns first_seq..last_seq of `conversation`."""
+        """Record a summary of the turns first_seq..last_seq of `conversation`, written with
+        the facts `fact_ids` in its prompt. With `epoch`, refused (StaleError) if anything was
+        deleted since the store was read at that forget epoch."""
         check_text(text, "summary")
         if first_seq > last_seq:
             raise InputError(f"empty range: {first_seq} is after {last_seq}")
         now = utc_now()
-        with self.connect() as con:
+        with self.guarded(epoch) as con:
             cid = conversation_id(con, conversation)
             (sid,) = con.execute(
                 "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                [cid, text, first_seq, last_seq, token_count, to_db(now)],
+                " created_at, fact_ids) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                [cid, text, first_seq, last_seq, token_count, to_db(now), list(fact_ids)],
             ).fetchone()
-        return Summary(sid, conversation, text, first_seq, last_seq, token_count, now)
+        return Summary(
+            sid, conversation, text, first_seq, last_seq, token_count, now, tuple(fact_ids)
+        )
 
     def latest_summary(self, conversation: str) -> Summary | None:
         """The summary reaching furthest into `conversation`, or None."""
@@ -66,16 +78,29 @@ def latest_summary(con: duckdb.DuckDBPyConnection, conversation: str) -> Summary
     return None if row is None else summary_of(row)
 
 
-def delete_covering(
-    con: duckdb.DuckDBPyConnection, conversation: str, seqs: Sequence[int]
+def delete_derived(
+    con: duckdb.DuckDBPyConnection,
+    conversation: str,
+    seqs: Sequence[int] = (),
+    fact_ids: Sequence[int] = (),
 ) -> list[Summary]:
-    """Delete the summaries of `conversation` whose range covers one of `seqs`: they were
-    built from those turns and would keep their content."""
-    rows = con.execute(f"{SELECT_SUMMARIES} WHERE c.name = ?", [conversation]).fetchall()
-    hit = [s for s in map(summary_of, rows) if any(s.first_seq <= q <= s.last_seq for q in seqs)]
+    """Delete the summaries of `conversation` that saw one of the turns `seqs` (in their
+    range) or one of the facts `fact_ids` (in their prompt), and every later summary of the
+    conversation, which rolled them forward. The window then reaches back to the newest summary
+    left, and the next turn folds it again from the remaining log."""
+    rows = con.execute(f"{SELECT_SUMMARIES} WHERE c.name = ? ORDER BY s.id", [conversation])
+    found = [summary_of(row) for row in rows.fetchall()]
+    saw = [
+        s
+        for s in found
+        if any(s.first_seq <= q <= s.last_seq for q in seqs) or set(s.fact_ids) & set(fact_ids)
+    ]
+    if not saw:
+        return []
+    hit = [s for s in found if s.id >= saw[0].id]
     con.execute("DELETE FROM summaries WHERE list_contains(?, id)", [[s.id for s in hit]])
     return hit
 
 
 def summary_of(row: tuple) -> Summary:
-    return Summary(*row[:6], as_utc(row[6]))
+    return Summary(*row[:6], as_utc(row[6]), tuple(row[7] or ()))

@@ -54,18 +54,23 @@ class TurnLog(Database):
         interrupted: bool = False,
         sampled_ids: list[int] | None = None,
         sampled_by: str | None = None,
+        epoch: int | None = None,
     ) -> Turn:
-        """Append a turn (creating the conversation on first use); committed before return."""
+        """Append a turn; committed before return. Without `epoch` the conversation is
+        created on first use. With it (a reply, derived from what the store held at that
+        forget epoch) the write is refused with StaleError if anything was deleted since, and
+        a deleted conversation is never recreated."""
         if role not in ROLES:
             raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
         check_text(text, "message")
         check_text(conversation, "conversation name", allow_empty=False)
         now = utc_now()
-        with self.connect() as con:
-            cid = conversation_id(con, conversation, create=now)
-            seq = con.execute(
-                "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE conversation_id = ?", [cid]
-            ).fetchone()[0]
+        with self.guarded(epoch) as con:
+            cid = conversation_id(con, conversation, create=now if epoch is None else None)
+            (seq,) = con.execute(
+                "UPDATE conversations SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
+                [cid],
+            ).fetchone()
             (mid,) = con.execute(
                 "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count,"
                 " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"

@@ -15,11 +15,13 @@ from dataclasses import asdict, dataclass
 
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import PromptBudget
-from mlxmem.memory.store import Store, Summary, Turn
+from mlxmem.memory.db import crash_point
+from mlxmem.memory.store import Fact, Store, Summary, Turn
 
 # Keep at least the newest two exchanges verbatim.
 MIN_VERBATIM = 4
 SUMMARY_MAX_TOKENS = 160
+UNANSWERED = "(no reply: it was interrupted)"
 SUMMARY_REQUEST = (
     "Pause the conversation. Write an updated summary of everything so far: merge the earlier "
     "summary, if there is one, with the messages above. Use 2-3 sentences. Keep names, "
@@ -43,10 +45,17 @@ class CollapseEvent:
 
 
 def as_messages(turns: Sequence[Turn], model_id: str) -> list[Message]:
-    """Logged turns as prompt messages; a reply this model sampled keeps its token ids."""
-    return [
-        Message(t.role, t.text, t.sampled_ids if t.sampled_by == model_id else None) for t in turns
-    ]
+    """Logged turns as prompt messages; a reply this model sampled keeps its token ids. A user
+    turn left unanswered (the reply was killed) gets a placeholder reply, so that the roles
+    still alternate, as many chat templates demand."""
+    messages = []
+    for i, t in enumerate(turns):
+        messages.append(
+            Message(t.role, t.text, t.sampled_ids if t.sampled_by == model_id else None)
+        )
+        if t.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "user":
+            messages.append(Message("assistant", UNANSWERED))
+    return messages
 
 
 def evict_count(turns: Sequence[Turn]) -> int:
@@ -88,10 +97,16 @@ class ConversationWindow:
         return as_messages(turns, self.engine.model_id)
 
     def collapse_oldest(
-        self, facts: Sequence[str], summary: Summary | None, turns: Sequence[Turn]
+        self,
+        facts: Sequence[Fact],
+        summary: Summary | None,
+        turns: Sequence[Turn],
+        epoch: int | None = None,
     ) -> CollapseEvent | None:
         """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`
-        and `summary` are what the chat prompt holds now, so its cached prefix is reused."""
+        and `summary` are what the chat prompt holds now, so its cached prefix is reused.
+        The summary records the facts it saw, and is written only if nothing was deleted
+        since the store was read at forget epoch `epoch` (else StaleError)."""
         n = evict_count(turns)
         if n == 0:
             return None
@@ -99,7 +114,7 @@ class ConversationWindow:
         start = time.perf_counter()
         prompt = self._summary_budget().assemble(
             self.instructions,
-            facts,
+            [f.text for f in facts],
             summary.text if summary else None,
             [*self.messages(evicted), Message("user", SUMMARY_REQUEST)],
         )
@@ -112,7 +127,11 @@ class ConversationWindow:
         text = self._cap(written or self._fallback(summary, evicted))
         tokens = self.engine.count_text(text)
         first = summary.first_seq if summary else evicted[0].seq
-        self.store.add_summary(self.conversation, text, first, evicted[-1].seq, tokens)
+        seen = [f.id for f in facts]
+        self.store.add_summary(
+            self.conversation, text, first, evicted[-1].seq, tokens, seen, epoch=epoch
+        )
+        crash_point("turn:summary-written")
         return CollapseEvent(
             evicted_turns=n,
             first_seq=first,
