@@ -76,10 +76,9 @@ def remove_facts(
     store = Store()
     facts = [store.get_fact(fid) for fid in fact_ids]
     mentions = {t.id: t for f in facts for t in store.mentions(f)}
-    typer.echo(describe(store.delete_facts(fact_ids)))
-    if mentions and with_mentions:
-        typer.echo(describe(store.delete_turns(list(mentions))))
-    elif mentions:
+    quoting = list(mentions) if with_mentions else []
+    typer.echo(describe(store.delete_facts(fact_ids, turn_ids=quoting)))
+    if mentions and not with_mentions:
         typer.echo(f"{plural(len(mentions), 'turn')} of the log still quote it:")
         for turn in mentions.values():
             typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")

@@ -8,6 +8,7 @@ a `responder(prompt_text) -> reply` function instead of a model.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -35,8 +36,16 @@ def echo_responder(prompt: str) -> str:
 
 
 class FakeEngine(Engine):
-    def __init__(self, responder: Callable[[str], str] = echo_responder, model_id: str = "fake"):
+    """`delay_s` per generated token slows it down, to hold race windows open in tests."""
+
+    def __init__(
+        self,
+        responder: Callable[[str], str] = echo_responder,
+        model_id: str = "fake",
+        delay_s: float = 0.0,
+    ):
         self.responder = responder
+        self.delay_s = delay_s
         self.model_id = model_id
         self.special_tokens = SPECIALS
         self._vocab: dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
@@ -98,6 +107,7 @@ class FakeEngine(Engine):
         try:
             for token in reply[:max_tokens]:
                 shown += 1
+                time.sleep(self.delay_s)
                 yield Chunk(self._words[token], token)
         except StopGeneration:
             finish, out = "interrupted", out[:shown]

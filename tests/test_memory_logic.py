@@ -14,6 +14,7 @@ from mlxmem.memory.store import Store
 from mlxmem.memory.window import (
     MIN_VERBATIM,
     SUMMARY_REQUEST,
+    UNANSWERED,
     as_messages,
     evict_count,
     summary_cap,
@@ -325,3 +326,72 @@ def test_sampled_reply_ids_are_logged_and_reused_in_the_next_prompt():
     # A model that did not write the reply re-tokenizes it instead.
     assert companion.window.messages([reply])[0].tokens == reply.sampled_ids
     assert as_messages([reply], "another-model")[0].tokens is None
+
+
+# -- deletions racing a turn -------------------------------------------------------------------
+
+
+def send_while(companion, text, during):
+    """Send `text` in a thread; once the model is writing the reply, run `during()`."""
+    import threading
+    import time
+
+    done = {}
+
+    def turn():
+        done["result"] = companion.send(text)
+
+    thread = threading.Thread(target=turn)
+    thread.start()
+    while not companion.engine.calls:
+        time.sleep(0.01)
+    during()
+    thread.join(timeout=30)
+    return done["result"]
+
+
+def test_a_conversation_deleted_during_the_reply_does_not_come_back(mlxmem_home):
+    from conftest import files_containing
+
+    engine = FakeEngine(scripted, delay_s=0.05)
+    store = Store()
+    companion = Companion(engine, store, "default", 600, 120, ChatSettings())
+    with pytest.warns(UserWarning, match="not kept"):
+        result = send_while(
+            companion,
+            "my locker code is MARKER-RACE-3141, and my cat Miso likes sardines a lot",
+            lambda: Store().delete_conversation("default"),
+        )
+    assert result.discarded
+    assert store.conversations() == [] and store.facts() == []
+    assert files_containing(mlxmem_home, "MARKER-RACE-3141") == []
+    companion.send("hello again")  # the next chat starts clean, from seq 1
+    assert [(t.seq, t.role) for t in store.turns("default")] == [(1, "user"), (2, "assistant")]
+
+
+def test_a_fact_deleted_during_a_turn_is_not_in_the_summary_written_after_it():
+    engine = FakeEngine(scripted, delay_s=0.002)
+    store = Store()
+    companion = Companion(engine, store, "default", 600, 120, ChatSettings(extract_facts=False))
+    fact = store.add_fact("Has a parrot called MARKER-PARROT.")
+    for i in range(40):  # fold at least twice with the fact in the prompt
+        companion.send(user_text(i))
+    saw = [s for s in store.summaries("default") if fact.id in s.fact_ids]
+    assert saw, "no summary had the fact in its prompt"
+    deletion = store.delete_facts([fact.id])
+    assert {s.id for s in saw} <= {s.id for s in deletion.summaries}
+    companion.send("and now?")  # folds the remaining log again, without the fact
+    assert store.summaries("default"), "the summary was not rebuilt"
+    for summary in store.summaries("default"):
+        assert fact.id not in summary.fact_ids
+    summary_prompts = [c.prompt for c in engine.calls if SUMMARY_REQUEST in c.prompt]
+    assert "MARKER-PARROT" not in summary_prompts[-1]
+
+
+def test_an_unanswered_message_keeps_roles_alternating():
+    engine, store, companion = make()
+    store.append_turn("default", "user", "a message whose reply was killed")
+    result = companion.send("are you there?")
+    roles = [m.role for m in result.prompt.messages]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert result.prompt.messages[2].content == UNANSWERED

@@ -8,6 +8,7 @@ all three kinds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import duckdb
@@ -82,12 +83,17 @@ class Store(TurnLog, SummaryLog, FactList):
         with self.connect() as con:
             return forget_epoch(con)
 
-    def delete_facts(self, ids: list[int]) -> Deletion:
+    def delete_facts(self, ids: list[int], turn_ids: Sequence[int] = ()) -> Deletion:
         """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
         summaries that had them in their prompt; their bytes are erased from the file and
-        every KV cache."""
+        every KV cache. `turn_ids` (turns that quote the facts) go in the same operation."""
         with self.forgetting() as con:
-            return _delete_facts(con, [get_fact(con, fid) for fid in dict.fromkeys(ids)])
+            facts = _delete_facts(con, [get_fact(con, fid) for fid in dict.fromkeys(ids)])
+            if not turn_ids:
+                return facts
+            turns = _delete_turns(con, [get_turn(con, tid) for tid in dict.fromkeys(turn_ids)])
+            hit = facts.summaries + turns.summaries
+            return Deletion(turns.turns, hit, turns.conversations, facts.facts + turns.facts)
 
     def clear_facts(self, source: str | None = None) -> Deletion:
         """Delete every fact (or every fact from `source`), as delete_facts does."""
