@@ -13,6 +13,7 @@ from rich.table import Table
 from mlxmem import paths
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
+    DEFAULT_MAX_MESSAGE_CHARS,
     DEFAULT_MODEL,
     DEFAULT_SEED,
     DEFAULT_TEMP,
@@ -63,6 +64,13 @@ def chat(
     facts: bool = typer.Option(
         True, "--facts/--no-facts", help="Let the model note durable facts about you."
     ),
+    max_message_chars: int = typer.Option(
+        DEFAULT_MAX_MESSAGE_CHARS,
+        "--max-message-chars",
+        min=1,
+        help="Refuse longer messages (the log keeps a message whole; the prompt, its head and "
+        "tail).",
+    ),
     json_output: bool = typer.Option(
         False, "--json", help="With -m or stdin: print one JSON object with the reply and stats."
     ),
@@ -88,7 +96,14 @@ def chat(
         conversation,
         context_tokens or spec.context_tokens,
         spec.response_reserve,
-        ChatSettings(temp=temp, top_p=top_p, max_tokens=max_tokens, seed=seed, extract_facts=facts),
+        ChatSettings(
+            temp=temp,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            extract_facts=facts,
+            max_message_chars=max_message_chars,
+        ),
     )
     if message is not None:
         _one_shot(companion, message, json_output, model, Terminal())

@@ -59,7 +59,7 @@ def pull(
     """Download a model now (with progress bars), so that chats work offline later."""
     spec = resolve(alias)
     was_on_disk = is_downloaded(spec)
-    path = ensure_local(spec, progress=True)
+    path = ensure_local(spec, progress=True, pull=True)
     typer.echo(f"{'Already on disk' if was_on_disk else 'Ready'}: {path}")
 
 

@@ -7,6 +7,9 @@ DEFAULT_CONVERSATION = "default"
 DEFAULT_TEMP = 0.7
 DEFAULT_TOP_P = 0.95
 DEFAULT_SEED = 0
+# The longest message accepted, in characters (about 25,000 tokens of English: six times a
+# 4,096-token window). The log keeps a message whole; the prompt shows its head and tail.
+DEFAULT_MAX_MESSAGE_CHARS = 100_000
 CHAT_SLOT = "chat"
 FACTS_SLOT = "facts"
 # Slots held in memory at once, in bytes of KV state (the least recently used are saved and freed).

@@ -369,19 +369,61 @@ def load_engine(model: str, cache_dir: Path | None = None):
 
 
 def model_identity(path: Path) -> str:
-    """A cheap fingerprint of a model directory: its config plus the size, head and tail of
-    each weight file, so a re-generated or re-quantized model never reuses an old cache."""
+    """A fingerprint of a model directory: its config and a full hash of every weight file, so
+    that a model differing in any tensor never reuses another's cache. Hashes are remembered by
+    file path, size and mtime, so a gigabyte model is read once, not at every start."""
     import hashlib
 
     h = hashlib.sha256()
     config = path / "config.json"
     if config.exists():
         h.update(config.read_bytes())
+    known = _load_weight_hashes()
     for weights in sorted(path.glob("*.safetensors")):
-        size = weights.stat().st_size
-        h.update(f"{weights.name}:{size}".encode())
-        with open(weights, "rb") as f:
-            h.update(f.read(1 << 20))
-            f.seek(max(0, size - (1 << 20)))
-            h.update(f.read(1 << 20))
+        h.update(f"{weights.name}:{_weight_hash(weights, known)}".encode())
     return f"{path.name}-{h.hexdigest()[:16]}"
+
+
+_WEIGHT_HASHES = "weight-hashes.json"
+
+
+def _weight_hash(weights: Path, known: dict[str, str]) -> str:
+    import hashlib
+
+    info = weights.stat()
+    key = f"{weights.resolve()}:{info.st_size}:{info.st_mtime_ns}"
+    if key not in known:
+        digest = hashlib.sha256()
+        with open(weights, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+        known[key] = digest.hexdigest()
+        _save_weight_hashes(known)
+    return known[key]
+
+
+def _load_weight_hashes() -> dict[str, str]:
+    import json
+
+    from mlxmem import paths
+
+    try:
+        return json.loads((paths.data_dir() / _WEIGHT_HASHES).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_weight_hashes(known: dict[str, str]) -> None:
+    import json
+    import os
+
+    from mlxmem import paths
+
+    target = paths.data_dir() / _WEIGHT_HASHES
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(known))
+        paths.make_private(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # only a speed-up: hash again next time

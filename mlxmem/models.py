@@ -54,6 +54,7 @@ class ModelSpec:
     arch: str | None = None
     description: str = ""
     generated: str | None = None
+    registered: bool = True  # an alias of the registry (a bare hub repo id is not)
 
     @property
     def source(self) -> str:
@@ -89,7 +90,9 @@ def resolve(name_or_path: str) -> ModelSpec:
             raise ModelLoadError(f"{local} is a file, not a model directory")
         return ModelSpec(alias=name_or_path, path=local.resolve(), description="local directory")
     if _REPO_ID.match(name_or_path):
-        return ModelSpec(alias=name_or_path, repo=name_or_path, description="hub repo")
+        return ModelSpec(
+            alias=name_or_path, repo=name_or_path, description="hub repo", registered=False
+        )
     raise ModelNotFoundError(
         f"unknown model {name_or_path!r}: not an alias ({', '.join(sorted(registry))}), "
         "not a local directory, not a hub repo id (owner/name)"
@@ -103,8 +106,10 @@ def is_downloaded(spec: ModelSpec) -> bool:
     return _cached_snapshot(spec.repo) is not None
 
 
-def ensure_local(spec: ModelSpec, progress: bool = True) -> Path:
+def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> Path:
     """The model's local directory: generated, found in the HF cache, or downloaded now.
+    Only registry aliases download on first use; any other hub repo id downloads only when
+    pulled explicitly (`pull`), so a mistyped path is never taken for a repo to fetch.
 
     Raises ModelNotFoundError when the model is not on disk and cannot be fetched (offline,
     no network, unknown repo) and ModelLoadError for a directory that is not a model.
@@ -114,6 +119,11 @@ def ensure_local(spec: ModelSpec, progress: bool = True) -> Path:
     cached = _cached_snapshot(spec.repo)
     if cached is not None:
         return cached
+    if not spec.registered and not pull:
+        raise ModelNotFoundError(
+            f"no such model directory: {spec.alias}. If you meant the hub repo {spec.repo}, "
+            f"fetch it first with `mlxmem models pull {spec.repo}`."
+        )
     if hub_offline():
         raise ModelNotFoundError(_missing(spec, "HF_HUB_OFFLINE is set, so it cannot be fetched"))
     return _download(spec, progress)

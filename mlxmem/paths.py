@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import platformdirs
@@ -12,17 +13,32 @@ CACHE_DIRNAME = "kv"
 MODELS_DIRNAME = "models"
 
 
+_warned: set[Path] = set()
+
+
 def data_dir() -> Path:
-    """The data directory: `$MLXMEM_HOME`, else the platform's user data dir. Created 0700."""
+    """The data directory: `$MLXMEM_HOME`, else the platform's user data dir. Created 0700;
+    an existing directory keeps its mode (it may be shared), with a warning if others can
+    read it."""
     env = os.environ.get("MLXMEM_HOME")
     path = Path(env).expanduser() if env else Path(platformdirs.user_data_dir("mlxmem"))
-    return ensure_private_dir(path)
+    ensure_private_dir(path)
+    if path.stat().st_mode & 0o077 and path not in _warned:
+        _warned.add(path)
+        warnings.warn(
+            f"the data directory {path} can be read by other users; mlxmem keeps its own files "
+            "in it private (0600), but consider `chmod 700` on it or another MLXMEM_HOME",
+            stacklevel=2,
+        )
+    return path
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create `path` (and parents) if needed and make it readable by the owner only."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """Create `path` (and parents) if needed, readable by the owner only. A directory that
+    exists already is left as it is: mlxmem makes private only what it creates."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o700)
     return path
 
 

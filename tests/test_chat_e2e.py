@@ -224,8 +224,12 @@ def test_chat_and_memory_rm_in_two_processes_at_once(tiny):
     assert chat.returncode == 0, err
     assert all(r.returncode == 0 for r in removed), [r.stderr for r in removed]
     assert Store().facts() == []
-    assert [m.role for m in Store().turns("default")] == ["user", "assistant"]
-    assert json.loads(out)["generated_tokens"] > 0
+    result = json.loads(out)
+    assert result["generated_tokens"] > 0
+    # A deletion that raced the reply discards it (it may rest on a deleted fact); one that
+    # came before or after leaves it logged.
+    roles = ["user"] if result["discarded"] else ["user", "assistant"]
+    assert [m.role for m in Store().turns("default")] == roles
 
 
 def test_interactive_session_with_slash_commands(tiny):

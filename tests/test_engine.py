@@ -145,3 +145,24 @@ def test_slot_memory_cap_saves_and_frees_old_slots(tiny_fp, tmp_path):
         warnings.simplefilter("error")
         again = engine.generate(prompt, slot="a", max_tokens=4, temp=0.0)
     assert again.stats.cached_tokens == len(prompt) - 1
+
+
+def test_model_identity_covers_every_weight_byte(tmp_path):
+    import shutil
+
+    from mlxmem.engine import model_identity
+
+    arch = {"hidden_size": 256, "num_hidden_layers": 4}
+    a = make_tiny(tmp_path / "a", seed=0, arch=arch)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    weights = next(b.glob("*.safetensors"))
+    size = weights.stat().st_size
+    assert size > 3 << 20  # more than the first and last MiB an older identity read
+    with open(weights, "r+b") as f:  # one byte in the middle of the weights
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 1]))
+    assert model_identity(a) != model_identity(b)
+    assert model_identity(b) == model_identity(b)  # stable, and now remembered

@@ -395,3 +395,12 @@ def test_an_unanswered_message_keeps_roles_alternating():
     roles = [m.role for m in result.prompt.messages]
     assert roles == ["system", "user", "assistant", "user"]
     assert result.prompt.messages[2].content == UNANSWERED
+
+
+def test_a_message_over_the_size_limit_is_refused_before_it_is_logged():
+    _, store, companion = make(max_message_chars=1000)
+    with pytest.raises(InputError, match="over the limit of 1,000"):
+        companion.send("x" * 1001)
+    assert store.conversations() == []
+    companion.send("y" * 1000)
+    assert len(store.turns("default")) == 2

@@ -216,3 +216,16 @@ def test_models_pull_tiny_writes_it():
 
 def test_models_pull_unknown_alias():
     assert "unknown model" in mlxmem("models", "pull", "nope", code=1).stderr
+
+
+def test_a_missing_path_is_never_taken_for_a_hub_repo_to_download(monkeypatch):
+    def no_download(*args, **kwargs):
+        assert kwargs.get("local_files_only"), "tried to download"
+        raise LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", no_download)
+    with pytest.raises(ModelNotFoundError, match="no such model directory: some/dir"):
+        ensure_local(resolve("some/dir"))
+    assert (
+        "models pull some/dir" in mlxmem("chat", "--model", "some/dir", "-m", "hi", code=1).output
+    )

@@ -549,3 +549,15 @@ def test_nested_use_in_one_process_is_reported():
     with store.connect():
         with pytest.raises(StoreError, match="already open in this process"):
             store.facts()
+
+
+def test_an_existing_shared_data_directory_keeps_its_mode(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    monkeypatch.setenv("MLXMEM_HOME", str(shared))
+    with pytest.warns(UserWarning, match="can be read by other users"):
+        store = Store()
+    store.add_fact("likes tea")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755  # not locked by mlxmem
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600  # what mlxmem made is private

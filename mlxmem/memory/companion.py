@@ -8,7 +8,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxmem.defaults import DEFAULT_SEED, DEFAULT_TEMP, DEFAULT_TOP_P
+from mlxmem.defaults import (
+    DEFAULT_MAX_MESSAGE_CHARS,
+    DEFAULT_SEED,
+    DEFAULT_TEMP,
+    DEFAULT_TOP_P,
+)
 from mlxmem.engine import Engine, GenerationStats, StopGeneration
 from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
@@ -38,6 +43,7 @@ class ChatSettings:
     seed: int | None = DEFAULT_SEED
     extract_facts: bool = True
     instructions: str = INSTRUCTIONS
+    max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,11 @@ class Companion:
         text = check_text(text).strip()
         if not text:
             raise InputError("empty message")
+        if len(text) > self.settings.max_message_chars:
+            raise InputError(
+                f"the message has {len(text):,} characters, over the limit of "
+                f"{self.settings.max_message_chars:,} (--max-message-chars); nothing was logged"
+            )
         user = self.store.append_turn(
             self.conversation, "user", text, token_count=self.engine.count_text(text)
         )
