@@ -1,5 +1,7 @@
 """`mlxmem`: the root command, joining one sub-app per group."""
 
+import os
+
 import typer
 
 from mlxmem import __version__
@@ -32,6 +34,9 @@ def main(
     ),
 ) -> None:
     """Long memory for small on-device language models on MLX."""
+    # Every file mlxmem creates (the database, its WAL and compaction copies, caches, models)
+    # is born readable by the person only, with no window before a chmod.
+    os.umask(0o077)
 
 
 chat.register(app)
