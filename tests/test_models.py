@@ -224,7 +224,7 @@ def test_models_pull_unknown_alias():
 
 def test_every_models_command_has_its_docstring_as_help():
     commands = models_cli.app.registered_commands
-    assert {c.name for c in commands} == {"list", "pull", "make-tiny"}
+    assert {c.name for c in commands} == {"list", "pull", "make-tiny", "import-gguf"}
     for command in commands:
         summary = command.callback.__doc__.splitlines()[0]
         assert summary in mlxmem("models", command.name, "--help").stdout
