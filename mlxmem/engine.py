@@ -158,12 +158,15 @@ class MLXEngine(Engine):
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import maybe_set_recommended_wired_limit
 
+        from .cpu import dequantize_for_cpu
         from .kvslots import SlotPool
 
         try:
             self.model, self.tokenizer = load(str(model_path))
         except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
             raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
+        # Without a GPU, float32 through a BLAS beats MLX's quantized CPU kernels (see mlxmem.cpu).
+        self.dequantized = dequantize_for_cpu(self.model)
         self.hf = self.tokenizer._tokenizer
         self.special_tokens = sorted(
             {str(t) for t in self.hf.all_special_tokens}
@@ -176,6 +179,8 @@ class MLXEngine(Engine):
         maybe_set_recommended_wired_limit()
         self.model_path = Path(model_path)
         self.model_id = model_id or model_identity(self.model_path)
+        if self.dequantized and model_id is None:  # its KV caches are float32, not float16
+            self.model_id += "-f32"
         self.slots = SlotPool(
             lambda: make_prompt_cache(self.model), self.model_id, cache_dir, max_slot_bytes
         )
