@@ -13,6 +13,7 @@ so a failure (foreign or truncated file, Ctrl-C) leaves nothing half-written.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -45,6 +46,14 @@ _BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Llama 3.1/3.2 files carry their RoPE scaling only as this tensor of per-frequency factors;
+# it becomes mlx-lm's `llama3` rope_scaling when it matches these (Meta's) parameters.
+ROPE_FREQS = "rope_freqs.weight"
+LLAMA3_ROPE = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias|scales|biases)$")
 _TOP_NAME = re.compile(r"^(\w+)\.(weight|bias|scales|biases)$")
 _ALIAS = re.compile(r"^[A-Za-z0-9][\w.-]*$")
@@ -67,7 +76,8 @@ def check_supported(header: GGUFHeader) -> None:
             f"mlxmem converts {', '.join(sorted(ARCHS))} GGUF files"
         )
     for tensor in header.tensors:
-        mlx_name(tensor.name)
+        if tensor.name != ROPE_FREQS:
+            mlx_name(tensor.name)
     check_tokenizer(header.metadata)
     model_config(header)
 
@@ -109,7 +119,7 @@ def model_config(header: GGUFHeader) -> dict[str, Any]:
         "vocab_size": len(meta["tokenizer.ggml.tokens"]),
         "rope_theta": float(get("rope.freq_base", 10000.0)),
         "rope_traditional": arch["rope_traditional"],
-        "rope_scaling": _rope_scaling(header),
+        "rope_scaling": _rope_scaling(header) or _llama3_rope_scaling(header, head_dim),
         "max_position_embeddings": int(get("context_length", 4096)),
         "tie_word_embeddings": "output.weight" not in names,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
@@ -130,6 +140,49 @@ def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
     if kind == "linear":
         return {"type": "linear", "factor": float(header.arch_value("rope.scaling.factor"))}
     raise GGUFError(f"RoPE scaling {kind!r} is not supported (none and linear are)")
+
+
+def _llama3_rope_scaling(header: GGUFHeader, head_dim: int) -> dict[str, Any] | None:
+    tensor = next((t for t in header.tensors if t.name == ROPE_FREQS), None)
+    if tensor is None:
+        return None
+    import numpy as np
+
+    if tensor.type_name != "F32" or tensor.shape != (head_dim // 2,):
+        raise GGUFError(f"{ROPE_FREQS}: expected {head_dim // 2} F32 values")
+    with open(header.path, "rb") as f:
+        f.seek(header.data_start + tensor.offset)
+        factors = np.frombuffer(f.read(tensor.nbytes), dtype="<f4")
+    factor = float(factors.max())
+    theta = float(header.arch_value("rope.freq_base", 10000.0))
+    expected = llama3_rope_factors(theta, head_dim, factor, **LLAMA3_ROPE)
+    if not np.allclose(factors, expected, rtol=1e-4):
+        raise GGUFError(f"{ROPE_FREQS} is not Llama 3 RoPE scaling; mlxmem cannot map it")
+    return {"rope_type": "llama3", "factor": factor, **LLAMA3_ROPE}
+
+
+def llama3_rope_factors(
+    theta: float,
+    head_dim: int,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> list[float]:
+    """The per-frequency factors llama.cpp's converter writes as rope_freqs for Llama 3."""
+    old = original_max_position_embeddings
+    low_wavelen, high_wavelen = old / low_freq_factor, old / high_freq_factor
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
 
 
 def convert_gguf(gguf: Path, out: Path, progress: bool = True, force: bool = False) -> Path:
@@ -180,6 +233,7 @@ def _write_weights(header: GGUFHeader, out: Path, progress: bool) -> None:
     shards: list[dict[str, Any]] = []
     size = 0
     with _progress(progress, f"Converting {header.path.name}", len(raw)) as advance:
+        raw.pop(ROPE_FREQS, None)  # now the config's rope_scaling
         for name in sorted(raw):
             array = _checked(name, raw.pop(name))
             shard[mlx_name(name)] = array

@@ -130,9 +130,33 @@ def test_k_and_i_quants_are_refused_by_name(llama_gguf, type_id, name):
 def test_a_tensor_mlx_lm_has_no_place_for_is_refused(tmp_path):
     import mlx.core as mx
 
-    path = write_gguf(tmp_path / "r.gguf", extra_tensors={"rope_freqs.weight": mx.ones((8,))})
-    with pytest.raises(GGUFError, match="'rope_freqs.weight' has no counterpart"):
+    path = write_gguf(tmp_path / "r.gguf", extra_tensors={"token_types.weight": mx.ones((8,))})
+    with pytest.raises(GGUFError, match="'token_types.weight' has no counterpart"):
         gguf.import_gguf(path, progress=False)
+
+
+def test_llama3_rope_factors_become_mlx_lm_rope_scaling(tmp_path):
+    import mlx.core as mx
+    from mlx_lm import load
+
+    factors = gguf.llama3_rope_factors(10000.0, 16, 32.0, **gguf.LLAMA3_ROPE)
+    assert factors[0] == 1.0 and factors[-1] == 32.0  # head dim 16: all three regimes
+    path = write_gguf(tmp_path / "l3.gguf", extra_tensors={"rope_freqs.weight": mx.array(factors)})
+    result = gguf.import_gguf(path, progress=False)
+    scaling = json.loads((result.path / "config.json").read_text())["rope_scaling"]
+    assert scaling == {"rope_type": "llama3", "factor": 32.0, **gguf.LLAMA3_ROPE}
+    model, _ = load(str(result.path))
+    assert type(model.model.layers[0].self_attn.rope).__name__ == "Llama3RoPE"
+
+
+def test_rope_factors_of_another_kind_are_refused(tmp_path):
+    import mlx.core as mx
+
+    odd = mx.linspace(1.0, 5.0, 8)
+    path = write_gguf(tmp_path / "odd.gguf", extra_tensors={"rope_freqs.weight": odd})
+    with pytest.raises(GGUFError, match="not Llama 3 RoPE scaling"):
+        gguf.import_gguf(path, progress=False)
+    assert leftovers() == []
 
 
 def test_an_interrupted_conversion_leaves_nothing(llama_gguf, monkeypatch):
