@@ -229,11 +229,11 @@ def _write_weights(header: GGUFHeader, out: Path, progress: bool) -> None:
         raw = mx.load(str(header.path))
     except Exception as exc:  # noqa: BLE001 - MLX raises RuntimeError/ValueError for bad files
         raise GGUFError(f"{header.path}: MLX cannot read its tensors: {exc}") from None
+    raw.pop(ROPE_FREQS, None)  # now the config's rope_scaling
     shard: dict[str, Any] = {}
     shards: list[dict[str, Any]] = []
     size = 0
     with _progress(progress, f"Converting {header.path.name}", len(raw)) as advance:
-        raw.pop(ROPE_FREQS, None)  # now the config's rope_scaling
         for name in sorted(raw):
             array = _checked(name, raw.pop(name))
             shard[mlx_name(name)] = array
