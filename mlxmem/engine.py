@@ -158,7 +158,6 @@ class MLXEngine(Engine):
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import maybe_set_recommended_wired_limit
 
-        from .cpu import dequantize_for_cpu
         from .kvslots import SlotPool
 
         try:
@@ -166,6 +165,8 @@ class MLXEngine(Engine):
         except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
             raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
         # Without a GPU, float32 through a BLAS beats MLX's quantized CPU kernels (see mlxmem.cpu).
+        from mlxmem.cpu import dequantize_for_cpu
+
         self.dequantized = dequantize_for_cpu(self.model)
         self.hf = self.tokenizer._tokenizer
         self.special_tokens = sorted(

@@ -213,7 +213,6 @@ def test_an_interrupted_reply_leaves_the_slot_consistent(engine):
     shown = [next(stream).token for _ in range(3)]
     stream.close()  # as Ctrl-C in the chat loop does
     slot = engine.slots.get("cut")
-    assert engine.last_stats.finish_reason == "interrupted"
     assert slot.tokens == prompt + shown[: len(slot.tokens) - len(prompt)]
     assert {c.offset for c in slot.cache} == {len(slot.tokens)}
     again = engine.generate(prompt, slot="cut", max_tokens=6, temp=0.0)
