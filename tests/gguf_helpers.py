@@ -102,3 +102,22 @@ def retype_tensor(path: Path, name: str, type_id: int) -> None:
     n_dims = struct.unpack_from("<I", data, at)[0]
     struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
     path.write_bytes(bytes(data))
+
+
+def f16_to_bf16(path: Path) -> None:
+    """Rewrite every F16 tensor of `path` as BF16 (same size; mx.save_gguf cannot write it)."""
+    import numpy as np
+
+    from mlxmem.gguf_file import read_header
+
+    header = read_header(path)
+    data = bytearray(path.read_bytes())
+    for t in header.tensors:
+        start = header.data_start + t.offset
+        values = np.frombuffer(bytes(data[start : start + t.nbytes]), dtype="<f2")
+        u32 = values.astype("<f4").view("<u4")
+        bits = (u32 + 0x7FFF + ((u32 >> 16) & 1)) >> 16  # round to nearest even, as MLX does
+        data[start : start + t.nbytes] = bits.astype("<u2").tobytes()
+    path.write_bytes(bytes(data))
+    for t in header.tensors:
+        retype_tensor(path, t.name, 30)

@@ -5,7 +5,7 @@ import json
 import zipfile
 
 import pytest
-from gguf_helpers import retype_tensor, write_gguf
+from gguf_helpers import f16_to_bf16, retype_tensor, write_gguf
 from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
@@ -72,6 +72,23 @@ def test_the_cli_imports_and_lists_the_alias_with_its_license(llama_gguf):
     )
     assert forced.exit_code == 0, forced.output
     assert leftovers() == ["mine"]
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16"])
+def test_half_precision_tensors_keep_their_values(tmp_path, kind):
+    """MLX reads BF16 as float16: fine for values in float16's range, which is checked."""
+    import mlx.core as mx
+
+    path = write_gguf(tmp_path / "h.gguf", dtype=mx.float16)
+    original = mx.load(str(path))["blk.0.attn_q.weight"].astype(mx.float32)
+    if kind == "BF16":
+        f16_to_bf16(path)
+        original = original.astype(mx.bfloat16).astype(mx.float32)
+    assert {t.type_name for t in read_header(path).tensors} == {kind}
+    result = gguf.import_gguf(path, progress=False)
+    weights = mx.load(str(result.path / "model.safetensors"))
+    converted = weights["model.layers.0.self_attn.q_proj.weight"].astype(mx.float32)
+    assert mx.array_equal(converted, original).item()
 
 
 def test_a_second_import_keeps_the_other_entries_of_the_user_registry(llama_gguf):
