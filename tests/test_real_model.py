@@ -26,6 +26,7 @@ from mlxmem.errors import ModelNotFoundError
 from mlxmem.kvslots import common_prefix_len
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.extraction import MAX_FACT_CHARS, FactExtractor, clean_fact
+from mlxmem.memory.store import Store
 from mlxmem.models import ensure_local, load_registry
 
 pytestmark = pytest.mark.real
@@ -262,3 +263,47 @@ def test_fact_extraction_filters_hold_on_real_output(engine):
             assert "\n" not in fact and len(fact) <= MAX_FACT_CHARS
             assert not any(s in fact for s in engine.special_tokens)
             assert extractor.extract(message, existing=[fact]) is None  # a duplicate now
+
+
+def test_a_conversation_deleted_from_another_process_during_a_slow_reply_stays_gone(
+    smol_path, mlxmem_home
+):
+    """A long reply on the real model races `history rm -c default --all` run by another
+    process: afterwards no file holds the marker, the conversation is gone, and the next chat
+    starts clean."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import files_containing
+
+    mlxmem_home.mkdir(parents=True, exist_ok=True)
+    (mlxmem_home / "models.toml").write_text(
+        f'[models."smollm2-135m"]\npath = {json.dumps(str(smol_path))}\n'
+    )
+    mlxmem_home.chmod(0o700)
+    marker = "MARKER-ZX81-RACE"
+    env = {**os.environ, "MLXMEM_NO_OPENBLAS": "1"}
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "mlxmem_cli", "chat", "--model", "smollm2-135m", "--temp", "0",
+         "--no-facts", "--max-tokens", "100",
+         "-m", f"My locker code is {marker}. Write me a long story about the sea."],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    store = Store()
+    deadline = time.monotonic() + 120
+    while not store.conversations() and time.monotonic() < deadline:  # the turn is logged
+        time.sleep(0.2)
+    time.sleep(1.0)  # the reply is being written
+    removed = runner.invoke(app, ["history", "rm", "-c", "default", "--all"])
+    assert removed.exit_code == 0, removed.output
+    out, err = chat.communicate(timeout=300)
+    assert chat.returncode == 0, err
+    assert "not kept" in err  # the reply was shown, and the person told it was not logged
+    assert Store().conversations() == []
+    assert files_containing(mlxmem_home, marker) == []
+    again = runner.invoke(app, ["chat", "--model", "smollm2-135m", "--temp", "0", "--json",
+                                "--max-tokens", "8", "-m", "Hello!"])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert [(t.seq, t.role) for t in Store().turns("default")] == [(1, "user"), (2, "assistant")]
+    assert json.loads(again.stdout)["layers"]["summary"] == 0
