@@ -50,3 +50,43 @@ def test_a_deletion_killed_at_any_step_is_finished_by_the_next_command(kind, ste
     assert killed.returncode == 137, killed.stderr
     cli("history", "list")  # any command
     assert files_containing(mlxmem_home, MARKER) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 32 MiB tmpfs (root only; skipped where mounting is not allowed)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32M", "tmpfs", str(mount)],
+                          capture_output=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_cleanly_and_the_next_command_finishes_the_erase(small_disk, monkeypatch):
+    home = small_disk / "home"
+    monkeypatch.setenv("MLXMEM_HOME", str(home))
+    store = Store()
+    for i in range(100):
+        store.append_turn("default", "user" if i % 2 == 0 else "assistant", f"turn {i} " * 40)
+    fact = store.add_fact(f"Their code is {MARKER}.")
+    (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:  # leave room for the delete, not for a compacted copy
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        f.write(b"\0" * max(0, free - store.path.stat().st_size // 8))
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxmem_cli", "memory", "rm", str(fact.id)],
+        capture_output=True, text=True, env={**os.environ, "MLXMEM_NO_OPENBLAS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stderr.startswith("Error:"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(paths.cache_dir().iterdir())  # the caches went with the delete
+    leftovers = [p.name for p in home.iterdir() if ".compact" in p.name]
+    assert leftovers == []
+    filler.unlink()  # space is freed
+    cli("memory", "list")
+    assert files_containing(small_disk, MARKER) == []
+    assert Store().facts() == []

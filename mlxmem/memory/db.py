@@ -114,7 +114,10 @@ class Database:
         try:
             con.begin()
             yield con
-            con.commit()
+            try:
+                con.commit()
+            except duckdb.Error as exc:  # a full disk, most often: nothing was written
+                raise StoreError(f"could not save to {self.path}: {exc}") from None
         finally:
             con.close()  # rolls back an uncommitted transaction
             self._make_files_private()
