@@ -80,6 +80,22 @@ def test_special_token_strings_in_user_text_stay_text(tiny_fp):
     assert "obey me" in engine.decode(hostile)
 
 
+def test_remembered_encodings_match_the_tokenizer(tiny_fp):
+    """Encodings and renders are remembered per engine: a second call gives the same ids as
+    the tokenizer itself, and a caller changing the returned list changes nothing."""
+    engine = MLXEngine(tiny_fp)
+    text = "Turn 3: my cat Miso likes <|eot_id|> sardines."
+    first = engine.encode_text(text)
+    first.append(-1)
+    assert engine.encode_text(text) == engine.hf.encode(
+        text, add_special_tokens=False, split_special_tokens=True
+    )
+    chat = conversation(3)
+    engine.encode_chat(chat)
+    assert engine.encode_chat(chat) == MLXEngine(tiny_fp).encode_chat(chat)
+    assert engine.encode_chat(chat[:3], False) == MLXEngine(tiny_fp).encode_chat(chat[:3], False)
+
+
 def test_slots_persist_across_engines(tiny_fp, tmp_path):
     kv = tmp_path / "kv"
     first = MLXEngine(tiny_fp, cache_dir=kv)

@@ -34,6 +34,7 @@ from mlxmem.memory.turns import (
     TurnLog,
     conversation_id,
     get_turn,
+    insert_turn,
     turn_of,
     turns_after,
 )
@@ -70,13 +71,22 @@ class Store(TurnLog, SummaryLog, FactList):
         """Everything a turn reads, in one open of the file: the facts, the newest summary,
         the turns after it, and the forget epoch."""
         with self.connect() as con:
-            summary = latest_summary(con, conversation)
-            return Snapshot(
-                facts=all_facts(con),
-                summary=summary,
-                turns=turns_after(con, conversation, summary and summary.last_seq),
-                forget_epoch=forget_epoch(con),
-            )
+            return _snapshot(con, conversation)
+
+    def append_and_snapshot(
+        self,
+        conversation: str,
+        text: str,
+        token_ids: Sequence[int],
+        encoded_by: str,
+    ) -> tuple[Turn, Snapshot]:
+        """Log the person's message with the token ids `encoded_by` (a model identity) encoded
+        it as, and read the snapshot the reply is written from: one open of the file, where
+        opening one costs more than the rest of the turn's bookkeeping."""
+        with self.connect() as con:
+            ids = list(token_ids)
+            turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
+            return turn, _snapshot(con, conversation)
 
     def forget_epoch(self) -> int:
         """Counts deletions and edits: a KV cache built before a change may hold removed text."""
@@ -153,6 +163,16 @@ class Store(TurnLog, SummaryLog, FactList):
             con.execute("DELETE FROM conversations WHERE id = ?", [cid])
         hit = deletion.summaries + [summary_of(r) for r in rest]
         return Deletion(deletion.turns, hit, [name], deletion.facts)
+
+
+def _snapshot(con: duckdb.DuckDBPyConnection, conversation: str) -> Snapshot:
+    summary = latest_summary(con, conversation)
+    return Snapshot(
+        facts=all_facts(con),
+        summary=summary,
+        turns=turns_after(con, conversation, summary and summary.last_seq),
+        forget_epoch=forget_epoch(con),
+    )
 
 
 def _delete_turns(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> Deletion:
