@@ -74,8 +74,10 @@ def speed(
 ) -> None:
     """Prefill and decode tokens/s, time to first token and peak memory: mlxmem's engine next
     to bare mlx_lm.stream_generate on the same model and prompts, and a cached turn's time to
-    first token against a fresh prefill of the same prompt. A warm-up, then N trials: medians,
-    with their range (lowest to highest)."""
+    first token against a fresh prefill of the same prompt and against its limit (bare mlx-lm
+    prefilling only the new tokens onto a warm cache), and the time a turn spends outside the
+    engine before its first token (store, assembly, slot lookup; a window of each length).
+    A warm-up, then N trials: medians, with their range (lowest to highest)."""
     sizes = _lengths(lengths)
     chosen = _model(model, arch, quantize, seed, as_json)
     with bench.bench_engine(chosen) as engine, _progress("speed") as progress:
@@ -94,6 +96,9 @@ def speed(
         "TTFT mlx-lm",
         "cached-turn TTFT",
         "speed-up",
+        "limit TTFT",
+        "vs limit",
+        "overhead ms",
         "decode tok/s mlxmem",
         "decode tok/s mlx-lm",
         "decode ratio",
@@ -108,6 +113,9 @@ def speed(
             _plusminus(row["bare_ttft_s"], spread["bare_ttft_s"], "s"),
             _plusminus(row["cached_ttft_s"], spread["cached_ttft_s"], "s"),
             _times(row["cached_ttft_ratio"]),
+            _plusminus(row["limit_ttft_s"], spread["limit_ttft_s"], "s"),
+            _number(row["cached_vs_limit_ratio"], 2),
+            _number(row["overhead_ms"], 1),
             _plusminus(row["decode_tps"], spread["decode_tps"]),
             _plusminus(row["bare_decode_tps"], spread["bare_decode_tps"]),
             _plusminus(row["decode_tps_ratio"], spread["decode_tps_ratio"]),

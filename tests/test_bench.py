@@ -239,6 +239,11 @@ def test_bench_speed_end_to_end(tiny_model):
         assert row["decode_tps_ratio"] > 0 and row["ttft_s"] > 0 and row["cached_ttft_s"] > 0
         assert row["generated_tokens"] == 8 and row["trials"] == 2
         assert row["cached_prefill_tokens"] < row["prompt_tokens"]
+        assert row["limit_ttft_s"] > 0 and row["cached_vs_limit_ratio"] > 0
+        phases = row["overhead_phases_ms"]
+        assert set(phases) == {"store", "assembly", "engine_entry", "other"}
+        assert row["overhead_ms"] == pytest.approx(sum(phases.values()), rel=0.5)
+        assert phases["store"] > 0 and row["overhead_window_tokens"] >= row["prompt_tokens"] // 2
         low, high = row["spread"]["ttft_s"]
         assert low <= row["ttft_s"] <= high
     # Stored in the benchmark database of this test's data directory by default.

@@ -237,6 +237,8 @@ def headline(run: BenchRun) -> dict[str, Any]:
             figures[f"decode_tps_ratio@{n}"] = row["decode_tps_ratio"]
             figures[f"ttft_s@{n}"] = row["ttft_s"]
             figures[f"cached_ttft_ratio@{n}"] = row["cached_ttft_ratio"]
+            figures[f"cached_vs_limit_ratio@{n}"] = row.get("cached_vs_limit_ratio")
+            figures[f"overhead_ms@{n}"] = row.get("overhead_ms")
         return figures
     keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE
     return {key: results.get(key) for key in keys}
@@ -270,6 +272,11 @@ def goals(run: BenchRun) -> list[Goal]:
                 found.append(
                     _goal(f"cached-turn TTFT speed-up @{n}", row["cached_ttft_ratio"], ">=", 10)
                 )
+            if "cached_vs_limit_ratio" in row:
+                limit = row["cached_vs_limit_ratio"]
+                found.append(_goal(f"cached-turn TTFT vs its limit @{n}", limit, "<=", 1.2))
+            if "overhead_ms" in row:
+                found.append(_goal(f"turn overhead ms @{n}", row["overhead_ms"], "<=", 10))
         return found
     if run.kind == "turns":
         return [
