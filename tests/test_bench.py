@@ -301,3 +301,28 @@ def test_errors_are_reported_without_a_traceback(tmp_path):
     assert result.exit_code == 1 and "Error: unknown arch" in result.output
     result = runner.invoke(app, ["bench", "history", "--id", "7"])
     assert result.exit_code == 1 and "no benchmark run with id 7" in result.output
+
+
+def test_bench_scale_builds_logs_and_times_the_store(tmp_path):
+    png = tmp_path / "scale.png"
+    report = invoke("scale", "--sizes", "1000,2000", "--trials", "2", "--plot", str(png))
+    assert [row["messages"] for row in report["sizes"]] == [1000, 2000]
+    for row in report["sizes"]:
+        for key in ("turn_overhead_ms", "search_s", "memory_list_s", "memory_rm_s"):
+            assert row[key] > 0
+        assert row["history_rm_s"] > 0 and row["db_bytes"] > 0
+    assert report["turn_overhead_ms_growth"] > 0
+    assert {g["name"] for g in report["goals"]} >= {"memory rm growth, largest vs smallest log"}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert [r["kind"] for r in invoke("history")] == ["scale"]
+
+
+def test_scale_log_has_the_asked_size_and_one_needle(tmp_path):
+    from mlxmem.bench.scale import NEEDLE, SCALE_FACTS, build_log
+
+    store = build_log(tmp_path / "log.duckdb", 1000)
+    assert store.conversation("default").message_count == 1000
+    assert len(store.facts()) == SCALE_FACTS
+    assert [t.seq for t in store.search(NEEDLE)] == [3]
+    # The window is the newest turns only: a turn reads what follows the summary.
+    assert len(store.snapshot("default").turns) == 20
