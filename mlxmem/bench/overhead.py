@@ -20,9 +20,9 @@ from typing import Any
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.store import Store
 from mlxmem.memory.turns import insert_turn
-from mlxmem.text import to_db, utc_now
 
 OVERHEAD_CONVERSATION = "bench-overhead"
 OVERHEAD_SLOT = f"{OVERHEAD_CONVERSATION}/chat"
@@ -121,17 +121,13 @@ def measure_overhead(
 
 
 def _fill(store: Store, engine: Engine, exchanges, window_tokens: int, facts: int) -> int:
-    """Log facts and exchanges (in one open of the store, no model calls) until the turns
-    hold about `window_tokens` tokens."""
+    """Log facts, then exchanges (no model calls) until the turns hold about `window_tokens`
+    tokens."""
     used = 0
-    with store.connect() as con:
+    with store.connect() as con:  # the facts file: a transaction writes to one file
         for i in range(facts):
-            now = to_db(utc_now())
-            con.execute(
-                "INSERT INTO facts (text, source, created_at, updated_at) VALUES"
-                " (?, 'manual', ?, ?)",
-                [f"Synthetic fact {i}: the person likes item {i}.", now, now],
-            )
+            insert_fact(con, f"Synthetic fact {i}: the person likes item {i}.", "manual")
+    with store.connect() as con:
         for user, reply in exchanges:
             if used >= window_tokens:
                 break

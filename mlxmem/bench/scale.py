@@ -171,11 +171,13 @@ def build_log(path: Path, messages: int, seed: int = DEFAULT_BENCH_SEED) -> Stor
                 " created_at, fact_ids) VALUES (?, ?, 1, ?, 20, ?, [])",
                 [cid, "Ten years of evenings: walks, work, family.", last_folded, first_day],
             )
-        now = first_day + timedelta(days=YEARS * 365)
+    now = first_day + timedelta(days=YEARS * 365)
+    with store.connect() as con:  # the facts file: a transaction writes to one file
         con.execute(
-            """INSERT INTO facts (text, source, created_at, updated_at)
-            SELECT 'Fact ' || i || ': ' || list_extract($words, 1 + (i % $k)::INTEGER)
-                || ' matters to the person.', 'manual', $now, $now FROM range($facts) t(i)""",
-            {"words": words, "k": len(words), "now": now, "facts": SCALE_FACTS},
+            """INSERT INTO facts (id, text, source, created_at, updated_at)
+            SELECT i, 'Fact ' || i || ': ' || list_extract($words, 1 + (i % $k)::INTEGER)
+                || ' matters to the person.', 'manual', $now, $now FROM range(1, $n + 1) t(i)""",
+            {"words": words, "k": len(words), "now": now, "n": SCALE_FACTS},
         )
+        con.execute("UPDATE fact_counter SET last_id = ?", [SCALE_FACTS])
     return store
