@@ -247,6 +247,11 @@ def turns(
         ("(a) prefilled tokens vs rebuild", _number(s["prefill_ratio_vs_rebuild"], 3)),
         ("(b) collapse prefill vs fresh-context summary", _number(s["collapse_prefill_ratio"], 3)),
         ("(b) collapse time vs fresh-context summary", _number(s["collapse_seconds_ratio"], 3)),
+        (
+            "KV cache written per turn / new KV",
+            f"{_number((s['kv_bytes_written_per_turn'] or 0) / 1e6, 2)} MB / "
+            f"{_number((s['kv_bytes_new_per_turn'] or 0) / 1e6, 2)} MB",
+        ),
         ("tokens per word (tokenizer)", _number(result.settings["tokens_per_word"], 2)),
     ]
     for name, value in rows:

@@ -210,6 +210,7 @@ def test_bench_turns_end_to_end(tiny_model, transcript, tmp_path):
     assert report["turns"] == 30 and report["collapses"] > 0
     check_turns(report)
     assert report["ttft_ratio_vs_rebuild"] > 0
+    assert report["kv_bytes_written_per_turn"] > 0 and report["kv_bytes_new_per_turn"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     runs = invoke("history", "--db", str(db))

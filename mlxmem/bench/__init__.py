@@ -310,6 +310,7 @@ def goals(run: BenchRun) -> list[Goal]:
                 "collapse prefill vs fresh-context summary", r["collapse_prefill_ratio"], "<=", 0.25
             ),
             _goal("budget violations", r["budget_violations"], "<=", 0),
+            _goal("KV bytes written per turn vs new KV bytes", r.get("kv_write_ratio"), "<=", 2),
         ]
     return []
 
@@ -323,6 +324,9 @@ def _scale_goals(r: dict[str, Any]) -> list[Goal]:
     ]
     found.append(
         _goal("memory rm growth, largest vs smallest log", r["memory_rm_s_growth"], "<=", 2)
+    )
+    found.append(
+        _goal("fact erase growth, largest vs smallest log", r["fact_erase_s_growth"], "<=", 2)
     )
     for row in rows:
         if row["messages"] >= 1_000_000:
