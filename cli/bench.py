@@ -16,6 +16,12 @@ from mlxmem import bench
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, gpu_available, machine_text
 from mlxmem.bench.common import Progress as OnProgress
 from mlxmem.bench.restart import DEFAULT_RESTART_TRIALS
+from mlxmem.bench.scale import (
+    DEFAULT_SCALE_TRIALS,
+    DEFAULT_SIZES,
+    MAX_SCALE_TRIALS,
+    MIN_SCALE_SIZE,
+)
 from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
@@ -25,7 +31,8 @@ from .common import JSON, err, print_json
 app = typer.Typer(
     help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
     "results: `speed` (engine vs bare mlx-lm), `turns` (a conversation replayed through the "
-    "memory system), `restart` (the first turn after a restart), `history` (stored runs).",
+    "memory system), `restart` (the first turn after a restart), `scale` (a ten-year log), "
+    "`history` (stored runs).",
     no_args_is_help=True,
 )
 
@@ -55,6 +62,8 @@ PLOT = typer.Option(
     None, "--plot", help="Write a PNG of context fill per turn and time to first token."
 )
 
+SCALE_PLOT = typer.Option(None, "--plot", help="Write a PNG of latency against log size.")
+
 
 @app.command("speed")
 def speed(
@@ -74,8 +83,10 @@ def speed(
 ) -> None:
     """Prefill and decode tokens/s, time to first token and peak memory: mlxmem's engine next
     to bare mlx_lm.stream_generate on the same model and prompts, and a cached turn's time to
-    first token against a fresh prefill of the same prompt. A warm-up, then N trials: medians,
-    with their range (lowest to highest)."""
+    first token against a fresh prefill of the same prompt and against its limit (bare mlx-lm
+    prefilling only the new tokens onto a warm cache), and the time a turn spends outside the
+    engine before its first token (store, assembly, slot lookup; a window of each length).
+    A warm-up, then N trials: medians, with their range (lowest to highest)."""
     sizes = _lengths(lengths)
     chosen = _model(model, arch, quantize, seed, as_json)
     with bench.bench_engine(chosen) as engine, _progress("speed") as progress:
@@ -94,6 +105,9 @@ def speed(
         "TTFT mlx-lm",
         "cached-turn TTFT",
         "speed-up",
+        "limit TTFT",
+        "vs limit",
+        "overhead ms",
         "decode tok/s mlxmem",
         "decode tok/s mlx-lm",
         "decode ratio",
@@ -108,6 +122,9 @@ def speed(
             _plusminus(row["bare_ttft_s"], spread["bare_ttft_s"], "s"),
             _plusminus(row["cached_ttft_s"], spread["cached_ttft_s"], "s"),
             _times(row["cached_ttft_ratio"]),
+            _plusminus(row["limit_ttft_s"], spread["limit_ttft_s"], "s"),
+            _number(row["cached_vs_limit_ratio"], 2),
+            _number(row["overhead_ms"], 1),
             _plusminus(row["decode_tps"], spread["decode_tps"]),
             _plusminus(row["bare_decode_tps"], spread["bare_decode_tps"]),
             _plusminus(row["decode_tps_ratio"], spread["decode_tps_ratio"]),
@@ -230,6 +247,11 @@ def turns(
         ("(a) prefilled tokens vs rebuild", _number(s["prefill_ratio_vs_rebuild"], 3)),
         ("(b) collapse prefill vs fresh-context summary", _number(s["collapse_prefill_ratio"], 3)),
         ("(b) collapse time vs fresh-context summary", _number(s["collapse_seconds_ratio"], 3)),
+        (
+            "KV cache written per turn / new KV",
+            f"{_number((s['kv_bytes_written_per_turn'] or 0) / 1e6, 2)} MB / "
+            f"{_number((s['kv_bytes_new_per_turn'] or 0) / 1e6, 2)} MB",
+        ),
         ("tokens per word (tokenizer)", _number(result.settings["tokens_per_word"], 2)),
     ]
     for name, value in rows:
@@ -284,9 +306,55 @@ def restart(
     _footer(run)
 
 
+@app.command("scale")
+def scale(
+    sizes: str = typer.Option(
+        ",".join(map(str, DEFAULT_SIZES)), "--sizes", help="Log sizes in messages, comma-separated."
+    ),
+    trials: int = typer.Option(
+        DEFAULT_SCALE_TRIALS, "--trials", min=1, max=MAX_SCALE_TRIALS, help="Trials each."
+    ),
+    plot: Path = SCALE_PLOT,
+    seed: int = SEED,
+    db: Path = DB,
+    as_json: bool = JSON,
+) -> None:
+    """What a ten-year log costs: for each size, a scratch data directory with that many
+    messages and 300 facts, and the time of a turn without the model, history search, memory
+    list, memory rm (one fact, erased for good) and history rm (one turn). No model runs."""
+    counts = _sizes(sizes)
+    with _progress("scale") as progress:
+        result = bench.run_scale(counts, trials, seed, progress)
+    run = bench.record_run(bench.BenchRun.of(result, None), db)
+    if plot is not None:
+        from mlxmem.bench.plot import plot_scale
+
+        plot_scale(result, plot)
+    if as_json:
+        return _print_json(run)
+    table = Table(title=f"bench scale: median of {trials} trials")
+    for column in ("messages", "file MB", "turn ms", "search s", "memory list s", "memory rm s"):
+        table.add_column(column, justify="right")
+    table.add_column("history rm s", justify="right")
+    for row in result.to_dict()["sizes"]:
+        table.add_row(
+            f"{row['messages']:,}",
+            f"{row['db_bytes'] / 1e6:.1f}",
+            _number(row["turn_overhead_ms"], 1),
+            _number(row["search_s"], 3),
+            _number(row["memory_list_s"], 3),
+            _number(row["memory_rm_s"], 3),
+            _number(row["history_rm_s"], 3),
+        )
+    Console().print(table)
+    _footer(run, plot)
+
+
 @app.command("history")
 def history(
-    kind: str = typer.Option(None, "--kind", help="Only runs of this kind: speed, turns, restart."),
+    kind: str = typer.Option(
+        None, "--kind", help="Only runs of this kind: speed, turns, restart, scale."
+    ),
     limit: int = typer.Option(bench.DEFAULT_HISTORY_LIMIT, "--limit", min=1, help="Newest N."),
     run_id: int = typer.Option(None, "--id", help="One run, with all its results (use --json)."),
     db: Path = DB,
@@ -380,6 +448,16 @@ def _lengths(text: str) -> list[int]:
         raise InputError(f"--lengths takes numbers separated by commas, not {text!r}") from None
     if not sizes or min(sizes) < 8:
         raise InputError("--lengths needs prompt lengths of at least 8 tokens")
+    return sizes
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--sizes takes numbers separated by commas, not {text!r}") from None
+    if not sizes or min(sizes) < MIN_SCALE_SIZE:
+        raise InputError(f"--sizes needs logs of at least {MIN_SCALE_SIZE} messages")
     return sizes
 
 

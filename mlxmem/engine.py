@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ from mlxmem.errors import InputError, ModelLoadError
 from mlxmem.text import check_text
 
 PREFILL_STEP = 512
+# Encodings remembered per engine: every turn re-assembles the same facts, summary and window,
+# and the tokenizer's Python wrapper costs ~0.1 ms a call (a few hundred calls a prompt).
+ENCODING_MEMO_ENTRIES = 4096
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,8 @@ class MLXEngine(Engine):
         self.slots = SlotPool(
             lambda: make_prompt_cache(self.model), self.model_id, cache_dir, max_slot_bytes
         )
+        self._encodings: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        self._renders: dict[tuple, str] = {}
 
     # -- tokens ---------------------------------------------------------------------------
 
@@ -196,10 +202,7 @@ class MLXEngine(Engine):
     ) -> list[int]:
         if not self._system_role:
             messages = _without_system(messages)
-        rendered = self._render(
-            [{"role": m.role, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)],
-            add_generation_prompt,
-        )
+        rendered = self._render_roles(tuple(m.role for m in messages), add_generation_prompt)
         ids: list[int] = []
         bos = self.hf.bos_token
         if bos and not rendered.startswith(bos) and self._adds_bos():
@@ -215,6 +218,19 @@ class MLXEngine(Engine):
             pos = match.end()
         ids += self._encode_template(rendered[pos:])
         return ids
+
+    def _render_roles(self, roles: tuple[str, ...], add_generation_prompt: bool) -> str:
+        """The template rendered with placeholder contents: it depends only on the roles (and
+        the date, which some templates print), so it is rendered once per shape and day."""
+        key = (roles, add_generation_prompt, time.strftime("%Y-%m-%d"))
+        if key not in self._renders:
+            if len(self._renders) > 64:
+                self._renders.clear()
+            self._renders[key] = self._render(
+                [{"role": r, "content": _PLACEHOLDER.format(i)} for i, r in enumerate(roles)],
+                add_generation_prompt,
+            )
+        return self._renders[key]
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         try:
@@ -236,12 +252,25 @@ class MLXEngine(Engine):
 
     def encode_text(self, text: str) -> list[int]:
         check_text(text)
-        if not text:
-            return []
-        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        return self._encode(text, True)
 
     def _encode_template(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False) if text else []
+        return self._encode(text, False)
+
+    def _encode(self, text: str, plain: bool) -> list[int]:
+        """`plain`: special-token strings are text. Remembered (least recently used go)."""
+        if not text:
+            return []
+        key = (text, plain)
+        ids = self._encodings.get(key)
+        if ids is None:
+            ids = tuple(self.hf.encode(text, add_special_tokens=False, split_special_tokens=plain))
+            self._encodings[key] = ids
+            if len(self._encodings) > ENCODING_MEMO_ENTRIES:
+                self._encodings.popitem(last=False)
+        else:
+            self._encodings.move_to_end(key)
+        return list(ids)
 
     def _adds_bos(self) -> bool:
         probe = self.hf.encode("a", add_special_tokens=True)

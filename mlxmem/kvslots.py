@@ -1,10 +1,16 @@
 """KV slots: named MLX prompt caches that remember which token ids they hold.
 
 A slot keeps the longest common prefix of its tokens and the next prompt, trims the rest and
-lets the engine prefill only the suffix. Slots are saved to disk (safetensors through mlx-lm's
-prompt-cache functions) with metadata naming the model, the layout version and a hash of the
-token ids, plus a digest of the whole file in a sidecar; anything that does not check out is
-discarded with a warning and the slot starts empty.
+lets the engine prefill only the suffix. Slots are saved to disk with metadata naming the model,
+the layout version and a hash of the token ids, plus a digest of each file in a sidecar;
+anything that does not check out is discarded with a warning and the slot starts empty.
+
+A slot of plain KV caches (every layer a `KVCache`) is saved in blocks of KV_BLOCK_TOKENS
+tokens, each block a file named by a hash of the model and every token up to its end, beside a
+slot file that holds the tail (the tokens after the last whole block) and the list of blocks.
+A turn that appends to the prefix writes only its new blocks and the tail: the blocks of the
+unchanged prefix are on disk already. Other caches are saved whole (mlx-lm's prompt-cache
+functions).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import warnings
 import zlib
 from collections import OrderedDict
@@ -30,9 +37,14 @@ from mlx_lm.models.cache import (
 
 from mlxmem.paths import ensure_private_dir, make_private
 
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "1"  # one file, mlx-lm's prompt-cache format
+BLOCK_LAYOUT_VERSION = "2"  # blocks of KV_BLOCK_TOKENS and a tail
 SUFFIX = ".safetensors"
 DIGEST_SUFFIX = ".sum"
+BLOCKS_SUFFIX = ".blocks"
+# Small enough that the tail rewritten each turn stays under a typical turn's new tokens
+# (~100), large enough that a 4,096-token slot is 64 files.
+KV_BLOCK_TOKENS = 64
 
 
 class CacheWarning(UserWarning):
@@ -108,11 +120,12 @@ class KVSlot:
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.cache)
 
-    def save(self, path: Path, model_id: str) -> None:
-        """Write the slot atomically: cache file first, then the digest that vouches for it."""
+    def save(self, path: Path, model_id: str) -> int:
+        """Write the slot atomically (each file first, then the digest that vouches for it);
+        return the bytes written."""
         if not self.tokens:
             remove_slot_files(path)
-            return
+            return 0
         self._compact()
         meta = {
             "layout": LAYOUT_VERSION,
@@ -122,14 +135,43 @@ class KVSlot:
             "tokens_sha256": tokens_hash(self.tokens),
             "tokens": json.dumps(self.tokens),
         }
-        tmp = path.with_name(path.name + ".tmp" + SUFFIX)
-        save_prompt_cache(str(tmp), self.cache, meta)
-        make_private(tmp)
-        digest_tmp = path.with_name(path.name + ".tmp" + DIGEST_SUFFIX)
-        digest_tmp.write_text(file_digest(tmp))
-        make_private(digest_tmp)
-        os.replace(tmp, path)
-        os.replace(digest_tmp, digest_path(path))
+        if not _blockable(self.cache):
+            shutil.rmtree(blocks_dir(path), ignore_errors=True)
+            return _write_checked(path, lambda tmp: save_prompt_cache(tmp, self.cache, meta))
+        return self._save_blocks(path, model_id, meta)
+
+    def _save_blocks(self, path: Path, model_id: str, meta: dict[str, str]) -> int:
+        names = block_names(self.tokens, model_id)
+        folder = blocks_dir(path)
+        ensure_private_dir(folder)
+        written = 0
+        for i, name in enumerate(names):
+            block = folder / f"{name}{SUFFIX}"
+            if not (block.exists() and digest_path(block).exists()):
+                arrays = self._arrays(i * KV_BLOCK_TOKENS, (i + 1) * KV_BLOCK_TOKENS)
+                written += _write_checked(block, lambda tmp, a=arrays: mx.save_safetensors(tmp, a))
+        tail = self._arrays(len(names) * KV_BLOCK_TOKENS, len(self.tokens))
+        meta = {
+            **meta,
+            "layout": BLOCK_LAYOUT_VERSION,
+            "blocks": json.dumps(names),
+            "layers": str(len(self.cache)),
+        }
+        written += _write_checked(path, lambda tmp: mx.save_safetensors(tmp, tail, meta))
+        keep = {f"{name}{SUFFIX}" for name in names}
+        for old in folder.glob(f"*{SUFFIX}"):
+            if old.name not in keep:  # a prefix this slot no longer holds
+                remove_slot_files(old)
+        return written
+
+    def _arrays(self, start: int, end: int) -> dict[str, mx.array]:
+        if end <= start:
+            return {}
+        arrays = {}
+        for i, c in enumerate(self.cache):
+            arrays[f"{i}.keys"] = c.keys[..., start:end, :]
+            arrays[f"{i}.values"] = c.values[..., start:end, :]
+        return arrays
 
     def load(self, path: Path, model_id: str) -> bool:
         """Load a saved slot; on any mismatch or damage warn, delete the files and start empty."""
@@ -159,21 +201,87 @@ class KVSlot:
 
 
 def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
-    digest = digest_path(path)
-    if not digest.exists() or digest.read_text().strip() != file_digest(path):
-        raise ValueError("file digest does not match (truncated or corrupt)")
-    cache, meta = load_prompt_cache(str(path), return_metadata=True)
-    if meta.get("layout") != LAYOUT_VERSION:
-        raise ValueError(f"layout {meta.get('layout')!r}, expected {LAYOUT_VERSION}")
+    _check_digest(path)
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    if meta.get("layout") not in (LAYOUT_VERSION, BLOCK_LAYOUT_VERSION):
+        raise ValueError(f"layout {meta.get('layout')!r}, expected {BLOCK_LAYOUT_VERSION}")
     if meta.get("model") != model_id:
         raise ValueError("written by another model")
     tokens = json.loads(meta["tokens"])
     if tokens_hash(tokens) != meta.get("tokens_sha256") or len(tokens) != int(meta["n_tokens"]):
         raise ValueError("token ids do not match their hash")
+    if meta["layout"] == LAYOUT_VERSION:
+        cache = load_prompt_cache(str(path))
+    else:
+        cache = _read_blocks(path, model_id, tokens, arrays, meta)
     if any(c.offset != len(tokens) for c in cache):
         raise ValueError("cache length does not match its token ids")
     mx.eval([c.state for c in cache])
     return cache, tokens
+
+
+def _read_blocks(
+    path: Path, model_id: str, tokens: list[int], tail: dict, meta: dict[str, str]
+) -> list[Any]:
+    names = json.loads(meta["blocks"])
+    if names != block_names(tokens, model_id):
+        raise ValueError("its blocks do not match its token ids")
+    parts = []
+    for name in names:
+        block = blocks_dir(path) / f"{name}{SUFFIX}"
+        if not block.exists():
+            raise ValueError(f"block {name[:12]} is missing")
+        _check_digest(block)
+        parts.append(mx.load(str(block)))
+    parts.append(tail)
+    cache = []
+    for i in range(int(meta["layers"])):
+        c = KVCache()
+        c.keys = mx.concatenate([p[f"{i}.keys"] for p in parts if p], axis=2)
+        c.values = mx.concatenate([p[f"{i}.values"] for p in parts if p], axis=2)
+        c.offset = c.keys.shape[2]
+        cache.append(c)
+    return cache
+
+
+def _check_digest(path: Path) -> None:
+    digest = digest_path(path)
+    if not digest.exists() or digest.read_text().strip() != file_digest(path):
+        raise ValueError("file digest does not match (truncated or corrupt)")
+
+
+def _write_checked(path: Path, write: Callable[[str], Any]) -> int:
+    """Write `path` through `write(tmp_name)`, then its digest, each replaced atomically;
+    return the bytes written."""
+    tmp = path.with_name(path.name + ".tmp" + SUFFIX)
+    write(str(tmp))
+    make_private(tmp)
+    digest_tmp = path.with_name(path.name + ".tmp" + DIGEST_SUFFIX)
+    digest_tmp.write_text(file_digest(tmp))
+    make_private(digest_tmp)
+    size = tmp.stat().st_size
+    os.replace(tmp, path)
+    os.replace(digest_tmp, digest_path(path))
+    return size
+
+
+def _blockable(cache: list[Any]) -> bool:
+    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)
+
+
+def block_names(tokens: Sequence[int], model_id: str) -> list[str]:
+    """The names of the whole blocks of `tokens`: each hashes the model and every token up to
+    the block's end, so a block is reused only under the very same prefix."""
+    h = hashlib.sha256(f"{BLOCK_LAYOUT_VERSION}:{model_id}".encode())
+    names = []
+    for end in range(KV_BLOCK_TOKENS, len(tokens) + 1, KV_BLOCK_TOKENS):
+        h.update(json.dumps(list(tokens[end - KV_BLOCK_TOKENS : end])).encode())
+        names.append(h.copy().hexdigest()[:32])
+    return names
+
+
+def blocks_dir(path: Path) -> Path:
+    return path.with_name(path.name[: -len(SUFFIX)] + BLOCKS_SUFFIX)
 
 
 def digest_path(path: Path) -> Path:
@@ -186,6 +294,9 @@ def remove_slot_files(path: Path, temporary: bool = False) -> None:
         paths += [path.with_name(path.name + ".tmp" + s) for s in (SUFFIX, DIGEST_SUFFIX)]
     for p in paths:
         p.unlink(missing_ok=True)
+    if path.parent.name.endswith(BLOCKS_SUFFIX):
+        return  # a block: its slot's folder stays
+    shutil.rmtree(blocks_dir(path), ignore_errors=True)
 
 
 def slot_filename(name: str) -> str:
@@ -210,6 +321,7 @@ class SlotPool:
         self.directory = directory
         self.max_bytes = max_bytes
         self._slots: OrderedDict[str, KVSlot] = OrderedDict()
+        self.bytes_written = 0  # by save(), all slots, since the pool was made
 
     def get(self, name: str) -> KVSlot:
         slot = self._slots.get(name)
@@ -233,7 +345,7 @@ class SlotPool:
         for n in names:
             if n in self._slots:
                 try:
-                    self._slots[n].save(self.path(n), self.model_id)
+                    self.bytes_written += self._slots[n].save(self.path(n), self.model_id)
                 except OSError as exc:  # full disk, or the cache dir wiped meanwhile
                     warnings.warn(f"could not save KV cache ({exc})", CacheWarning, stacklevel=2)
                     remove_slot_files(self.path(n), temporary=True)

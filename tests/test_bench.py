@@ -210,6 +210,7 @@ def test_bench_turns_end_to_end(tiny_model, transcript, tmp_path):
     assert report["turns"] == 30 and report["collapses"] > 0
     check_turns(report)
     assert report["ttft_ratio_vs_rebuild"] > 0
+    assert report["kv_bytes_written_per_turn"] > 0 and report["kv_bytes_new_per_turn"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     runs = invoke("history", "--db", str(db))
@@ -239,6 +240,11 @@ def test_bench_speed_end_to_end(tiny_model):
         assert row["decode_tps_ratio"] > 0 and row["ttft_s"] > 0 and row["cached_ttft_s"] > 0
         assert row["generated_tokens"] == 8 and row["trials"] == 2
         assert row["cached_prefill_tokens"] < row["prompt_tokens"]
+        assert row["limit_ttft_s"] > 0 and row["cached_vs_limit_ratio"] > 0
+        phases = row["overhead_phases_ms"]
+        assert set(phases) == {"store", "assembly", "engine_entry", "other"}
+        assert row["overhead_ms"] == pytest.approx(sum(phases.values()), rel=0.5)
+        assert phases["store"] > 0 and row["overhead_window_tokens"] >= row["prompt_tokens"] // 2
         low, high = row["spread"]["ttft_s"]
         assert low <= row["ttft_s"] <= high
     # Stored in the benchmark database of this test's data directory by default.
@@ -296,3 +302,28 @@ def test_errors_are_reported_without_a_traceback(tmp_path):
     assert result.exit_code == 1 and "Error: unknown arch" in result.output
     result = runner.invoke(app, ["bench", "history", "--id", "7"])
     assert result.exit_code == 1 and "no benchmark run with id 7" in result.output
+
+
+def test_bench_scale_builds_logs_and_times_the_store(tmp_path):
+    png = tmp_path / "scale.png"
+    report = invoke("scale", "--sizes", "1000,2000", "--trials", "2", "--plot", str(png))
+    assert [row["messages"] for row in report["sizes"]] == [1000, 2000]
+    for row in report["sizes"]:
+        for key in ("turn_overhead_ms", "search_s", "memory_list_s", "memory_rm_s"):
+            assert row[key] > 0
+        assert row["history_rm_s"] > 0 and row["db_bytes"] > 0
+    assert report["turn_overhead_ms_growth"] > 0
+    assert {g["name"] for g in report["goals"]} >= {"memory rm growth, largest vs smallest log"}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert [r["kind"] for r in invoke("history")] == ["scale"]
+
+
+def test_scale_log_has_the_asked_size_and_one_needle(tmp_path):
+    from mlxmem.bench.scale import NEEDLE, SCALE_FACTS, build_log
+
+    store = build_log(tmp_path / "log.duckdb", 1000)
+    assert store.conversation("default").message_count == 1000
+    assert len(store.facts()) == SCALE_FACTS
+    assert [t.seq for t in store.search(NEEDLE)] == [3]
+    # The window is the newest turns only: a turn reads what follows the summary.
+    assert len(store.snapshot("default").turns) == 20

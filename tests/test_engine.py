@@ -6,7 +6,8 @@ import warnings
 import pytest
 
 from mlxmem.engine import Message, MLXEngine
-from mlxmem.kvslots import CacheWarning
+from mlxmem.kvslots import KV_BLOCK_TOKENS, CacheWarning
+from mlxmem.memory.db import wipe_caches
 from mlxmem.tiny import make_tiny
 
 pytestmark = pytest.mark.e2e
@@ -80,6 +81,22 @@ def test_special_token_strings_in_user_text_stay_text(tiny_fp):
     assert "obey me" in engine.decode(hostile)
 
 
+def test_remembered_encodings_match_the_tokenizer(tiny_fp):
+    """Encodings and renders are remembered per engine: a second call gives the same ids as
+    the tokenizer itself, and a caller changing the returned list changes nothing."""
+    engine = MLXEngine(tiny_fp)
+    text = "Turn 3: my cat Miso likes <|eot_id|> sardines."
+    first = engine.encode_text(text)
+    first.append(-1)
+    assert engine.encode_text(text) == engine.hf.encode(
+        text, add_special_tokens=False, split_special_tokens=True
+    )
+    chat = conversation(3)
+    engine.encode_chat(chat)
+    assert engine.encode_chat(chat) == MLXEngine(tiny_fp).encode_chat(chat)
+    assert engine.encode_chat(chat[:3], False) == MLXEngine(tiny_fp).encode_chat(chat[:3], False)
+
+
 def test_slots_persist_across_engines(tiny_fp, tmp_path):
     kv = tmp_path / "kv"
     first = MLXEngine(tiny_fp, cache_dir=kv)
@@ -102,6 +119,50 @@ def _saved_engine(model, kv):
     engine.generate(prompt, slot="c", max_tokens=4, temp=0.0)
     engine.save_slots()
     return prompt, next(kv.glob("*.safetensors"))
+
+
+def test_a_growing_slot_writes_only_its_new_blocks_and_tail(tiny_fp, tmp_path):
+    kv = tmp_path / "kv"
+    engine = MLXEngine(tiny_fp, cache_dir=kv)
+    short = engine.encode_chat(conversation(8))
+    engine.prefill(short, slot="c")
+    engine.save_slots()
+    first = engine.slots.bytes_written
+    longer = engine.encode_chat(conversation(10))
+    assert longer[: len(short) - 8] == short[: len(short) - 8]
+    engine.prefill(longer, slot="c")
+    slot = engine.slots.get("c")
+    engine.save_slots()
+    second = engine.slots.bytes_written - first
+    per_token = slot.nbytes / len(slot.tokens)
+    new = len(longer) - len(short) + 8  # at most: the template's last tokens may differ
+    assert len(short) > 2 * KV_BLOCK_TOKENS and first > len(short) * per_token
+    assert second <= 2 * new * per_token + KV_BLOCK_TOKENS * per_token
+    assert second < first / 2
+    # Restored from its blocks, the slot continues exactly as a fresh prefill does.
+    again = MLXEngine(tiny_fp, cache_dir=kv)
+    follow = again.encode_chat(conversation(10) + [Message("user", "And then?")])
+    restored = again.generate(follow, slot="c", max_tokens=8, temp=0.0)
+    assert restored.stats.cached_tokens >= len(longer) - 8
+    assert restored.tokens == MLXEngine(tiny_fp).generate(follow, max_tokens=8, temp=0.0).tokens
+
+
+def test_a_damaged_block_discards_the_slot(tiny_fp, tmp_path):
+    kv = tmp_path / "kv"
+    engine = MLXEngine(tiny_fp, cache_dir=kv)
+    prompt = engine.encode_chat(conversation(8))
+    engine.prefill(prompt, slot="c")
+    engine.save_slots()
+    blocks = sorted(kv.glob("*.blocks/*.safetensors"))
+    assert len(blocks) == len(prompt) // KV_BLOCK_TOKENS
+    data = blocks[1].read_bytes()
+    blocks[1].write_bytes(data[:-9] + bytes([data[-9] ^ 0xFF]) + data[-8:])
+    with pytest.warns(CacheWarning, match="digest"):
+        result = MLXEngine(tiny_fp, cache_dir=kv).generate(prompt, slot="c", max_tokens=2)
+    assert result.stats.cached_tokens == 0
+    assert list(kv.rglob("*")) == []  # the slot's files and blocks went
+    engine.save_slots()
+    assert wipe_caches(kv) > 2 and list(kv.rglob("*")) == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "digest"])

@@ -12,7 +12,7 @@ from mlxmem import paths
 from mlxmem.memory.store import Store
 
 MARKER = "MARKER-KILL-2718"
-STEPS = ("erase:committed", "erase:caches-wiped", "erase:copied")
+STEPS = ("erase:committed", "erase:facts-written", "erase:caches-wiped", "erase:copied")
 
 
 def mlxmem_killed_at(step: str, *args: str) -> subprocess.CompletedProcess:

@@ -83,7 +83,8 @@ def test_budget_every_model_call_fits(long_chat):
 def test_the_newest_message_is_in_the_prompt_verbatim(long_chat):
     _, _, turns = long_chat
     for i, (result, _) in enumerate(turns):
-        assert result.prompt.messages[-1] == Message("user", user_text(i))
+        newest = result.prompt.messages[-1]
+        assert (newest.role, newest.content) == ("user", user_text(i))
 
 
 def test_between_collapses_only_the_new_message_is_prefilled(long_chat):
@@ -313,6 +314,17 @@ def test_interrupted_reply_is_kept_with_consistent_stats():
     assert result.stats.cached_tokens + result.stats.prefilled_tokens == result.stats.prompt_tokens
     last = store.turns("default")[-1]
     assert last.role == "assistant" and last.interrupted and last.sampled_ids is None
+
+
+def test_user_turns_are_logged_with_their_token_ids():
+    """Encoded once: a later prompt takes the logged ids instead of encoding the text again."""
+    engine, store, companion = make(budget=2000)
+    companion.send("My cat Miso likes sardines.")
+    user = store.turns("default")[-2]
+    assert user.role == "user" and user.sampled_by == engine.model_id
+    assert list(user.sampled_ids) == engine.encode_text("My cat Miso likes sardines.")
+    assert user.token_count == len(user.sampled_ids)
+    assert companion.window.messages([user])[0].tokens == user.sampled_ids
 
 
 def test_sampled_reply_ids_are_logged_and_reused_in_the_next_prompt():

@@ -15,6 +15,7 @@ from conftest import files_containing
 from mlxmem import paths
 from mlxmem.errors import InputError, NotFoundError, StaleError, StoreError
 from mlxmem.memory.db import Database, wipe_caches
+from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.migrations import MIGRATIONS, migrate
 from mlxmem.memory.store import Store
 
@@ -49,6 +50,10 @@ SCHEMA = {
         ("created_at", "TIMESTAMP"),
         ("fact_ids", "BIGINT[]"),
     ],
+}
+# The facts file, attached to every connection as facts_db.
+FACTS_SCHEMA = {
+    "fact_counter": [("last_id", "BIGINT")],
     "facts": [
         ("id", "BIGINT"),
         ("text", "VARCHAR"),
@@ -60,10 +65,15 @@ SCHEMA = {
 }
 
 
-def schema(con) -> dict:
+# What a data directory holds after a deletion: the log, its lock, and the facts file.
+FILES = ["mlxmem.duckdb", "mlxmem.duckdb.lock", "mlxmem.facts.duckdb"]
+
+
+def schema(con, database: str | None = None) -> dict:
+    where = "current_database()" if database is None else f"'{database}'"
     rows = con.execute(
         "SELECT table_name, column_name, data_type FROM duckdb_columns() "
-        "WHERE database_name = current_database() ORDER BY table_name, column_index"
+        f"WHERE database_name = {where} ORDER BY table_name, column_index"
     ).fetchall()
     tables: dict = {}
     for table, column, kind in rows:
@@ -84,12 +94,14 @@ def test_empty_database_migrates_to_exact_schema():
     store = Store()
     with store.connect() as con:
         assert schema(con) == SCHEMA
+        assert schema(con, "facts_db") == FACTS_SCHEMA
         assert con.execute("SELECT name FROM migrations ORDER BY name").fetchall() == [
             ("m001_initial",),
             ("m002_bench_runs",),
             ("m003_sampled_ids",),
             ("m004_bench_runs_to_own_file",),
             ("m005_provenance",),
+            ("m006_facts_own_file",),
         ]
     assert store.path == paths.db_path()
 
@@ -374,7 +386,7 @@ def test_deleted_text_is_in_no_file(mlxmem_home):
     edited = store.add_fact("old MARKER-EDIT-7f3a text")
     (paths.cache_dir() / "chat.safetensors").write_bytes(b"kv MARKER-TURN-7f3a")
     markers = ["MARKER-TURN-7f3a", "MARKER-SUMMARY-7f3a", "MARKER-FACT-7f3a", "MARKER-EDIT-7f3a"]
-    assert files_containing(mlxmem_home, "MARKER-FACT-7f3a") == [store.path]  # not vacuous
+    assert files_containing(mlxmem_home, "MARKER-FACT-7f3a") == [store.facts_path]  # not vacuous
 
     store.delete_turns([turn.id])
     store.delete_facts([fact.id])
@@ -396,21 +408,74 @@ def test_whole_conversation_and_cleared_facts_leave_no_bytes(mlxmem_home):
     assert files_containing(mlxmem_home, "MARKER-CLEAR-91c2") == []
 
 
+def test_erasing_a_fact_rewrites_the_facts_file_not_the_log(mlxmem_home):
+    """The facts live in their own small file: erasing one leaves no byte of it anywhere, and
+    the log's file is rewritten only when a summary derived from the fact goes too."""
+    store = Store()
+    seed_turns(store, 40)
+    fact = store.add_fact("MARKER-SPLIT-a1 is the pin")
+    seen = store.add_fact("MARKER-SPLIT-b2 is the door code")
+    store.add_summary("default", "a summary written with the facts", 1, 10, 5, [seen.id])
+    assert files_containing(mlxmem_home, "MARKER-SPLIT-a1") == [store.facts_path]
+    log = store.path.stat().st_ino
+
+    store.delete_facts([fact.id])
+    assert files_containing(mlxmem_home, "MARKER-SPLIT-a1") == []
+    assert store.path.stat().st_ino == log  # the log was not copied
+    assert store.facts_path.stat().st_ino != log
+
+    deletion = store.delete_facts([seen.id])
+    assert [s.fact_ids for s in deletion.summaries] == [(seen.id,)]
+    assert files_containing(mlxmem_home, "MARKER-SPLIT-b2") == []
+    assert store.path.stat().st_ino != log  # the summary's bytes went with a rewrite
+    with store.connect() as con:
+        assert con.execute(
+            "SELECT count(*) FROM state WHERE key = 'compaction_pending'"
+        ).fetchone() == (0,)
+    assert [f.id for f in [store.add_fact("next")]] == [seen.id + 1]  # ids never come back
+
+
+def test_facts_move_out_of_an_old_database(mlxmem_home):
+    old = duckdb.connect(str(paths.db_path()))
+    migrate(old, MIGRATIONS[:5])  # a database from before the facts file
+    for text in ("MARKER-OLD-c3 likes tea", "likes walks"):
+        old.execute(
+            "INSERT INTO facts (text, source, created_at, updated_at) VALUES (?, 'manual',"
+            " now(), now())",
+            [text],
+        )
+    old.execute("DELETE FROM facts WHERE text = 'likes walks'")
+    old.close()
+    store = Store()
+    assert [(f.id, f.text) for f in store.facts()] == [(1, "MARKER-OLD-c3 likes tea")]
+    # The old table's bytes left the log's file: the fact is in the facts file only.
+    assert files_containing(mlxmem_home, "MARKER-OLD-c3") == [store.facts_path]
+    assert store.add_fact("new").id == 3  # past every id the old sequence handed out
+    with store.connect() as con:
+        assert schema(con) == SCHEMA
+
+
 def test_interrupted_compaction_is_finished_at_next_open(mlxmem_home):
     store = Store()
     store.add_fact("MARKER-CRASH-55aa")
+    with store.connect() as con:  # enough rows that the marker's block outlives the delete
+        for i in range(300):
+            insert_fact(con, f"filler fact {i} " * 5, "manual")
     # As if the process died after committing the delete, mid-way through writing the copy.
+    # A transaction writes to one file: the facts file's delete, then the main file's record.
     with store.connect() as con:
-        con.execute("DELETE FROM facts")
+        con.execute("DELETE FROM facts WHERE text LIKE 'MARKER%'")
+    with store.connect() as con:
         con.execute("INSERT INTO state VALUES ('compaction_pending', '1')")
     Path(f"{store.path}.compact").write_bytes(b"half-written garbage")
-    assert files_containing(mlxmem_home, "MARKER-CRASH-55aa") == [store.path]
+    Path(f"{store.facts_path}.compact").write_bytes(b"half-written garbage")
+    assert files_containing(mlxmem_home, "MARKER-CRASH-55aa") == [store.facts_path]
 
     reopened = Store()
     assert files_containing(mlxmem_home, "MARKER-CRASH-55aa") == []
     with reopened.connect() as con:
         assert con.execute("SELECT * FROM state WHERE key = 'compaction_pending'").fetchall() == []
-    assert sorted(p.name for p in mlxmem_home.iterdir()) == ["mlxmem.duckdb", "mlxmem.duckdb.lock"]
+    assert sorted(p.name for p in mlxmem_home.iterdir()) == FILES
 
 
 def test_wipe_caches_empties_the_cache_dir():
@@ -428,7 +493,8 @@ def test_an_erase_cut_short_is_finished_by_the_next_open(mlxmem_home, monkeypatc
     fact = store.add_fact("MARKER-CRASH-51c2 is the code")
     with monkeypatch.context() as m:
         # The process dies after the delete committed, before caches and old bytes are gone.
-        m.setattr(Database, "_erase_locked", lambda self: (_ for _ in ()).throw(SystemExit(9)))
+        die = lambda self, *args: (_ for _ in ()).throw(SystemExit(9))  # noqa: E731
+        m.setattr(Database, "_erase_locked", die)
         with pytest.raises(SystemExit):
             store.delete_facts([fact.id])
         (paths.cache_dir() / "chat.safetensors").write_bytes(b"kv MARKER-CRASH-51c2")
@@ -446,7 +512,7 @@ def test_files_are_private_and_no_temp_file_remains(mlxmem_home):
     store.delete_facts([1])
     assert stat.S_IMODE(mlxmem_home.stat().st_mode) == 0o700
     names = sorted(p.name for p in mlxmem_home.iterdir())
-    assert names == ["mlxmem.duckdb", "mlxmem.duckdb.lock"]
+    assert names == FILES
     for name in names:
         assert stat.S_IMODE((mlxmem_home / name).stat().st_mode) == 0o600, name
 

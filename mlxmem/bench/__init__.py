@@ -4,7 +4,8 @@ use, in one run on one machine, and keep every run in DuckDB so runs can be comp
 - `run_speed` (mlxmem.bench.speed): the engine next to bare mlx-lm, and cached turns;
 - `run_turns` (mlxmem.bench.turns): a conversation replayed through the memory system, next to
   rebuilding every prompt and to summarizing in a fresh context;
-- `run_restart` (mlxmem.bench.restart): the first turn after a restart, cache on disk or not.
+- `run_restart` (mlxmem.bench.restart): the first turn after a restart, cache on disk or not;
+- `run_scale` (mlxmem.bench.scale): the store's operations on logs of up to a million messages.
 
 A `BenchRun` is one run's record: the machine, the versions, the model, the settings and the
 results; `record_run` stores it and `history` reads runs back, from their own DuckDB file
@@ -27,6 +28,7 @@ import duckdb
 from mlxmem import paths
 from mlxmem.bench.common import BenchModel, machine_info, prepare_model, versions
 from mlxmem.bench.restart import RestartResult, run_restart
+from mlxmem.bench.scale import ScaleResult, run_scale
 from mlxmem.bench.speed import SpeedResult, run_speed
 from mlxmem.bench.turns import TurnsResult, read_transcript, run_turns, synthetic_transcript
 from mlxmem.engine import MLXEngine
@@ -38,6 +40,7 @@ __all__ = [
     "BenchRun",
     "Goal",
     "RestartResult",
+    "ScaleResult",
     "SpeedResult",
     "TurnsResult",
     "bench_engine",
@@ -49,12 +52,13 @@ __all__ = [
     "read_transcript",
     "record_run",
     "run_restart",
+    "run_scale",
     "run_speed",
     "run_turns",
     "synthetic_transcript",
 ]
 
-KINDS = ("speed", "turns", "restart")
+KINDS = ("speed", "turns", "restart", "scale")
 DEFAULT_HISTORY_LIMIT = 20
 
 
@@ -70,9 +74,15 @@ class BenchRun:
     created_at: datetime | None = None
 
     @classmethod
-    def of(cls, result: SpeedResult | TurnsResult | RestartResult, model: BenchModel) -> BenchRun:
+    def of(
+        cls,
+        result: SpeedResult | TurnsResult | RestartResult | ScaleResult,
+        model: BenchModel | None,
+    ) -> BenchRun:
+        """`model`: None for a run without one (scale)."""
         data = result.to_dict()
-        return cls(data["kind"], model.to_dict(), data["settings"], data)
+        described = model.to_dict() if model is not None else {"label": "none (store only)"}
+        return cls(data["kind"], described, data["settings"], data)
 
     def to_dict(self, full: bool = True) -> dict[str, Any]:
         data = {
@@ -237,6 +247,15 @@ def headline(run: BenchRun) -> dict[str, Any]:
             figures[f"decode_tps_ratio@{n}"] = row["decode_tps_ratio"]
             figures[f"ttft_s@{n}"] = row["ttft_s"]
             figures[f"cached_ttft_ratio@{n}"] = row["cached_ttft_ratio"]
+            figures[f"cached_vs_limit_ratio@{n}"] = row.get("cached_vs_limit_ratio")
+            figures[f"overhead_ms@{n}"] = row.get("overhead_ms")
+        return figures
+    if run.kind == "scale":
+        figures = {}
+        for row in results.get("sizes", []):
+            n = row["messages"]
+            for key in ("turn_overhead_ms", "search_s", "memory_rm_s"):
+                figures[f"{key}@{n}"] = row[key]
         return figures
     keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE
     return {key: results.get(key) for key in keys}
@@ -270,7 +289,14 @@ def goals(run: BenchRun) -> list[Goal]:
                 found.append(
                     _goal(f"cached-turn TTFT speed-up @{n}", row["cached_ttft_ratio"], ">=", 10)
                 )
+            if "cached_vs_limit_ratio" in row:
+                limit = row["cached_vs_limit_ratio"]
+                found.append(_goal(f"cached-turn TTFT vs its limit @{n}", limit, "<=", 1.2))
+            if "overhead_ms" in row:
+                found.append(_goal(f"turn overhead ms @{n}", row["overhead_ms"], "<=", 10))
         return found
+    if run.kind == "scale":
+        return _scale_goals(r)
     if run.kind == "turns":
         return [
             _goal(
@@ -284,5 +310,27 @@ def goals(run: BenchRun) -> list[Goal]:
                 "collapse prefill vs fresh-context summary", r["collapse_prefill_ratio"], "<=", 0.25
             ),
             _goal("budget violations", r["budget_violations"], "<=", 0),
+            _goal("KV bytes written per turn vs new KV bytes", r.get("kv_write_ratio"), "<=", 2),
         ]
     return []
+
+
+def _scale_goals(r: dict[str, Any]) -> list[Goal]:
+    rows = r.get("sizes", [])
+    found = [
+        _goal(
+            "turn overhead growth, largest vs smallest log", r["turn_overhead_ms_growth"], "<=", 1.5
+        )
+    ]
+    found.append(
+        _goal("memory rm growth, largest vs smallest log", r["memory_rm_s_growth"], "<=", 2)
+    )
+    found.append(
+        _goal("fact erase growth, largest vs smallest log", r["fact_erase_s_growth"], "<=", 2)
+    )
+    for row in rows:
+        if row["messages"] >= 1_000_000:
+            n = row["messages"]
+            found.append(_goal(f"search s @{n}", row["search_s"], "<=", 0.5))
+            found.append(_goal(f"memory list s @{n}", row["memory_list_s"], "<=", 0.5))
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlxmem.bench.scale import ScaleResult
 from mlxmem.bench.turns import TurnsResult
 from mlxmem.errors import MlxmemError
 
@@ -60,3 +61,40 @@ def plot_turns(result: TurnsResult, path: str | Path, title: str = "") -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_scale(result: ScaleResult, path: str | Path, title: str = "") -> Path:
+    """Write a PNG of each operation's latency against the log's size (log-log)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MlxmemError("--plot needs matplotlib: pip install 'mlxmem[plot]'") from None
+    rows = result.to_dict()["sizes"]
+    x = [r["messages"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for key, label in SCALE_SERIES:
+        factor = 1e-3 if key.endswith("_ms") else 1.0
+        ax.plot(x, [r[key] * factor for r in rows], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("messages in the log")
+    ax.set_ylabel("seconds (median)")
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(title or "bench scale: latency against the log's size")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+SCALE_SERIES = (
+    ("turn_overhead_ms", "a turn without the model"),
+    ("search_s", "history search"),
+    ("memory_list_s", "memory list"),
+    ("memory_rm_s", "memory rm (one fact)"),
+    ("history_rm_s", "history rm (one turn)"),
+)

@@ -101,7 +101,8 @@ def run_restart(
         base = Path(tmp) / "base"
         progress("filling the context", 0, total)
         filled = _fill(model_path, base, context_tokens, response_reserve, seed)
-        cache_bytes = sum(f.stat().st_size for f in (base / "kv").glob("*.safetensors"))
+        # The slot files and their blocks (kv/*.blocks/).
+        cache_bytes = sum(f.stat().st_size for f in (base / "kv").rglob("*.safetensors"))
         restored, rebuilt = [], []
         done = 1
         for i in range(trials):

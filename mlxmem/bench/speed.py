@@ -2,6 +2,11 @@
 model and prompts (prefill and decode tokens/s, time to first token, peak memory), plus the
 time to first token of a cached turn: the same prompt with all but a new message in the KV slot.
 
+A cached turn is measured against its physical limit (`limit_ttft_s`: bare mlx-lm prefilling
+only the new tokens onto a warm cache of the same length), and the time a turn spends outside
+the engine before its first token (`overhead_ms`: store, assembly, slot lookup) is measured on
+a full window through `Companion.send` (mlxmem.bench.overhead).
+
 Like mlx-lm's own benchmark: fixed seed, a warm-up, N trials, the median, and no end-of-text
 token on either side (`ignore_eos` for the engine, a tokenizer copy without end-of-text ids for
 bare mlx-lm), so every trial decodes exactly the same number of tokens.
@@ -12,10 +17,11 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
+from mlxmem.bench.overhead import measure_overhead
 from mlxmem.engine import MLXEngine
 
 DEFAULT_LENGTHS = (256, 1024, 3000)
@@ -44,6 +50,8 @@ class LengthResult:
     bare: list[Trial]
     cached_ttft_s: list[float]  # mlxmem, all but the last `cached_prefill` tokens cached
     cached_prefill: int
+    limit_ttft_s: list[float] = field(default_factory=list)  # bare mlx-lm, the same split
+    overhead: dict[str, Any] = field(default_factory=dict)  # OverheadResult.to_dict()
 
     def spread(self, side: str, metric: str) -> Spread:
         return Spread.of([getattr(t, metric) for t in getattr(self, side)])
@@ -73,11 +81,22 @@ class LengthResult:
             "cached_ttft_ratio": [
                 m.ttft_s / c for m, c in zip(self.mlxmem, self.cached_ttft_s, strict=True)
             ],
+            # The cached turn against its physical limit: 1.0 is as fast as it can be.
+            "cached_vs_limit_ratio": [
+                c / lim for c, lim in zip(self.cached_ttft_s, self.limit_ttft_s, strict=True)
+            ],
         }
+        if self.limit_ttft_s:
+            limit = Spread.of(self.limit_ttft_s)
+            row["limit_ttft_s"] = limit.median
+            spreads["limit_ttft_s"] = limit.to_list()
+        else:
+            del pairs["cached_vs_limit_ratio"]
         for name, values in pairs.items():
             s = Spread.of(values)
             row[name] = s.median
             spreads[name] = s.to_list()
+        row.update(self.overhead)
         row["generated_tokens"] = self.mlxmem[0].generated_tokens
         row["trials"] = len(self.mlxmem)
         row["spread"] = spreads
@@ -101,8 +120,10 @@ def run_speed(
     gen_tokens: int = DEFAULT_GEN_TOKENS,
     seed: int = DEFAULT_BENCH_SEED,
     progress: Progress = no_progress,
+    overhead: bool = True,
 ) -> SpeedResult:
-    """Measure both engines at each prompt length: one warm-up, then `trials` trials each."""
+    """Measure both engines at each prompt length: one warm-up, then `trials` trials each;
+    with `overhead`, also the turn's time outside the engine on a window of that length."""
     settings = {
         "lengths": list(lengths),
         "trials": trials,
@@ -122,15 +143,18 @@ def run_speed(
             progress(f"{length} tokens, trial {i + 1}/{trials}", done, total)
             runs.append(_trial(engine, prompt, gen_tokens, seed, i))
             done += 1
-        results.append(
-            LengthResult(
-                length,
-                mlxmem=[r[0] for r in runs],
-                bare=[r[1] for r in runs],
-                cached_ttft_s=[r[2] for r in runs],
-                cached_prefill=runs[0][3],
-            )
+        found = LengthResult(
+            length,
+            mlxmem=[r[0] for r in runs],
+            bare=[r[1] for r in runs],
+            cached_ttft_s=[r[2] for r in runs],
+            cached_prefill=runs[0][3],
+            limit_ttft_s=[r[4] for r in runs],
         )
+        if overhead:
+            progress(f"{length} tokens, overhead outside the engine", done, total)
+            found.overhead = measure_overhead(engine, length, trials, seed=seed).to_dict()
+        results.append(found)
     progress("done", total, total)
     engine.drop_slot(SPEED_SLOT)
     return SpeedResult(results, settings)
@@ -138,13 +162,16 @@ def run_speed(
 
 def _trial(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int, index: int):
     # Alternate which engine goes first, so neither always runs on a cooler machine.
+    new = min(NEW_TURN_TOKENS, len(prompt) // 2)
     if index % 2:
         mine, cached, prefilled = _mlxmem(engine, prompt, gen_tokens, seed)
         bare = _bare(engine, prompt, gen_tokens, seed)
+        limit = _limit(engine, prompt, new)
     else:
         bare = _bare(engine, prompt, gen_tokens, seed)
+        limit = _limit(engine, prompt, new)
         mine, cached, prefilled = _mlxmem(engine, prompt, gen_tokens, seed)
-    return mine, bare, cached, prefilled
+    return mine, bare, cached, prefilled, limit
 
 
 def _mlxmem(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int):
@@ -196,6 +223,32 @@ def _bare(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int) -> T
         peak_memory_gb=mx.get_peak_memory() / 1e9,
         generated_tokens=n,
     )
+
+
+def _limit(engine: MLXEngine, prompt: list[int], new: int) -> float:
+    """The physical limit of a cached turn: plain mlx-lm on a cache already holding all but
+    the last `new` tokens (filled untimed), timed from the call to the first token."""
+    import mlx.core as mx
+    from mlx_lm import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    cache = make_prompt_cache(engine.model)
+    head = prompt[: len(prompt) - new]
+    for i in range(0, len(head), 2048):
+        engine.model(mx.array(head[i : i + 2048])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    start = time.perf_counter()
+    for _ in stream_generate(
+        engine.model,
+        without_end_of_text(engine.tokenizer),
+        prompt[len(head) :],
+        max_tokens=1,
+        sampler=make_sampler(temp=0.0),
+        prompt_cache=cache,
+    ):
+        return time.perf_counter() - start
+    raise AssertionError("stream_generate yielded nothing")
 
 
 def without_end_of_text(tokenizer: Any) -> Any:

@@ -37,6 +37,7 @@ from mlxmem.bench.common import (
 )
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
+from mlxmem.kvslots import SlotPool, common_prefix_len
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store, Summary, Turn
@@ -137,6 +138,10 @@ class TurnRecord:
     # Baseline (a): the same prompt prefilled from scratch.
     rebuild_ttft_s: float | None = None
     rebuild_prefilled_tokens: int | None = None
+    # The chat slot saved after the turn: bytes written to disk, and the KV bytes of the tokens
+    # it holds that the previous save did not.
+    kv_bytes_written: int = 0
+    kv_bytes_new: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,6 +196,11 @@ class TurnsResult:
             )
             if measured_steady
             else None,
+            "kv_bytes_written_per_turn": _mean([r.kv_bytes_written for r in recs]),
+            "kv_bytes_new_per_turn": _mean([r.kv_bytes_new for r in recs]),
+            "kv_write_ratio": ratio(
+                sum(r.kv_bytes_written for r in recs), sum(r.kv_bytes_new for r in recs)
+            ),
             "warm_prefilled_tokens_total": sum(r.warm_prefilled_tokens for r in recs),
             "reply_prefilled_tokens_total": sum(r.reply_prefilled_tokens for r in recs),
             # Prefill work against rebuilding, the cache warming after collapses included.
@@ -282,12 +292,14 @@ def run_turns(
         settings["response_reserve"] = companion.budget.reserve
         settings["summary_cap"] = companion.window.summary_cap
         collapsed_after_reply = False
+        disk = SaveMeter(engine, companion.slot)
         for i, (user, reply) in enumerate(exchanges):
             progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
             start = time.perf_counter()
             result = companion.send(user) if generate else replay_turn(companion, user, reply)
             seconds = time.perf_counter() - start
             record = _record(i, result, recorder.take_calls(), companion, seconds)
+            record.kv_bytes_written, record.kv_bytes_new = disk.since_last()
             record.collapse_turn = collapsed_after_reply or bool(record.collapses)
             collapsed_after_reply = any(not c.before_reply for c in record.collapses)
             if reply_in_cache and not collapsed_after_reply:
@@ -300,6 +312,29 @@ def run_turns(
         progress("done", len(exchanges), len(exchanges))
         engine.drop_slot(companion.slot)
     return TurnsResult(records, settings)
+
+
+class SaveMeter:
+    """What the chat slot's saves wrote since the last look, next to the KV bytes of the
+    tokens that were new since the previous save (an MLX engine's slots; zeros otherwise)."""
+
+    def __init__(self, engine: Engine, slot: str):
+        slots = getattr(engine, "slots", None)
+        self.slots = slots if isinstance(slots, SlotPool) else None
+        self.slot = slot
+        self.written = self.slots.bytes_written if self.slots is not None else 0
+        self.tokens: list[int] = []
+
+    def since_last(self) -> tuple[int, int]:
+        if self.slots is None or self.slot not in self.slots.names():
+            return 0, 0
+        written, self.written = self.slots.bytes_written - self.written, self.slots.bytes_written
+        held = self.slots.get(self.slot)
+        tokens = list(held.tokens)
+        new = len(tokens) - common_prefix_len(self.tokens, tokens)
+        self.tokens = tokens
+        per_token = held.nbytes / len(tokens) if tokens else 0
+        return written, round(new * per_token)
 
 
 def tokens_per_word(engine: Engine, exchanges: Sequence[Exchange]) -> float | None:

@@ -193,10 +193,12 @@ class Companion:
                 f"the message has {len(text):,} characters, over the limit of "
                 f"{self.settings.max_message_chars:,} (--max-message-chars); nothing was logged"
             )
-        user = self.store.append_turn(
-            self.conversation, "user", text, token_count=self.engine.count_text(text)
+        # One open of the store before the model starts: log the message (with its token ids,
+        # so that no later turn encodes it again) and read what the prompt is built from.
+        user, first = self.store.append_and_snapshot(
+            self.conversation, text, self.engine.encode_text(text), self.engine.model_id
         )
-        collapses, snap, prompt = self._fold_while_over_budget(on_status, headroom=0)
+        collapses, snap, prompt = self._fold_while_over_budget(on_status, 0, first)
         if not snap.turns or snap.turns[-1].id != user.id:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
         return PendingTurn(user, snap, prompt, collapses)
@@ -300,13 +302,13 @@ class Companion:
         return min(max(sizes, default=0), self.budget.max_message_tokens)
 
     def _fold_while_over_budget(
-        self, on_status, headroom: int
+        self, on_status, headroom: int, snap: Snapshot | None = None
     ) -> tuple[list[CollapseEvent], Snapshot, AssembledPrompt]:
         """Collapse until the assembled prompt fits with `headroom` to spare; return the
-        events, the store as it is then, and that prompt."""
+        events, the store as it is then, and that prompt. `snap`: the store as just read."""
         events: list[CollapseEvent] = []
         while True:
-            snap = self.store.snapshot(self.conversation)
+            snap = snap or self.store.snapshot(self.conversation)
             prompt = self._assemble(snap)
             if prompt.fits(headroom):
                 return events, snap, prompt
@@ -319,6 +321,7 @@ class Companion:
                 return events, snap, prompt
             events.append(event)
             self._auto_fact_ids = {f.id for f in snap.facts if f.source == "automatic"}
+            snap = None
 
     def _warm_cache(self, prompt: AssembledPrompt) -> int:
         """After a collapse, prefill the new prefix (summary and kept turns) now, while the

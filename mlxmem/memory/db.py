@@ -4,25 +4,33 @@ The file is never held open between operations: DuckDB lets only one process ope
 writing, and the chat process shares it with `mlxmem memory` and `mlxmem history`. Every
 operation takes a lock file, opens the database, works in one transaction and closes it.
 
-Deleted means gone, and erasing is one durable operation owned here, not by callers:
-1. the rows go, an "erase pending" record is written and the forget epoch is bumped, in one
-   transaction;
-2. every KV cache file is deleted (a cache mirrors a prompt, so it may hold the removed text);
-3. the file is compacted: DuckDB keeps the bytes of deleted or updated rows (after DELETE,
+Deleted means gone, and erasing is one durable operation owned here, not by callers. The facts
+live in their own small file (attached as `facts_db`), so erasing a fact rewrites the facts,
+not the log; a transaction writes to one file, so an erase runs in steps:
+1. in the main file, the rows go (turns, summaries), an "erase pending" record is written that
+   names the facts to delete and whether the main file held removed text, and the forget epoch
+   is bumped, in one transaction;
+2. the facts named are deleted (and edited) in the facts file, in one transaction;
+3. every KV cache file is deleted (a cache mirrors a prompt, so it may hold the removed text);
+4. the files are compacted: DuckDB keeps the bytes of deleted or updated rows (after DELETE,
    CHECKPOINT and VACUUM alike), so the live data is copied into a fresh file that atomically
-   replaces the old one, and the copy no longer holds the pending record.
-If any step fails or the process dies, the next open by any command finishes steps 2 and 3
+   replaces the old one. The facts file always (it is small); the main file only when it held
+   removed text, and its copy no longer holds the pending record (else the record is deleted).
+If any step fails or the process dies, the next open by any command finishes steps 2 to 4
 before anything reads.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,13 +38,51 @@ import duckdb
 
 from mlxmem import paths
 from mlxmem.errors import StaleError, StoreError
-from mlxmem.memory.migrations import migrate
+from mlxmem.memory.migrations import FACTS_DB, attach_facts, facts_path, migrate
 
 LOCK_TIMEOUT_S = 5.0
 ERASE_PENDING = "compaction_pending"  # the key's name predates the cache wipe; kept for old files
 FORGET_EPOCH = "forget_epoch"
 _COMPACT_ALIAS = "mlxmem_compacted"
+# Tables of the main file whose rows can hold text a deletion removes.
+_MAIN_TEXT_TABLES = ("messages", "summaries", "conversations")
 T = TypeVar("T")
+
+
+@dataclass
+class Erasure:
+    """A forgetting() block: `con` is its transaction on the main file; the facts to delete or
+    edit are collected here and written to the facts file once the main file has committed."""
+
+    con: duckdb.DuckDBPyConnection
+    fact_ids: list[int] = field(default_factory=list)
+    fact_edits: dict[int, tuple[str, datetime]] = field(default_factory=dict)
+
+    def delete_facts(self, ids: list[int]) -> None:
+        self.fact_ids += [i for i in ids if i not in self.fact_ids]
+
+    def edit_fact(self, fact_id: int, text: str, updated_at: datetime) -> None:
+        self.fact_edits[fact_id] = (text, updated_at)
+
+
+@dataclass(frozen=True)
+class ErasePlan:
+    """The pending record: the facts still to delete, and whether the main file must be
+    rewritten. A record from before the facts file ('1') means: rewrite everything."""
+
+    fact_ids: tuple[int, ...] = ()
+    main: bool = True
+
+    @classmethod
+    def parse(cls, value: str) -> ErasePlan:
+        try:
+            data = json.loads(value)
+            return cls(tuple(data["fact_ids"]), bool(data["main"]))
+        except (ValueError, KeyError, TypeError):
+            return cls()
+
+    def dumps(self) -> str:
+        return json.dumps({"fact_ids": list(self.fact_ids), "main": self.main})
 
 
 class Database:
@@ -52,14 +98,15 @@ class Database:
         self.path = Path(path) if path is not None else paths.db_path()
         self.timeout = timeout
         self.cache_dir = cache_dir or self.path.parent / paths.CACHE_DIRNAME
+        self.facts_path = facts_path(self.path)
         paths.ensure_private_dir(self.path.parent)
         with self._lock():
             with self._transaction() as con:
                 pending = con.execute(
-                    "SELECT count(*) FROM state WHERE key = ?", [ERASE_PENDING]
-                ).fetchone()[0]
+                    "SELECT value FROM state WHERE key = ?", [ERASE_PENDING]
+                ).fetchone()
             if pending:
-                self._erase_locked()
+                self._erase_locked(ErasePlan.parse(pending[0]))
 
     @contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -68,21 +115,27 @@ class Database:
             yield con
 
     @contextmanager
-    def forgetting(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Like connect(), for work that removes text: the transaction also records a pending
-        erase and bumps the forget epoch; the caches are wiped and the file compacted before
-        the lock is released."""
+    def forgetting(self) -> Iterator[Erasure]:
+        """Like connect(), for work that removes text: the block works in the main file's
+        transaction (`Erasure.con`) and names the facts to delete or edit on the Erasure; the
+        transaction also records the pending erase and bumps the forget epoch; the facts are
+        written, the caches wiped and the files compacted before the lock is released."""
         with self._lock():
             with self._transaction() as con:
-                yield con
-                con.execute("INSERT OR REPLACE INTO state VALUES (?, '1')", [ERASE_PENDING])
+                erasure = Erasure(con)
+                before = _row_counts(con)
+                yield erasure
+                plan = ErasePlan(tuple(erasure.fact_ids), _row_counts(con) != before)
+                con.execute(
+                    "INSERT OR REPLACE INTO state VALUES (?, ?)", [ERASE_PENDING, plan.dumps()]
+                )
                 # A chat in another process compares this before it writes what it derived.
                 con.execute(
                     "INSERT OR REPLACE INTO state SELECT ?, CAST(coalesce(max(CAST(value AS"
                     " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
                     [FORGET_EPOCH, FORGET_EPOCH],
                 )
-            self._erase_locked()
+            self._erase_locked(plan, erasure.fact_edits)
 
     @contextmanager
     def guarded(self, epoch: int | None) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -94,19 +147,42 @@ class Database:
                 raise StaleError("something was deleted meanwhile; this result is discarded")
             yield con
 
-    def _erase_locked(self) -> None:
+    def _erase_locked(
+        self, plan: ErasePlan, edits: dict[int, tuple[str, datetime]] | None = None
+    ) -> None:
         crash_point("erase:committed")
+        self._write_facts(plan.fact_ids, edits or {})
+        crash_point("erase:facts-written")
         wipe_caches(self.cache_dir)
         crash_point("erase:caches-wiped")
         try:
-            self._write_compacted_copy()
+            if plan.main:
+                self._write_compacted_copy()
+            self._compact_facts()
+            if not plan.main:
+                with self._transaction() as con:
+                    con.execute("DELETE FROM state WHERE key = ?", [ERASE_PENDING])
         except (duckdb.Error, OSError) as exc:
-            for leftover in (self._sibling(".compact"), self._sibling(".compact.wal")):
-                leftover.unlink(missing_ok=True)
+            for leftover in (self.path, self.facts_path):
+                for suffix in (".compact", ".compact.wal"):
+                    Path(f"{leftover}{suffix}").unlink(missing_ok=True)
             raise StoreError(
                 f"the deletion is saved, but its old bytes could not be erased from {self.path} "
                 f"yet ({exc}); mlxmem retries when it next opens the database"
             ) from None
+
+    def _write_facts(self, ids: tuple[int, ...], edits: dict[int, tuple[str, datetime]]) -> None:
+        """Step 2: delete (and edit) facts in the facts file; deleting again is harmless."""
+        if not ids and not edits:
+            return
+        with self._transaction() as con:
+            if ids:
+                con.execute("DELETE FROM facts WHERE list_contains(?, id)", [list(ids)])
+            for fact_id, (text, updated_at) in edits.items():
+                con.execute(
+                    "UPDATE facts SET text = ?, updated_at = ? WHERE id = ?",
+                    [text, updated_at, fact_id],
+                )
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -138,6 +214,7 @@ class Database:
     def _open(self) -> duckdb.DuckDBPyConnection:
         con = self._retry(lambda: duckdb.connect(str(self.path)), lambda: "unknown")
         try:
+            attach_facts(con)
             migrate(con)
         except duckdb.Error as exc:
             con.close()
@@ -186,42 +263,69 @@ class Database:
             return "unknown"
 
     def _write_compacted_copy(self) -> None:
-        tmp = self._sibling(".compact")
-        for leftover in (tmp, Path(f"{tmp}.wal")):
-            leftover.unlink(missing_ok=True)
+        """Rewrite the main file without the bytes of removed rows (and the pending record)."""
         con = self._open()
         try:
-            con.execute("CHECKPOINT")  # empties the WAL, which belongs to the old file
             source = con.execute("SELECT current_database()").fetchone()[0]
-            con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
-            paths.make_private(tmp)
-            con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
-            con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
-            con.execute(f"DETACH {_COMPACT_ALIAS}")
+            self._copy_database(con, self.path, source, drop_pending=True)
         finally:
             con.close()
+        self._replace_with_copy(self.path)
+
+    def _compact_facts(self) -> None:
+        """Rewrite the facts file: small, so every erase does it."""
+        con = self._open()
+        try:
+            self._copy_database(con, self.facts_path, FACTS_DB, drop_pending=False)
+        finally:
+            con.close()
+        self._replace_with_copy(self.facts_path)
+
+    def _copy_database(
+        self, con: duckdb.DuckDBPyConnection, path: Path, source: str, drop_pending: bool
+    ) -> None:
+        tmp = Path(f"{path}.compact")
+        for leftover in (tmp, Path(f"{tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+        con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
+        con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
+        paths.make_private(tmp)
+        con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
+        if drop_pending:
+            con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
+        con.execute(f"DETACH {_COMPACT_ALIAS}")
+
+    def _replace_with_copy(self, path: Path) -> None:
+        tmp = Path(f"{path}.compact")
         # A WAL left by the old file would be replayed onto the new one.
-        if self._sibling(".wal").exists() or Path(f"{tmp}.wal").exists():
+        if Path(f"{path}.wal").exists() or Path(f"{tmp}.wal").exists():
             tmp.unlink(missing_ok=True)
-            raise StoreError(f"could not compact {self.path}: its write-ahead log stayed behind")
+            raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
         paths.make_private(tmp)
         _fsync(tmp)
         crash_point("erase:copied")
-        os.replace(tmp, self.path)
-        _fsync(self.path.parent)
+        os.replace(tmp, path)
+        _fsync(path.parent)
 
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
 
     def _make_files_private(self) -> None:
-        for path in (self.path, self._sibling(".wal")):
+        for path in (self.path, self.facts_path):
             paths.make_private(path)
+            paths.make_private(Path(f"{path}.wal"))
 
 
 def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
     """Counts deletions and edits: anything derived before a change may hold removed text."""
     row = con.execute("SELECT value FROM state WHERE key = ?", [FORGET_EPOCH]).fetchone()
     return 0 if row is None else int(row[0])
+
+
+def _row_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:
+    """Rows in the main file's text-holding tables: if a block changed them, the main file
+    holds removed bytes and must be rewritten."""
+    return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _MAIN_TEXT_TABLES)
 
 
 def crash_point(name: str) -> None:

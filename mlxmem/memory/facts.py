@@ -52,12 +52,27 @@ class FactList(Database):
         with self.guarded(epoch) as con:
             if message_id is not None:
                 get_turn(con, message_id)
-            (fid,) = con.execute(
-                "INSERT INTO facts (text, source, created_at, updated_at, message_id)"
-                " VALUES (?, ?, ?, ?, ?) RETURNING id",
-                [text, source, to_db(now), to_db(now), message_id],
-            ).fetchone()
-        return Fact(fid, text, source, now, now, message_id)
+            return insert_fact(con, text, source, message_id, now)
+
+
+def insert_fact(
+    con: duckdb.DuckDBPyConnection,
+    text: str,
+    source: str,
+    message_id: int | None = None,
+    now: datetime | None = None,
+) -> Fact:
+    """Add a fact inside an open transaction; its id comes from the facts file's counter, so
+    an id is never handed out twice (deleted facts' included)."""
+    now = now or utc_now()
+    counter = "UPDATE fact_counter SET last_id = last_id + 1 RETURNING last_id"
+    (fid,) = con.execute(counter).fetchone()
+    con.execute(
+        "INSERT INTO facts (id, text, source, created_at, updated_at, message_id)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [fid, text, source, to_db(now), to_db(now), message_id],
+    )
+    return Fact(fid, text, source, now, now, message_id)
 
 
 def all_facts(con: duckdb.DuckDBPyConnection) -> list[Fact]:

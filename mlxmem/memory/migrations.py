@@ -179,3 +179,85 @@ def m005_provenance(con: duckdb.DuckDBPyConnection) -> None:
         " summaries u WHERE u.conversation_id = c.id)), 0)"
     )
     con.execute("ALTER TABLE summaries ADD COLUMN fact_ids BIGINT[]")
+
+
+# Facts move to their own small file beside the database (`<name>.facts.duckdb`, attached to
+# every connection as `facts_db`), so that erasing one rewrites the facts, not the whole log
+# (DuckDB keeps deleted rows' bytes until a file is rewritten). Ids come from a counter in that
+# file (a sequence default would name the attached catalog). A transaction writes to one
+# database: the copy is committed first, then the old table dropped; a crash between reruns
+# this, and NOT EXISTS keeps the copy from doubling. The dropped table's bytes stay in the main
+# file until it is rewritten: an erase is marked pending, which the store finishes on open.
+@migration
+def m006_facts_own_file(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    con.execute(
+        f"""CREATE TABLE IF NOT EXISTS {FACTS_DB}.facts (
+            id BIGINT PRIMARY KEY,
+            text VARCHAR NOT NULL,
+            source VARCHAR NOT NULL CHECK (source IN ('manual', 'automatic')),
+            created_at TIMESTAMP NOT NULL,
+            updated_at TIMESTAMP NOT NULL,
+            message_id BIGINT
+        )"""
+    )
+    con.execute(f"CREATE TABLE IF NOT EXISTS {FACTS_DB}.fact_counter (last_id BIGINT NOT NULL)")
+    con.execute(
+        f"INSERT INTO {FACTS_DB}.facts SELECT id, text, source, created_at, updated_at,"
+        f" message_id FROM main_facts() f WHERE NOT EXISTS (SELECT 1 FROM {FACTS_DB}.facts t"
+        " WHERE t.id = f.id)".replace("main_facts()", _main_table(con, "facts"))
+    )
+    # The counter starts past every id the old sequence handed out, deleted ones included.
+    con.execute(f"DELETE FROM {FACTS_DB}.fact_counter")
+    con.execute(
+        f"INSERT INTO {FACTS_DB}.fact_counter SELECT greatest(?, coalesce(max(id), 0))"
+        f" FROM {FACTS_DB}.facts",
+        [_sequence_value(con, "facts_id_seq")],
+    )
+    con.commit()
+    con.begin()
+    con.execute(f"DROP TABLE {_main_table(con, 'facts')}")
+    con.execute("DROP SEQUENCE facts_id_seq")
+    con.execute(
+        "INSERT OR REPLACE INTO state VALUES ('compaction_pending', ?)",
+        ['{"fact_ids": [], "main": true}'],
+    )
+
+
+FACTS_DB = "facts_db"
+
+
+def facts_path(db_path: str | Path) -> Path:
+    """The facts file beside the database file: mlxmem.duckdb -> mlxmem.facts.duckdb."""
+    path = Path(db_path)
+    return path.with_name(f"{path.stem}.facts{path.suffix or '.duckdb'}")
+
+
+def attach_facts(con: duckdb.DuckDBPyConnection) -> None:
+    """Attach the facts file as FACTS_DB (once), and let unqualified names reach it after the
+    main database's own."""
+    names = con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+    if (FACTS_DB,) in names:
+        return
+    (main, path) = con.execute(
+        "SELECT database_name, path FROM duckdb_databases() WHERE database_name ="
+        " current_database()"
+    ).fetchone()
+    target = str(facts_path(path)).replace("'", "''")
+    con.execute(f"ATTACH '{target}' AS {FACTS_DB}")
+    con.execute(f"SET search_path = '{main}.main,{FACTS_DB}.main'")
+
+
+def _main_table(con: duckdb.DuckDBPyConnection, name: str) -> str:
+    (main,) = con.execute("SELECT current_database()").fetchone()
+    return f'"{main}".main.{name}'
+
+
+def _sequence_value(con: duckdb.DuckDBPyConnection, name: str) -> int:
+    """The last value a sequence of the main database handed out (0 if none)."""
+    row = con.execute(
+        "SELECT last_value FROM duckdb_sequences() WHERE sequence_name = ? AND database_name ="
+        " current_database()",
+        [name],
+    ).fetchone()
+    return int(row[0] or 0) if row else 0

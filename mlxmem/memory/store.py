@@ -9,13 +9,13 @@ all three kinds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
-from mlxmem.memory.db import forget_epoch
+from mlxmem.memory.db import Erasure, forget_epoch
 from mlxmem.memory.facts import (
     SELECT_FACTS,
     SOURCES,
@@ -34,6 +34,7 @@ from mlxmem.memory.turns import (
     TurnLog,
     conversation_id,
     get_turn,
+    insert_turn,
     turn_of,
     turns_after,
 )
@@ -70,13 +71,22 @@ class Store(TurnLog, SummaryLog, FactList):
         """Everything a turn reads, in one open of the file: the facts, the newest summary,
         the turns after it, and the forget epoch."""
         with self.connect() as con:
-            summary = latest_summary(con, conversation)
-            return Snapshot(
-                facts=all_facts(con),
-                summary=summary,
-                turns=turns_after(con, conversation, summary and summary.last_seq),
-                forget_epoch=forget_epoch(con),
-            )
+            return _snapshot(con, conversation)
+
+    def append_and_snapshot(
+        self,
+        conversation: str,
+        text: str,
+        token_ids: Sequence[int],
+        encoded_by: str,
+    ) -> tuple[Turn, Snapshot]:
+        """Log the person's message with the token ids `encoded_by` (a model identity) encoded
+        it as, and read the snapshot the reply is written from: one open of the file, where
+        opening one costs more than the rest of the turn's bookkeeping."""
+        with self.connect() as con:
+            ids = list(token_ids)
+            turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
+            return turn, _snapshot(con, conversation)
 
     def forget_epoch(self) -> int:
         """Counts deletions and edits: a KV cache built before a change may hold removed text."""
@@ -85,13 +95,15 @@ class Store(TurnLog, SummaryLog, FactList):
 
     def delete_facts(self, ids: list[int], turn_ids: Sequence[int] = ()) -> Deletion:
         """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
-        summaries that had them in their prompt; their bytes are erased from the file and
+        summaries that had them in their prompt; their bytes are erased from the files and
         every KV cache. `turn_ids` (turns that quote the facts) go in the same operation."""
-        with self.forgetting() as con:
-            facts = _delete_facts(con, [get_fact(con, fid) for fid in dict.fromkeys(ids)])
+        with self.forgetting() as erasure:
+            con = erasure.con
+            victims = [get_fact(con, fid) for fid in dict.fromkeys(ids)]
+            facts = _delete_facts(erasure, victims)
             if not turn_ids:
                 return facts
-            turns = _delete_turns(con, [get_turn(con, tid) for tid in dict.fromkeys(turn_ids)])
+            turns = _delete_turns(erasure, [get_turn(con, tid) for tid in dict.fromkeys(turn_ids)])
             hit = facts.summaries + turns.summaries
             return Deletion(turns.turns, hit, turns.conversations, facts.facts + turns.facts)
 
@@ -99,22 +111,20 @@ class Store(TurnLog, SummaryLog, FactList):
         """Delete every fact (or every fact from `source`), as delete_facts does."""
         if source is not None and source not in SOURCES:
             raise InputError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
-        with self.forgetting() as con:
-            victims = [f for f in all_facts(con) if source is None or f.source == source]
-            return _delete_facts(con, victims)
+        with self.forgetting() as erasure:
+            victims = [f for f in all_facts(erasure.con) if source is None or f.source == source]
+            return _delete_facts(erasure, victims)
 
     def edit_fact(self, fact_id: int, text: str) -> Fact:
         """Replace a fact's text; the old text is erased from disk and caches, with the
         summaries that saw it."""
         text = check_text(text, "fact", allow_empty=False).strip()
-        with self.forgetting() as con:
-            get_fact(con, fact_id)
-            _summaries_that_saw(con, [fact_id])
-            con.execute(
-                "UPDATE facts SET text = ?, updated_at = ? WHERE id = ?",
-                [text, to_db(utc_now()), fact_id],
-            )
-            return get_fact(con, fact_id)
+        now = utc_now()
+        with self.forgetting() as erasure:
+            old = get_fact(erasure.con, fact_id)
+            _summaries_that_saw(erasure.con, [fact_id])
+            erasure.edit_fact(fact_id, text, to_db(now))
+        return replace(old, text=text, updated_at=now)
 
     def mentions(self, fact: Fact) -> list[Turn]:
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
@@ -122,15 +132,16 @@ class Store(TurnLog, SummaryLog, FactList):
 
     def delete_turns(self, ids: list[int]) -> Deletion:
         """Delete turns by id, and every summary whose range covers one of them."""
-        with self.forgetting() as con:
-            victims = [get_turn(con, tid) for tid in dict.fromkeys(ids)]
-            return _delete_turns(con, victims)
+        with self.forgetting() as erasure:
+            victims = [get_turn(erasure.con, tid) for tid in dict.fromkeys(ids)]
+            return _delete_turns(erasure, victims)
 
     def delete_turn_range(self, conversation: str, first_seq: int, last_seq: int) -> Deletion:
         """Delete the turns first_seq..last_seq (inclusive) of `conversation`."""
         if first_seq > last_seq:
             raise InputError(f"empty range: {first_seq} is after {last_seq}")
-        with self.forgetting() as con:
+        with self.forgetting() as erasure:
+            con = erasure.con
             conversation_id(con, conversation)
             rows = con.execute(
                 f"{SELECT_TURNS} WHERE c.name = ? AND m.seq BETWEEN ? AND ? ORDER BY m.seq",
@@ -140,14 +151,15 @@ class Store(TurnLog, SummaryLog, FactList):
                 raise NotFoundError(
                     f"no turns {first_seq}..{last_seq} in conversation {conversation!r}"
                 )
-            return _delete_turns(con, [turn_of(row) for row in rows])
+            return _delete_turns(erasure, [turn_of(row) for row in rows])
 
     def delete_conversation(self, name: str) -> Deletion:
         """Delete a conversation with all its turns and summaries."""
-        with self.forgetting() as con:
+        with self.forgetting() as erasure:
+            con = erasure.con
             cid = conversation_id(con, name)
             rows = con.execute(f"{SELECT_TURNS} WHERE c.id = ? ORDER BY m.seq", [cid]).fetchall()
-            deletion = _delete_turns(con, [turn_of(row) for row in rows])
+            deletion = _delete_turns(erasure, [turn_of(row) for row in rows])
             rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
             con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
             con.execute("DELETE FROM conversations WHERE id = ?", [cid])
@@ -155,9 +167,20 @@ class Store(TurnLog, SummaryLog, FactList):
         return Deletion(deletion.turns, hit, [name], deletion.facts)
 
 
-def _delete_turns(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> Deletion:
+def _snapshot(con: duckdb.DuckDBPyConnection, conversation: str) -> Snapshot:
+    summary = latest_summary(con, conversation)
+    return Snapshot(
+        facts=all_facts(con),
+        summary=summary,
+        turns=turns_after(con, conversation, summary and summary.last_seq),
+        forget_epoch=forget_epoch(con),
+    )
+
+
+def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
     """Delete turns, the automatic facts extracted from them, and every summary that saw
     either."""
+    con = erasure.con
     ids = [t.id for t in victims]
     rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, message_id)", [ids]).fetchall()
     taken = [fact_of(row) for row in rows]
@@ -166,16 +189,17 @@ def _delete_turns(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> Deleti
     for name in names:
         seqs = [t.seq for t in victims if t.conversation == name]
         hit += summaries.delete_derived(con, name, seqs=seqs)
-    deletion = _delete_facts(con, taken)
+    deletion = _delete_facts(erasure, taken)
     con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
     return Deletion(victims, hit + deletion.summaries, names, taken)
 
 
-def _delete_facts(con: duckdb.DuckDBPyConnection, victims: list[Fact]) -> Deletion:
-    """Delete facts, and in every conversation the summaries that had them in their prompt."""
+def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
+    """Delete facts (from the facts file, once the main file has committed), and in every
+    conversation the summaries that had them in their prompt."""
     ids = [f.id for f in victims]
-    hit = _summaries_that_saw(con, ids)
-    con.execute("DELETE FROM facts WHERE list_contains(?, id)", [ids])
+    hit = _summaries_that_saw(erasure.con, ids)
+    erasure.delete_facts(ids)
     return Deletion([], hit, [], victims)
 
 

@@ -60,37 +60,18 @@ class TurnLog(Database):
         created on first use. With it (a reply, derived from what the store held at that
         forget epoch) the write is refused with StaleError if anything was deleted since, and
         a deleted conversation is never recreated."""
-        if role not in ROLES:
-            raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-        check_text(text, "message")
-        check_text(conversation, "conversation name", allow_empty=False)
-        now = utc_now()
         with self.guarded(epoch) as con:
-            cid = conversation_id(con, conversation, create=now if epoch is None else None)
-            (seq,) = con.execute(
-                "UPDATE conversations SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
-                [cid],
-            ).fetchone()
-            (mid,) = con.execute(
-                "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count,"
-                " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " RETURNING id",
-                [
-                    cid,
-                    seq,
-                    role,
-                    text,
-                    to_db(now),
-                    token_count,
-                    interrupted,
-                    sampled_ids,
-                    sampled_by,
-                ],
-            ).fetchone()
-        ids = None if sampled_ids is None else tuple(sampled_ids)
-        return Turn(
-            mid, conversation, seq, role, text, now, token_count, interrupted, ids, sampled_by
-        )
+            return insert_turn(
+                con,
+                conversation,
+                role,
+                text,
+                token_count,
+                interrupted,
+                sampled_ids,
+                sampled_by,
+                create=epoch is None,
+            )
 
     def turns(self, conversation: str, after_seq: int | None = None) -> list[Turn]:
         """The turns of `conversation` in order (those after `after_seq` if given)."""
@@ -127,6 +108,36 @@ class TurnLog(Database):
         with self.connect() as con:
             rows = con.execute(f"{sql} ORDER BY m.id DESC LIMIT ?", [*params, limit]).fetchall()
         return [turn_of(row) for row in rows]
+
+
+def insert_turn(
+    con: duckdb.DuckDBPyConnection,
+    conversation: str,
+    role: str,
+    text: str,
+    token_count: int | None = None,
+    interrupted: bool = False,
+    sampled_ids: list[int] | None = None,
+    sampled_by: str | None = None,
+    create: bool = True,
+) -> Turn:
+    """Append a turn inside an open transaction (see TurnLog.append_turn)."""
+    if role not in ROLES:
+        raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    check_text(text, "message")
+    check_text(conversation, "conversation name", allow_empty=False)
+    now = utc_now()
+    cid = conversation_id(con, conversation, create=now if create else None)
+    (seq,) = con.execute(
+        "UPDATE conversations SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", [cid]
+    ).fetchone()
+    (mid,) = con.execute(
+        "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count,"
+        " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        [cid, seq, role, text, to_db(now), token_count, interrupted, sampled_ids, sampled_by],
+    ).fetchone()
+    ids = None if sampled_ids is None else tuple(sampled_ids)
+    return Turn(mid, conversation, seq, role, text, now, token_count, interrupted, ids, sampled_by)
 
 
 def turns_after(

@@ -1,0 +1,170 @@
+"""What a turn costs outside the engine: the time `Companion.send` spends before the engine
+starts its own clock (store write, store read, prompt assembly and tokenization, the slot
+lookup), split by phase. The engine's share is its own `ttft_s`.
+
+The phases are timed by wrapping the methods a turn calls on its store, budget and engine
+objects, so the core carries nothing for the benchmark.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
+from mlxmem.engine import Engine
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.facts import insert_fact
+from mlxmem.memory.store import Store
+from mlxmem.memory.turns import insert_turn
+
+OVERHEAD_CONVERSATION = "bench-overhead"
+OVERHEAD_SLOT = f"{OVERHEAD_CONVERSATION}/chat"
+# The phases reported, in the order a turn runs them.
+# store: every open of the database (log the message, read the window); assembly: the prompt
+# and its tokenization; engine_entry: the slot lookup before the engine's clock starts;
+# other: the rest (checks, encoding the new message).
+PHASES = ("store", "assembly", "engine_entry", "other")
+STORE_METHODS = ("append_turn", "snapshot", "append_and_snapshot")
+
+
+@dataclass
+class PhaseClock:
+    """Calls timed per phase in the current turn, and the engine's figures."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    calls: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def wrap(self, phase: str, func: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.calls.append((phase, start, time.perf_counter()))
+
+        return timed
+
+    def before(self, moment: float) -> dict[str, float]:
+        """Seconds per phase in the calls that ended before `moment` (the first token)."""
+        totals = dict.fromkeys(PHASES[:2], 0.0)
+        for phase, start, end in self.calls:
+            if end <= moment:
+                totals[phase] += end - start
+        return totals
+
+    def wrap_stream(self, func: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+        """The engine's stream: from the call to its first chunk, less the engine's own
+        time to first token (which starts at the cache trim), is the slot lookup."""
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            first = None
+            for chunk in func(*args, **kwargs):
+                first = first or time.perf_counter()
+                if chunk.stats is not None:
+                    self.seconds["engine_ttft"] = chunk.stats.ttft_s
+                    self.seconds["engine_entry"] = max(0.0, first - start - chunk.stats.ttft_s)
+                    self.seconds["first_chunk_at"] = first
+                yield chunk
+
+        return timed
+
+
+@dataclass
+class OverheadResult:
+    window_tokens: int
+    facts: int
+    trials: list[dict[str, float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        phases = {p: _median_ms(self.trials, p) for p in PHASES}
+        return {
+            "overhead_ms": _median_ms(self.trials, "overhead"),
+            "overhead_phases_ms": phases,
+            "overhead_window_tokens": self.window_tokens,
+            "overhead_facts": self.facts,
+            "overhead_engine_ttft_s": statistics.median(t["engine_ttft"] for t in self.trials),
+        }
+
+
+def measure_overhead(
+    engine: Engine,
+    window_tokens: int,
+    trials: int,
+    facts: int = 20,
+    seed: int = DEFAULT_BENCH_SEED,
+) -> OverheadResult:
+    """Turns at a window of about `window_tokens` (filled from a synthetic chat), each sending
+    a message and taking one token: per trial the time before the engine's clock starts. The
+    first turn (which fills the KV slot) is not counted."""
+    exchanges = synthetic_exchanges(max(40, window_tokens // 10) + trials + 1, seed)
+    with _scratch_store() as store:
+        companion = Companion(
+            engine,
+            store,
+            OVERHEAD_CONVERSATION,
+            context_tokens=max(1024, window_tokens * 5 // 4 + 512),
+            response_reserve=256,
+            settings=ChatSettings(extract_facts=False, max_tokens=1),
+        )
+        _fill(store, engine, exchanges[: -trials - 1], window_tokens, facts)
+        rows = [_one_turn(companion, user) for user, _ in exchanges[-trials - 1 :]][1:]
+        engine.drop_slot(companion.slot)
+        return OverheadResult(len(companion.context().tokens), facts, rows)
+
+
+def _fill(store: Store, engine: Engine, exchanges, window_tokens: int, facts: int) -> int:
+    """Log facts, then exchanges (no model calls) until the turns hold about `window_tokens`
+    tokens."""
+    used = 0
+    with store.connect() as con:  # the facts file: a transaction writes to one file
+        for i in range(facts):
+            insert_fact(con, f"Synthetic fact {i}: the person likes item {i}.", "manual")
+    with store.connect() as con:
+        for user, reply in exchanges:
+            if used >= window_tokens:
+                break
+            for role, text in (("user", user), ("assistant", reply)):
+                insert_turn(con, OVERHEAD_CONVERSATION, role, text)
+                used += engine.count_text(text) + 5  # the template's markers, about
+    return used
+
+
+def _one_turn(companion: Companion, text: str) -> dict[str, float]:
+    clock = PhaseClock()
+    store, budget, engine = companion.store, companion.budget, companion.engine
+    wrapped = [(store, name, "store") for name in STORE_METHODS] + [
+        (budget, "assemble", "assembly")
+    ]
+    for obj, name, phase in wrapped:
+        setattr(obj, name, clock.wrap(phase, getattr(obj, name)))
+    engine.stream = clock.wrap_stream(engine.stream)
+    start = time.perf_counter()
+    try:
+        companion.send(text)
+    finally:
+        for obj, name, _ in [*wrapped, (engine, "stream", "")]:
+            del obj.__dict__[name]  # back to the class's method
+    s = clock.seconds
+    # The first chunk's arrival, less the engine's own clock: everything else before it.
+    s["overhead"] = s["first_chunk_at"] - start - s["engine_ttft"]
+    s.update(clock.before(s["first_chunk_at"]))
+    s["other"] = s["overhead"] - sum(s[p] for p in PHASES[:-1])
+    return s
+
+
+def _median_ms(rows: Sequence[dict[str, float]], key: str) -> float:
+    return 1e3 * statistics.median(r.get(key, 0.0) for r in rows)
+
+
+@contextmanager
+def _scratch_store() -> Iterator[Store]:
+    with tempfile.TemporaryDirectory(prefix="mlxmem-bench-overhead-") as tmp:
+        yield Store(Path(tmp) / "overhead.duckdb")

@@ -1,0 +1,183 @@
+"""`mlxmem bench scale`: what a long-lived log costs. For each size, a data directory with that
+many messages (ten years of daily chats in one conversation, all but the newest turns folded
+into a summary) and 300 facts, built with bulk SQL; then the operations a person runs, timed:
+
+- turn_overhead_ms: a turn without the model (Companion.begin and finish on the fake engine);
+- search_s: `mlxmem history search`; memory_list_s: `mlxmem memory list`;
+- memory_rm_s: `mlxmem memory rm`: mentions_s (the search for turns quoting the fact) plus
+  fact_erase_s (erasing one fact for good);
+- history_rm_s: `mlxmem history rm` (erasing one turn for good).
+
+No model runs: the figures are the store's, which a ten-year log must not slow down.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, no_progress
+from mlxmem.bench.synth import ACTIVITIES, FEELINGS, PEOPLE, PLACES
+from mlxmem.engine import GenerationStats
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.store import Store
+from mlxmem.testing import FakeEngine
+
+DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
+DEFAULT_SCALE_TRIALS = 3
+MAX_SCALE_TRIALS = 100  # each trial erases one fact and one turn of the window
+MIN_SCALE_SIZE = 1000
+SCALE_FACTS = 300
+SCALE_CONVERSATION = "default"
+SCALE_WINDOW_TURNS = 20  # turns after the summary: the verbatim window
+SCALE_CONTEXT_TOKENS = 4096
+YEARS = 10
+# A word no synthetic message contains but one old message: what a search looks for.
+NEEDLE = "quokka"
+NEEDLE_ID = 3
+
+
+@dataclass
+class SizeResult:
+    messages: int
+    db_bytes: int
+    build_s: float
+    trials: dict[str, list[float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"messages": self.messages, "db_bytes": self.db_bytes}
+        row["build_s"] = self.build_s
+        for name, values in self.trials.items():
+            row[name] = statistics.median(values)
+        row["spread"] = {k: [min(v), max(v)] for k, v in self.trials.items()}
+        return row
+
+
+@dataclass
+class ScaleResult:
+    sizes: list[SizeResult]
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [s.to_dict() for s in self.sizes]
+        result: dict[str, Any] = {"kind": "scale", "settings": self.settings, "sizes": rows}
+        first, last = rows[0], rows[-1]
+        for key in ("turn_overhead_ms", "memory_rm_s", "fact_erase_s", "search_s"):
+            result[f"{key}_growth"] = last[key] / first[key] if first[key] else None
+        return result
+
+
+def run_scale(
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    trials: int = DEFAULT_SCALE_TRIALS,
+    seed: int = DEFAULT_BENCH_SEED,
+    progress: Progress = no_progress,
+) -> ScaleResult:
+    settings = {"sizes": list(sizes), "trials": trials, "facts": SCALE_FACTS, "seed": seed}
+    results = []
+    for i, size in enumerate(sizes):
+        progress(f"{size:,} messages", i, len(sizes))
+        with tempfile.TemporaryDirectory(prefix="mlxmem-bench-scale-") as tmp:
+            results.append(_measure(Path(tmp), size, trials, seed))
+    progress("done", len(sizes), len(sizes))
+    return ScaleResult(results, settings)
+
+
+def _measure(home: Path, size: int, trials: int, seed: int) -> SizeResult:
+    start = time.perf_counter()
+    store = build_log(home / "mlxmem.duckdb", size, seed)
+    build_s = time.perf_counter() - start
+    times: dict[str, list[float]] = {}
+    engine = FakeEngine()
+    settings = ChatSettings(extract_facts=False)
+    context = SCALE_CONTEXT_TOKENS
+    for i in range(trials):
+        companion = Companion(engine, store, SCALE_CONVERSATION, context, 512, settings)
+        text = f"Trial {i}: a quiet evening."
+        _time(times, "turn_overhead_ms", lambda: _turn(companion, text))  # noqa: B023
+        times["turn_overhead_ms"][-1] *= 1e3
+        _time(times, "search_s", lambda: store.search(NEEDLE))
+        _time(times, "memory_list_s", store.facts)
+        fact = store.facts()[i]
+        # `memory rm`: look for turns quoting the fact (a search of the log), then erase it.
+        _time(times, "mentions_s", lambda: store.mentions(fact))  # noqa: B023
+        _time(times, "fact_erase_s", lambda: store.delete_facts([fact.id]))  # noqa: B023
+        times.setdefault("memory_rm_s", []).append(
+            times["mentions_s"][-1] + times["fact_erase_s"][-1]
+        )
+        # A turn of the window (an older one would take the summary over it along).
+        _time(times, "history_rm_s", lambda: store.delete_turns([size - i]))  # noqa: B023
+    db_bytes = sum(p.stat().st_size for p in home.iterdir() if p.is_file())
+    return SizeResult(size, db_bytes, build_s, times)
+
+
+def _turn(companion: Companion, text: str) -> None:
+    turn = companion.begin(text)
+    stats = GenerationStats(len(turn.prompt.tokens), 0, 0, 1, 0.0, 0.0, 0.0, 0.0, "stop")
+    companion.finish(turn, "I hear you.", stats, None)
+
+
+def _time(times: dict[str, list[float]], name: str, action: Callable[[], Any]) -> None:
+    start = time.perf_counter()
+    action()
+    times.setdefault(name, []).append(time.perf_counter() - start)
+
+
+def build_log(path: Path, messages: int, seed: int = DEFAULT_BENCH_SEED) -> Store:
+    """A store with `messages` turns over ten years in one conversation (alternating user and
+    assistant), a summary covering all but the newest SCALE_WINDOW_TURNS, and SCALE_FACTS facts;
+    written with a few bulk SQL statements. Message `NEEDLE_ID` alone holds NEEDLE."""
+    store = Store(path)
+    first_day = datetime(2016, 1, 1)
+    step_s = YEARS * 365 * 86400 / max(1, messages)
+    words = [*PEOPLE, *PLACES, *ACTIVITIES, *FEELINGS]
+    with store.connect() as con:
+        con.execute(
+            "INSERT INTO conversations (name, created_at, last_seq) VALUES (?, ?, ?)",
+            [SCALE_CONVERSATION, first_day, messages],
+        )
+        (cid,) = con.execute("SELECT id FROM conversations").fetchone()
+        # Each message: six phrases picked by hashing its number with the seed.
+        picks = " || ' ' || ".join(
+            f"list_extract($words, 1 + (hash(i * 7 + {k} + $seed) % {len(words)})::INTEGER)"
+            for k in range(6)
+        )
+        con.execute(
+            f"""INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count)
+            SELECT $cid, i, CASE WHEN i % 2 = 1 THEN 'user' ELSE 'assistant' END,
+                'Day ' || (i // 6) || ': ' || {picks}
+                    || CASE WHEN i = {NEEDLE_ID} THEN ' {NEEDLE}' ELSE '' END,
+                $first + to_seconds(CAST(i * $step AS DOUBLE)), 40
+            FROM range(1, $n + 1) t(i)""",
+            {
+                "cid": cid,
+                "words": words,
+                "seed": seed,
+                "first": first_day,
+                "step": step_s,
+                "n": messages,
+            },
+        )
+        last_folded = max(0, messages - SCALE_WINDOW_TURNS)
+        if last_folded:
+            con.execute(
+                "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
+                " created_at, fact_ids) VALUES (?, ?, 1, ?, 20, ?, [])",
+                [cid, "Ten years of evenings: walks, work, family.", last_folded, first_day],
+            )
+    now = first_day + timedelta(days=YEARS * 365)
+    with store.connect() as con:  # the facts file: a transaction writes to one file
+        con.execute(
+            """INSERT INTO facts (id, text, source, created_at, updated_at)
+            SELECT i, 'Fact ' || i || ': ' || list_extract($words, 1 + (i % $k)::INTEGER)
+                || ' matters to the person.', 'manual', $now, $now FROM range(1, $n + 1) t(i)""",
+            {"words": words, "k": len(words), "now": now, "n": SCALE_FACTS},
+        )
+        con.execute("UPDATE fact_counter SET last_id = ?", [SCALE_FACTS])
+    return store
