@@ -25,6 +25,7 @@ from mlxmem.memory.facts import (
     fact_of,
     get_fact,
 )
+from mlxmem.memory.recall import RECALL_TURNS, search_before
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
     SEARCH_LIMIT,
@@ -60,22 +61,32 @@ class Snapshot:
     summary: Summary | None
     turns: list[Turn]  # the verbatim window: turns after the summary's range
     forget_epoch: int
+    recalled: list[Turn] = field(default_factory=list)  # older turns matching `recall_terms`
 
 
 class Store(TurnLog, SummaryLog, FactList):
     """The chat log, summaries and facts in the DuckDB file at `path` (default:
     paths.db_path()), with the KV cache folder its deletions wipe."""
 
-    def snapshot(self, conversation: str) -> Snapshot:
+    def snapshot(
+        self, conversation: str, recall_terms: Sequence[str] = (), recall_limit: int = RECALL_TURNS
+    ) -> Snapshot:
         """Everything a turn reads, in one open of the file: the facts, the newest summary,
-        the turns after it, and the forget epoch."""
+        the turns after it, the forget epoch, and (given `recall_terms`) the turns before the
+        window that match them best."""
         with self.connect() as con:
             summary = latest_summary(con, conversation)
+            recalled = []
+            if summary is not None and recall_terms:
+                recalled = search_before(
+                    con, conversation, summary.last_seq, recall_terms, recall_limit
+                )
             return Snapshot(
                 facts=all_facts(con),
                 summary=summary,
                 turns=turns_after(con, conversation, summary and summary.last_seq),
                 forget_epoch=forget_epoch(con),
+                recalled=recalled,
             )
 
     def forget_epoch(self) -> int:
