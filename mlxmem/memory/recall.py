@@ -46,15 +46,20 @@ _PAST_RE = re.compile(
     re.IGNORECASE,
 )
 
+# Document length is counted in characters (the same ratio to the mean as words, near enough),
+# so that only the turns containing a query word are split into words at all.
 _BM25_SQL = f"""
-WITH docs AS (
-    SELECT m.id, regexp_split_to_array(lower(m.text), '[^a-z0-9]+') AS toks
-    FROM messages m JOIN conversations c ON c.id = m.conversation_id
+WITH scope AS (
+    SELECT m.id, m.text FROM messages m JOIN conversations c ON c.id = m.conversation_id
     WHERE c.name = ? AND m.seq <= ?
 ),
-stats AS (SELECT count(*) AS n, avg(len(toks)) AS avgdl FROM docs),
+stats AS (SELECT count(*) AS n, avg(length(text)) AS avgdl FROM scope),
+docs AS (
+    SELECT id, length(text) AS dl, regexp_split_to_array(lower(text), '[^a-z0-9]+') AS toks
+    FROM scope WHERE regexp_matches(lower(text), ?)
+),
 hits AS (
-    SELECT id, tok AS term, dl FROM (SELECT id, len(toks) AS dl, unnest(toks) AS tok FROM docs)
+    SELECT id, tok AS term, dl FROM (SELECT id, dl, unnest(toks) AS tok FROM docs)
     WHERE list_contains(?, tok)
 ),
 tf AS (SELECT id, term, dl, count(*) AS f FROM hits GROUP BY id, term, dl),
@@ -88,9 +93,12 @@ def search_before(
     limit: int = RECALL_TURNS,
 ) -> list[Turn]:
     """The turns of `conversation` up to `last_seq` that best match `terms` (BM25), best first."""
+    terms = [t for t in terms if _WORD_RE.fullmatch(t)]
     if not terms or last_seq < 1 or limit < 1:
         return []
-    ranked = con.execute(_BM25_SQL, [conversation, last_seq, list(terms), limit]).fetchall()
+    pattern = "|".join(terms)  # words of [a-z0-9]: nothing to escape
+    params = [conversation, last_seq, pattern, list(terms), limit]
+    ranked = con.execute(_BM25_SQL, params).fetchall()
     if not ranked:
         return []
     ids = [row[0] for row in ranked]
