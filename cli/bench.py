@@ -286,7 +286,9 @@ def restart(
 
 @app.command("history")
 def history(
-    kind: str = typer.Option(None, "--kind", help="Only runs of this kind: speed, turns, restart."),
+    kind: str = typer.Option(
+        None, "--kind", help="Only runs of this kind: speed, turns, restart, eval."
+    ),
     limit: int = typer.Option(bench.DEFAULT_HISTORY_LIMIT, "--limit", min=1, help="Newest N."),
     run_id: int = typer.Option(None, "--id", help="One run, with all its results (use --json)."),
     db: Path = DB,

@@ -54,7 +54,7 @@ __all__ = [
     "synthetic_transcript",
 ]
 
-KINDS = ("speed", "turns", "restart")
+KINDS = ("speed", "turns", "restart", "eval")
 DEFAULT_HISTORY_LIMIT = 20
 
 
@@ -70,7 +70,8 @@ class BenchRun:
     created_at: datetime | None = None
 
     @classmethod
-    def of(cls, result: SpeedResult | TurnsResult | RestartResult, model: BenchModel) -> BenchRun:
+    def of(cls, result, model: BenchModel) -> BenchRun:
+        """The record of a result (SpeedResult, TurnsResult, RestartResult, EvalResult)."""
         data = result.to_dict()
         return cls(data["kind"], model.to_dict(), data["settings"], data)
 
@@ -91,10 +92,11 @@ class BenchRun:
 
 
 @contextlib.contextmanager
-def bench_engine(model: BenchModel) -> Iterator[MLXEngine]:
-    """The model loaded with a scratch KV cache directory (slots persist there, as in a chat)."""
+def bench_engine(model: BenchModel, persist: bool = True) -> Iterator[MLXEngine]:
+    """The model loaded with a scratch KV cache directory (slots persist there, as in a chat;
+    with `persist` False they stay in memory, where an eval wants them)."""
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-kv-") as tmp:
-        yield MLXEngine(model.path, cache_dir=Path(tmp))
+        yield MLXEngine(model.path, cache_dir=Path(tmp) if persist else None)
 
 
 # -- storing and reading runs -------------------------------------------------------------------
@@ -238,6 +240,10 @@ def headline(run: BenchRun) -> dict[str, Any]:
             figures[f"ttft_s@{n}"] = row["ttft_s"]
             figures[f"cached_ttft_ratio@{n}"] = row["cached_ttft_ratio"]
         return figures
+    if run.kind == "eval":
+        from mlxmem.bench.eval_locomo import headline as eval_headline
+
+        return eval_headline(results)
     keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE
     return {key: results.get(key) for key in keys}
 

@@ -200,7 +200,8 @@ class PromptBudget:
         if not recalled or prompt.messages[-1].role != "user":
             return prompt
         cap = min(int(self.budget * RECALL_SHARE), prompt.layers.free)
-        lines = [(i, shorten(self.engine, text, RECALLED_TURN_TOKENS)) for i, text in recalled]
+        each = min(RECALLED_TURN_TOKENS, cap // 2)  # room for two turns at least
+        lines = [(i, shorten(self.engine, text, each)) for i, text in recalled]
         *head, newest = prompt.messages
         while lines:
             text = recall_block([line for _, line in lines], newest.content)

@@ -21,7 +21,7 @@ from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudg
 from mlxmem.memory.budget import response_reserve as budget_reserve
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
-from mlxmem.memory.recall import query_terms, recall_line, refers_to_past
+from mlxmem.memory.recall import RECALL_SHARE, query_terms, recall_line, refers_to_past
 from mlxmem.memory.store import Deletion, Fact, Snapshot, Store, Turn
 from mlxmem.memory.window import UNANSWERED, CollapseEvent, ConversationWindow, summary_cap
 from mlxmem.text import check_text
@@ -146,6 +146,7 @@ class Companion:
             + 32  # the headers of the facts and summary blocks
             + 2 * (MIN_MESSAGE_TOKENS + 16)
             + budget_reserve(self.response_reserve, budget)
+            + (int(budget * RECALL_SHARE) if self.settings.recall else 0)
         )
 
     # -- layer 3 in the prompt --------------------------------------------------------------
@@ -179,6 +180,12 @@ class Companion:
         if not snap.recalled:
             return prompt
         return self.budget.add_recall(prompt, [(t.id, recall_line(t)) for t in snap.recalled])
+
+    @property
+    def recall_room(self) -> int:
+        """Tokens the window leaves free for a recall block when recall is on: folding keeps
+        them free, so a recalled turn never waits for the next collapse to fit."""
+        return int(self.budget.budget * RECALL_SHARE) if self.settings.recall else 0
 
     def recall_terms(self, text: str) -> list[str]:
         """What to search the log for, if recall is on and `text` may refer to the past."""
@@ -334,7 +341,7 @@ class Companion:
         while True:
             snap = self.store.snapshot(self.conversation, recall_terms)
             prompt = self._assemble(snap)
-            if prompt.fits(headroom):
+            if prompt.fits(headroom + self.recall_room):
                 return events, snap, prompt
             if on_status:
                 on_status("folding older turns into the summary")
