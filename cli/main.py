@@ -5,6 +5,7 @@ import os
 import typer
 
 from mlxmem import __version__
+from mlxmem.cpu import reexec_with_openblas
 
 from . import bench, chat, eval, history, memory, models
 from .common import ErrorsAsMessages
@@ -45,3 +46,10 @@ app.add_typer(history.app, name="history")
 app.add_typer(bench.app, name="bench")
 app.add_typer(eval.app, name="eval")
 app.add_typer(models.app, name="models")
+
+
+def run() -> None:
+    """The `mlxmem` command: on Linux with a system OpenBLAS, first re-run this process with
+    it preloaded (prefill several times faster on the CPU, see mlxmem.cpu), then the app."""
+    reexec_with_openblas()
+    app(prog_name="mlxmem")

@@ -1,4 +1,5 @@
-"""`mlxmem models`: the registry of models; list them, download one, write a tiny test model."""
+"""`mlxmem models`: the registry of models; list them, download one, import a GGUF file,
+write a tiny test model."""
 
 import time
 from pathlib import Path
@@ -15,7 +16,8 @@ from .common import JSON, print_json
 
 app = typer.Typer(
     help="The models mlxmem knows by name (mlxmem/models.toml, plus a models.toml in the data "
-    "directory): list them, download one now, or write a tiny random-weight test model.",
+    "directory): list them, download one now, import a GGUF file, or write a tiny "
+    "random-weight test model.",
     no_args_is_help=True,
 )
 
@@ -31,6 +33,8 @@ def spec_record(spec: ModelSpec) -> dict[str, Any]:
         "arch": spec.arch,
         "generated": spec.generated,
         "description": spec.description,
+        "source": spec.origin,
+        "license": spec.license,
         "downloaded": is_downloaded(spec),
         "default": spec.is_default,
     }
@@ -43,12 +47,16 @@ def list_models(as_json: bool = JSON) -> None:
     if as_json:
         print_json(records)
         return
-    table = Table("alias", "repo / path", "context", "reserve", "downloaded", caption="* default")
+    table = Table(caption="* default")
+    table.add_column("alias", no_wrap=True)
+    for column in ("source", "license", "context", "reserve", "on disk"):
+        table.add_column(column)
     for r in records:
         alias = f"{r['alias']} *" if r["default"] else r["alias"]
-        source = Text(r["repo"] or r["path"], overflow="fold")
+        source = Text(r["source"], overflow="fold")
         context, reserve = str(r["context_tokens"]), str(r["response_reserve"])
-        table.add_row(alias, source, context, reserve, "yes" if r["downloaded"] else "no")
+        downloaded = "yes" if r["downloaded"] else "no"
+        table.add_row(alias, source, r["license"], context, reserve, downloaded)
     Console().print(table)
 
 
@@ -64,6 +72,32 @@ def pull(
 
 
 # Module-level, as ruff's B008 asks for a default that is not a plain immutable value.
+GGUF_FILE = typer.Argument(..., metavar="FILE", help="A .gguf file (or an Ollama blob).")
+
+
+@app.command("import-gguf")
+def import_gguf(
+    gguf: Path = GGUF_FILE,
+    name: str | None = typer.Option(
+        None, "--name", metavar="ALIAS", help="Alias to register (default: from the metadata)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace a model already imported."),
+) -> None:
+    """Convert a GGUF file into an MLX model and register an alias for it.
+
+    Supported: llama and qwen2 architectures with F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors and a
+    byte-level BPE tokenizer. Anything else is refused, and nothing is left half-written.
+    """
+    from mlxmem.gguf import import_gguf as convert
+
+    result = convert(gguf, alias=name, progress=True, force=force)
+    types = ", ".join(f"{n} x{c}" for n, c in sorted(result.tensor_types.items()))
+    typer.echo(
+        f"Imported {result.arch} model as {result.alias!r} ({types}) into {result.path} "
+        f"in {result.seconds:.1f} s. Chat with: mlxmem chat --model {result.alias}"
+    )
+
+
 TINY_PATH = typer.Argument(..., metavar="PATH", help="Directory to write the model into.")
 
 

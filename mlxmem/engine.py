@@ -167,6 +167,10 @@ class MLXEngine(Engine):
             self.model, self.tokenizer = load(str(model_path))
         except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
             raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
+        # Without a GPU, float32 through a BLAS beats MLX's quantized CPU kernels (see mlxmem.cpu).
+        from mlxmem.cpu import dequantize_for_cpu
+
+        self.dequantized = dequantize_for_cpu(self.model)
         self.hf = self.tokenizer._tokenizer
         self.special_tokens = sorted(
             {str(t) for t in self.hf.all_special_tokens}
@@ -179,6 +183,8 @@ class MLXEngine(Engine):
         maybe_set_recommended_wired_limit()
         self.model_path = Path(model_path)
         self.model_id = model_id or model_identity(self.model_path)
+        if self.dequantized and model_id is None:  # its KV caches are float32, not float16
+            self.model_id += "-f32"
         self.slots = SlotPool(
             lambda: make_prompt_cache(self.model), self.model_id, cache_dir, max_slot_bytes
         )

