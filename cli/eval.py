@@ -108,6 +108,12 @@ def _tables(results: dict, label: str) -> None:
     for cid, row in results["per_conversation"].items():
         per.add_row(cid, *(_cell(row[c]) for c in ev.CONFIGS))
     Console().print(per)
+    for key in ("recall_vs_mlxmem", "oracle_vs_no_memory"):
+        d = results[key]
+        if d["mean"] is not None:
+            ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
+            verdict = "beats" if d["beats"] else "does not beat (interval includes 0 or below)"
+            err.print(f"{key}: F1 difference {d['mean']:+.3f}{ci}, n={d['n']}: {verdict}")
     for cid, layers in results["layers"].items():
         s, e = layers["summaries"], layers["entity_survival"]
         share = "-" if e["share"] is None else f"{e['share']:.0%}"

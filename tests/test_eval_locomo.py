@@ -104,6 +104,7 @@ def test_replay_and_probes_with_the_fake_engine(tmp_path):
     assert f1["recall"] > f1["mlxmem"]
     assert f1["oracle"] >= f1["recall"] >= f1["window"] >= f1["no_memory"]
     assert result["no_memory"]["f1"]["adversarial"]["mean"] == 1.0
+    assert result["oracle_vs_no_memory"]["beats"] and result["recall_vs_mlxmem"]["mean"] > 0
     layers = result["layers"]["conv-1"]
     assert layers["summaries"]["count"] >= 1 and layers["facts"]["extraction"].startswith("off")
     # Probes never touch the chat slot: after the replay it got no further call.

@@ -229,6 +229,15 @@ def aggregate(items: Sequence[dict], seed: int = 0) -> dict:
     return out
 
 
+def paired_difference(items: Sequence[dict], a: str, b: str, seed: int = 0) -> dict:
+    """Overall F1 of config `a` minus config `b` on the same questions (categories 1-4), with
+    a 95% bootstrap interval over questions: what decides whether `a` beats `b`."""
+    diffs = [i[a]["f1"] - i[b]["f1"] for i in items if i["category"] in SCORED]
+    mean = sum(diffs) / len(diffs) if diffs else None
+    ci = bootstrap_ci(diffs, seed)
+    return {"mean": mean, "ci": ci, "n": len(diffs), "beats": bool(ci and ci[0] > 0)}
+
+
 # -- the layers, measured ---------------------------------------------------------------------
 
 _CAPITALIZED_RE = re.compile(r"^[A-Z][a-z]+$")
@@ -372,6 +381,8 @@ class EvalResult:
             "kind": "eval",
             "settings": self.settings,
             **scores,
+            "recall_vs_mlxmem": paired_difference(self.items, "recall", "mlxmem", seed),
+            "oracle_vs_no_memory": paired_difference(self.items, "oracle", "no_memory", seed),
             "per_conversation": {
                 c["id"]: {
                     config: aggregate(c["items"], seed)[config]["f1"]["overall"]
