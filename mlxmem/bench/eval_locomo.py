@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlxmem.bench.common import Progress, no_progress, replay_turn
@@ -37,7 +37,7 @@ from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.recall import query_terms, recall_block, refers_to_past
+from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import as_messages
 
@@ -322,15 +322,11 @@ def ask(engine: Engine, tokens: list[int], slot: str) -> str:
     return lines[0] if lines else ""
 
 
-def _memory_prompt(companion: Companion, text: str, recall: bool):
-    """The prompt a chat turn would get for `text` (facts, summary, window), with the turns
-    recall finds or without; the store is read, never written."""
-    terms = query_terms(text) if recall and refers_to_past(text) else []
-    return companion._assemble(companion.store.snapshot(CONVERSATION, terms), text)
-
-
 def probe(companion: Companion, conv: LocomoConversation, question: Question) -> dict:
-    """One question under every configuration; nothing is logged."""
+    """One question under every configuration; nothing is logged. `companion` holds the
+    replayed conversation: a chat session over it, with recall on or off, assembles the
+    prompt of configs mlxmem and recall (`Companion.context`, which reads the store and never
+    writes it)."""
     engine, text = companion.engine, probe_text(conv, question)
     prompts = {
         "no_memory": companion.budget.assemble(
@@ -338,8 +334,17 @@ def probe(companion: Companion, conv: LocomoConversation, question: Question) ->
         ),
         "window": window_prompt(companion, text),
     }
-    prompts["mlxmem"] = _memory_prompt(companion, text, recall=False)
-    prompts["recall"] = _memory_prompt(companion, text, recall=True)
+    for config, recall in (("mlxmem", False), ("recall", True)):
+        settings = replace(companion.settings, recall=recall)
+        session = Companion(
+            engine,
+            companion.store,
+            CONVERSATION,
+            companion.budget.budget,
+            companion.response_reserve,
+            settings,
+        )
+        prompts[config] = session.context(text)
     prompts["oracle"] = oracle_prompt(companion, conv, question, text)
     item = {
         "question": question.question,
