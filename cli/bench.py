@@ -353,7 +353,7 @@ def scale(
 @app.command("history")
 def history(
     kind: str = typer.Option(
-        None, "--kind", help="Only runs of this kind: speed, turns, restart, scale."
+        None, "--kind", help="Only runs of this kind: speed, turns, restart, scale, eval."
     ),
     limit: int = typer.Option(bench.DEFAULT_HISTORY_LIMIT, "--limit", min=1, help="Newest N."),
     run_id: int = typer.Option(None, "--id", help="One run, with all its results (use --json)."),

@@ -15,6 +15,7 @@ from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
     DEFAULT_MODEL,
+    DEFAULT_RECALL,
     DEFAULT_SEED,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
@@ -31,7 +32,7 @@ Commands:
   /memory          what mlxmem remembers about you (id, source, text)
   /remember TEXT   add a fact yourself
   /forget ID...    delete facts for good
-  /context         how the context budget is spent right now
+  /context [TEXT]  how the context budget is spent right now (for TEXT, with what recall adds)
   /help            this list
   /quit            leave (Ctrl-D works too; Ctrl-C stops a reply)"""
 
@@ -63,6 +64,12 @@ def chat(
     ),
     facts: bool = typer.Option(
         True, "--facts/--no-facts", help="Let the model note durable facts about you."
+    ),
+    recall: bool = typer.Option(
+        DEFAULT_RECALL,
+        "--recall/--no-recall",
+        help="When a message may refer to the past, recall a few old turns from the log into "
+        "it (BM25 over the turns that left the window).",
     ),
     max_message_chars: int = typer.Option(
         DEFAULT_MAX_MESSAGE_CHARS,
@@ -102,6 +109,7 @@ def chat(
             max_tokens=max_tokens,
             seed=seed,
             extract_facts=facts,
+            recall=recall,
             max_message_chars=max_message_chars,
         ),
     )
@@ -169,7 +177,7 @@ def _command(companion: Companion, line: str) -> bool:
                 raise InputError("usage: /forget ID...")
             err.print(describe(companion.forget(ids)))
         elif name == "/context":
-            _print_context(companion)
+            _print_context(companion, arg.strip() or None)
         else:
             err.print(f"unknown command {name}; /help lists them")
     except ValueError:  # int() of an id
@@ -187,8 +195,8 @@ def _print_facts(companion: Companion) -> None:
         err.print(f"[{f.id}] ({f.source}) {f.text}")
 
 
-def _print_context(companion: Companion) -> None:
-    prompt = companion.context()
+def _print_context(companion: Companion, draft: str | None = None) -> None:
+    prompt = companion.context(draft)
     table = Table(title=f"context budget: {prompt.budget} tokens")
     table.add_column("layer")
     table.add_column("tokens", justify="right")
@@ -196,6 +204,8 @@ def _print_context(companion: Companion) -> None:
     for layer, tokens in prompt.layers.to_dict().items():
         table.add_row(layer, str(tokens), f"{100 * tokens / prompt.budget:.0f}%")
     err.print(table)
+    if prompt.recalled:
+        err.print(f"recalled from the log: turn id(s) {', '.join(map(str, prompt.recalled))}")
     if prompt.facts_left_out:
         err.print(f"{prompt.facts_left_out} fact(s) left out: the facts share is full")
 

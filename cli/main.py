@@ -7,7 +7,7 @@ import typer
 from mlxmem import __version__
 from mlxmem.cpu import reexec_with_openblas
 
-from . import bench, chat, history, memory, models
+from . import bench, chat, eval, history, memory, models
 from .common import ErrorsAsMessages
 
 app = typer.Typer(
@@ -44,6 +44,7 @@ chat.register(app)
 app.add_typer(memory.app, name="memory")
 app.add_typer(history.app, name="history")
 app.add_typer(bench.app, name="bench")
+app.add_typer(eval.app, name="eval")
 app.add_typer(models.app, name="models")
 
 

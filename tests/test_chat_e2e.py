@@ -320,3 +320,28 @@ def test_template_without_a_system_role_keeps_the_memory_in_the_prompt(tiny, tmp
     engine = MLXEngine(model)
     ids = engine.encode_chat([Message("system", "REMEMBER-PLUM"), Message("user", "hi")])
     assert "REMEMBER-PLUM" in engine.decode(ids)
+
+
+def test_recall_on_the_tiny_model_brings_back_an_evicted_turn(tiny):
+    budget = 1024
+    engine = MLXEngine(tiny)
+    store = Store()
+    settings = ChatSettings(temp=0.0, max_tokens=8, extract_facts=False, recall=True)
+    companion = Companion(engine, store, "recall", budget, 256, settings)
+    secret = "My grandmother's greenhouse in Tromso grows purple kohlrabi."
+    companion.send(secret)
+    i = 0
+    while store.latest_summary("recall") is None:
+        companion.send(f"Day {i}: I walked Miso by the river and we met {i} ducks.")
+        i += 1
+    companion.send("A plain message without a question.")
+    result = companion.send("What grows in my grandmother's greenhouse?")
+    assert result.prompt.recalled[0] == store.turns("recall")[0].id
+    assert "purple kohlrabi" in result.prompt.messages[-1].content
+    assert sum(result.prompt.layers.to_dict().values()) == budget
+    assert result.stats.prompt_tokens + companion.budget.reserve <= budget
+    # The stable prefix came from the cache: only the new message and its block were prefilled.
+    newest = engine.count_chat(result.prompt.messages[-1:], True)
+    assert not result.collapses and result.stats.prefilled_tokens <= newest
+    later = companion.send("And the kohlrabi, what colour was it?")
+    assert later.stats.prefilled_tokens <= engine.count_chat(later.prompt.messages[-1:], True)

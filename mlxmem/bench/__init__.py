@@ -58,7 +58,7 @@ __all__ = [
     "synthetic_transcript",
 ]
 
-KINDS = ("speed", "turns", "restart", "scale")
+KINDS = ("speed", "turns", "restart", "scale", "eval")
 DEFAULT_HISTORY_LIMIT = 20
 
 
@@ -74,12 +74,9 @@ class BenchRun:
     created_at: datetime | None = None
 
     @classmethod
-    def of(
-        cls,
-        result: SpeedResult | TurnsResult | RestartResult | ScaleResult,
-        model: BenchModel | None,
-    ) -> BenchRun:
-        """`model`: None for a run without one (scale)."""
+    def of(cls, result, model: BenchModel | None) -> BenchRun:
+        """The record of a result (SpeedResult, TurnsResult, RestartResult, ScaleResult,
+        EvalResult); `model`: None for a run without one (scale)."""
         data = result.to_dict()
         described = model.to_dict() if model is not None else {"label": "none (store only)"}
         return cls(data["kind"], described, data["settings"], data)
@@ -101,10 +98,11 @@ class BenchRun:
 
 
 @contextlib.contextmanager
-def bench_engine(model: BenchModel) -> Iterator[MLXEngine]:
-    """The model loaded with a scratch KV cache directory (slots persist there, as in a chat)."""
+def bench_engine(model: BenchModel, persist: bool = True) -> Iterator[MLXEngine]:
+    """The model loaded with a scratch KV cache directory (slots persist there, as in a chat;
+    with `persist` False they stay in memory, where an eval wants them)."""
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-kv-") as tmp:
-        yield MLXEngine(model.path, cache_dir=Path(tmp))
+        yield MLXEngine(model.path, cache_dir=Path(tmp) if persist else None)
 
 
 # -- storing and reading runs -------------------------------------------------------------------
@@ -257,6 +255,10 @@ def headline(run: BenchRun) -> dict[str, Any]:
             for key in ("turn_overhead_ms", "search_s", "memory_rm_s"):
                 figures[f"{key}@{n}"] = row[key]
         return figures
+    if run.kind == "eval":
+        from mlxmem.bench.eval_locomo import headline as eval_headline
+
+        return eval_headline(results)
     keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE
     return {key: results.get(key) for key in keys}
 

@@ -4,10 +4,11 @@ whose exact token count plus the response reserve fits the model's context budge
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import MlxmemError
+from mlxmem.memory.recall import RECALL_SHARE, RECALLED_TURN_TOKENS, recall_block
 
 DEFAULT_FACTS_SHARE = 0.15
 # A shortened message keeps at least this many tokens (head and tail).
@@ -28,12 +29,13 @@ class BudgetError(MlxmemError):
 
 @dataclass
 class Layers:
-    """Tokens spent on each layer; the six fields add up to the budget."""
+    """Tokens spent on each layer; the seven fields add up to the budget."""
 
     instructions: int
     facts: int
     summary: int
     turns: int
+    recall: int  # turns recalled from the log, set inside the newest message
     reserve: int
     free: int
 
@@ -53,6 +55,7 @@ class AssembledPrompt:
     # Tokens of the prompt with oversized messages clipped, before any further shrinking:
     # what the window must fit, so that no turn is shortened or left out to make room.
     natural_tokens: int = 0
+    recalled: list[int] = field(default_factory=list)  # ids of the turns recalled into it
 
     def fits(self, headroom: int = 0) -> bool:
         """Did every turn fit as clipped, with the reserve and `headroom` still free? If not,
@@ -188,6 +191,34 @@ class PromptBudget:
             natural_tokens=natural,
         )
 
+    def add_recall(
+        self, prompt: AssembledPrompt, recalled: Sequence[tuple[int, str]]
+    ) -> AssembledPrompt:
+        """`prompt` with recalled lines (turn id, text; best first) set before its newest
+        message, as many as fit both the recall share and the room left free; the stable blocks
+        before the newest message, and so the cached prefix, are untouched."""
+        if not recalled or prompt.messages[-1].role != "user":
+            return prompt
+        cap = min(int(self.budget * RECALL_SHARE), prompt.layers.free)
+        each = min(RECALLED_TURN_TOKENS, cap // 2)  # room for two turns at least
+        lines = [(i, shorten(self.engine, text, each)) for i, text in recalled]
+        *head, newest = prompt.messages
+        while lines:
+            text = recall_block([line for _, line in lines], newest.content)
+            tokens = self.engine.encode_chat([*head, Message("user", text)])
+            extra = len(tokens) - len(prompt.tokens)
+            if extra <= cap:
+                layers = replace(prompt.layers, recall=extra, free=prompt.layers.free - extra)
+                return replace(
+                    prompt,
+                    messages=[*head, Message("user", text)],
+                    tokens=tokens,
+                    layers=layers,
+                    recalled=[i for i, _ in lines],
+                )
+            lines.pop()  # the weakest match goes first
+        return prompt
+
     def _longest_shrinkable(self, turns: list[Message], stuck: set[int]) -> int | None:
         # The newest message is shortened last: earlier ones go first when they can.
         sizes = [self.engine.count_text(t.content) for t in turns]
@@ -208,6 +239,7 @@ class PromptBudget:
             facts=t_facts,
             summary=t_system - t_instr - t_facts,
             turns=total - t_system,
+            recall=0,
             reserve=self.reserve,
             free=self.budget - self.reserve - total,
         )

@@ -5,23 +5,25 @@ fold the window if it is over budget, then extract at most one fact."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mlxmem.defaults import (
     DEFAULT_MAX_MESSAGE_CHARS,
+    DEFAULT_RECALL,
     DEFAULT_SEED,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
 )
-from mlxmem.engine import Engine, GenerationStats, StopGeneration
+from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
 from mlxmem.memory.budget import response_reserve as budget_reserve
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
+from mlxmem.memory.recall import RECALL_SHARE, query_terms, recall_line, refers_to_past
 from mlxmem.memory.store import Deletion, Fact, Snapshot, Store, Turn
-from mlxmem.memory.window import CollapseEvent, ConversationWindow, summary_cap
+from mlxmem.memory.window import UNANSWERED, CollapseEvent, ConversationWindow, summary_cap
 from mlxmem.text import check_text
 
 INSTRUCTIONS = (
@@ -44,6 +46,7 @@ class ChatSettings:
     extract_facts: bool = True
     instructions: str = INSTRUCTIONS
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
+    recall: bool = DEFAULT_RECALL  # recall old turns from the log into a message about the past
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class TurnResult:
             "warm_prefilled_tokens": self.warm_prefilled_tokens,
             "facts_left_out": self.prompt.facts_left_out,
             "shortened_messages": self.prompt.shortened,
+            "recalled": self.prompt.recalled,
         }
 
 
@@ -142,6 +146,7 @@ class Companion:
             + 32  # the headers of the facts and summary blocks
             + 2 * (MIN_MESSAGE_TOKENS + 16)
             + budget_reserve(self.response_reserve, budget)
+            + (int(budget * RECALL_SHARE) if self.settings.recall else 0)
         )
 
     # -- layer 3 in the prompt --------------------------------------------------------------
@@ -158,13 +163,35 @@ class Companion:
         auto.sort(key=lambda f: f.id, reverse=True)
         return manual + auto
 
-    def _assemble(self, snap: Snapshot) -> AssembledPrompt:
-        return self.budget.assemble(
+    def _assemble(self, snap: Snapshot, draft: str | None = None) -> AssembledPrompt:
+        """The prompt for `snap` (plus an unsent `draft` message), with the turns `snap`
+        recalled set before the newest message."""
+        messages = self.window.messages(snap.turns)
+        if draft is not None:
+            if messages and messages[-1].role == "user":
+                messages.append(Message("assistant", UNANSWERED))
+            messages.append(Message("user", draft))
+        prompt = self.budget.assemble(
             self.settings.instructions,
             [f.text for f in self.prompt_facts(snap.facts)],
             snap.summary and snap.summary.text,
-            self.window.messages(snap.turns),
+            messages,
         )
+        if not snap.recalled:
+            return prompt
+        return self.budget.add_recall(prompt, [(t.id, recall_line(t)) for t in snap.recalled])
+
+    @property
+    def recall_room(self) -> int:
+        """Tokens the window leaves free for a recall block when recall is on: folding keeps
+        them free, so a recalled turn never waits for the next collapse to fit."""
+        return int(self.budget.budget * RECALL_SHARE) if self.settings.recall else 0
+
+    def recall_terms(self, text: str) -> list[str]:
+        """What to search the log for, if recall is on and `text` may refer to the past."""
+        if not (self.settings.recall and refers_to_past(text)):
+            return []
+        return query_terms(text)
 
     # -- a turn -----------------------------------------------------------------------------
 
@@ -195,10 +222,11 @@ class Companion:
             )
         # One open of the store before the model starts: log the message (with its token ids,
         # so that no later turn encodes it again) and read what the prompt is built from.
+        terms = self.recall_terms(text)
         user, first = self.store.append_and_snapshot(
-            self.conversation, text, self.engine.encode_text(text), self.engine.model_id
+            self.conversation, text, self.engine.encode_text(text), self.engine.model_id, terms
         )
-        collapses, snap, prompt = self._fold_while_over_budget(on_status, 0, first)
+        collapses, snap, prompt = self._fold_while_over_budget(on_status, 0, terms, first)
         if not snap.turns or snap.turns[-1].id != user.id:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
         return PendingTurn(user, snap, prompt, collapses)
@@ -247,7 +275,10 @@ class Companion:
                 on_status, self._next_message_room(snap)
             )
             result.collapses += folded
-            result.warm_prefilled_tokens = self._warm_cache(after) if folded else 0
+            # A fold, or a recall block in this turn's message, changed the prompt before the
+            # reply: rebuild the cache now, so the next turn prefills only its own message.
+            rebuilt = folded or turn.prompt.recalled
+            result.warm_prefilled_tokens = self._warm_cache(after) if rebuilt else 0
             if not interrupted:
                 result.fact_added = self._maybe_extract(
                     turn.user, snap.facts, on_status, snap.forget_epoch
@@ -302,15 +333,20 @@ class Companion:
         return min(max(sizes, default=0), self.budget.max_message_tokens)
 
     def _fold_while_over_budget(
-        self, on_status, headroom: int, snap: Snapshot | None = None
+        self,
+        on_status,
+        headroom: int,
+        recall_terms: Sequence[str] = (),
+        snap: Snapshot | None = None,
     ) -> tuple[list[CollapseEvent], Snapshot, AssembledPrompt]:
         """Collapse until the assembled prompt fits with `headroom` to spare; return the
-        events, the store as it is then, and that prompt. `snap`: the store as just read."""
+        events, the store as it is then (with the turns recalled for `recall_terms`), and that
+        prompt. `snap`: the store as just read."""
         events: list[CollapseEvent] = []
         while True:
-            snap = snap or self.store.snapshot(self.conversation)
+            snap = snap or self.store.snapshot(self.conversation, recall_terms)
             prompt = self._assemble(snap)
-            if prompt.fits(headroom):
+            if prompt.fits(headroom + self.recall_room):
                 return events, snap, prompt
             if on_status:
                 on_status("folding older turns into the summary")
@@ -360,9 +396,11 @@ class Companion:
 
     # -- what the person sees and changes -----------------------------------------------------
 
-    def context(self) -> AssembledPrompt:
-        """The prompt as it would be assembled now (without a new message)."""
-        return self._assemble(self.store.snapshot(self.conversation))
+    def context(self, draft: str | None = None) -> AssembledPrompt:
+        """The prompt as it would be assembled now, for an unsent `draft` message if given
+        (with what recall would add to it); nothing is logged."""
+        terms = self.recall_terms(draft) if draft else []
+        return self._assemble(self.store.snapshot(self.conversation, terms), draft)
 
     def remember(self, text: str) -> Fact:
         """Add a manual fact; it is in the prompt from the next reply on."""

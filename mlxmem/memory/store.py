@@ -25,6 +25,7 @@ from mlxmem.memory.facts import (
     fact_of,
     get_fact,
 )
+from mlxmem.memory.recall import RECALL_TURNS, search_before
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
     SEARCH_LIMIT,
@@ -61,17 +62,21 @@ class Snapshot:
     summary: Summary | None
     turns: list[Turn]  # the verbatim window: turns after the summary's range
     forget_epoch: int
+    recalled: list[Turn] = field(default_factory=list)  # older turns matching `recall_terms`
 
 
 class Store(TurnLog, SummaryLog, FactList):
     """The chat log, summaries and facts in the DuckDB file at `path` (default:
     paths.db_path()), with the KV cache folder its deletions wipe."""
 
-    def snapshot(self, conversation: str) -> Snapshot:
+    def snapshot(
+        self, conversation: str, recall_terms: Sequence[str] = (), recall_limit: int = RECALL_TURNS
+    ) -> Snapshot:
         """Everything a turn reads, in one open of the file: the facts, the newest summary,
-        the turns after it, and the forget epoch."""
+        the turns after it, the forget epoch, and (given `recall_terms`) the turns before the
+        window that match them best."""
         with self.connect() as con:
-            return _snapshot(con, conversation)
+            return _snapshot(con, conversation, recall_terms, recall_limit)
 
     def append_and_snapshot(
         self,
@@ -79,14 +84,16 @@ class Store(TurnLog, SummaryLog, FactList):
         text: str,
         token_ids: Sequence[int],
         encoded_by: str,
+        recall_terms: Sequence[str] = (),
     ) -> tuple[Turn, Snapshot]:
         """Log the person's message with the token ids `encoded_by` (a model identity) encoded
-        it as, and read the snapshot the reply is written from: one open of the file, where
-        opening one costs more than the rest of the turn's bookkeeping."""
+        it as, and read the snapshot the reply is written from (with the turns recalled for
+        `recall_terms`): one open of the file, where opening one costs more than the rest of
+        the turn's bookkeeping."""
         with self.connect() as con:
             ids = list(token_ids)
             turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
-            return turn, _snapshot(con, conversation)
+            return turn, _snapshot(con, conversation, recall_terms)
 
     def forget_epoch(self) -> int:
         """Counts deletions and edits: a KV cache built before a change may hold removed text."""
@@ -167,13 +174,22 @@ class Store(TurnLog, SummaryLog, FactList):
         return Deletion(deletion.turns, hit, [name], deletion.facts)
 
 
-def _snapshot(con: duckdb.DuckDBPyConnection, conversation: str) -> Snapshot:
+def _snapshot(
+    con: duckdb.DuckDBPyConnection,
+    conversation: str,
+    recall_terms: Sequence[str] = (),
+    recall_limit: int = RECALL_TURNS,
+) -> Snapshot:
     summary = latest_summary(con, conversation)
+    recalled = []
+    if summary is not None and recall_terms:
+        recalled = search_before(con, conversation, summary.last_seq, recall_terms, recall_limit)
     return Snapshot(
         facts=all_facts(con),
         summary=summary,
         turns=turns_after(con, conversation, summary and summary.last_seq),
         forget_epoch=forget_epoch(con),
+        recalled=recalled,
     )
 
 

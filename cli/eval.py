@@ -1,0 +1,140 @@
+"""`mlxmem eval`: does the memory remember? A thin layer over mlxmem.bench.eval_locomo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlxmem import bench
+from mlxmem.bench import eval_locomo as ev
+from mlxmem.errors import InputError
+
+from .bench import DB, SEED, _model, _print_json, _progress
+from .common import JSON, err
+
+app = typer.Typer(
+    help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
+    "asks their questions under five configurations.",
+    no_args_is_help=True,
+)
+
+
+CONVERSATIONS = typer.Option(
+    None,
+    "--conversation",
+    help="A conversation id such as conv-30 (repeat it; default: all with questions in --data).",
+)
+DATA = typer.Option(
+    None, "--data", help="The LoCoMo folder (default: $MLXMEM_LOCOMO or ../shared/corpora/locomo)."
+)
+PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
+
+
+@app.command("locomo")
+def locomo(
+    conversation: list[str] = CONVERSATIONS,
+    limit: int = typer.Option(
+        None, "--limit", min=1, help="Ask at most N questions per conversation, spread evenly."
+    ),
+    model: str = typer.Option(
+        None, "--model", help="A registry alias or a model directory (default: random tiny)."
+    ),
+    data: Path = DATA,
+    context_tokens: int = typer.Option(
+        None, "--context-tokens", help="Context budget (default: the model's)."
+    ),
+    facts: bool = typer.Option(
+        False, "--facts/--no-facts", help="Extract facts during the replay (slow; off by default)."
+    ),
+    plot: Path = PLOT,
+    seed: int = SEED,
+    db: Path = DB,
+    as_json: bool = JSON,
+) -> None:
+    """Replay LoCoMo conversations through the memory system session by session (each session's
+    date before its first message), then ask their questions as probes that are not logged,
+    under five configurations: no_memory, window, mlxmem (facts + summary + window), recall
+    (mlxmem + turns recalled from the log) and oracle (the evidence turns). Scores: LoCoMo's
+    token F1 and exact match per category, with 95% bootstrap intervals."""
+    folder = data or ev.default_data_dir()
+    ids = conversation or ev.available_conversations(folder)
+    if not ids:
+        raise InputError(f"no LoCoMo questions under {folder} (give --data)")
+    chosen = _model(model, None, None, seed, as_json)
+    with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
+        result = ev.run_locomo(
+            engine,
+            folder,
+            ids,
+            context_tokens or chosen.context_tokens,
+            chosen.response_reserve,
+            limit=limit,
+            facts=facts,
+            seed=seed,
+            progress=progress,
+        )
+    run = bench.record_run(bench.BenchRun.of(result, chosen), db)
+    if plot is not None:
+        from mlxmem.bench.plot import plot_eval
+
+        plot_eval(run.results, plot, f"LoCoMo {', '.join(ids)}: {chosen.label}")
+    if as_json:
+        return _print_json(run)
+    _tables(run.results, chosen.label)
+    if plot is not None:
+        err.print(f"plot written to {plot}")
+    err.print(f"[dim]stored as run {run.id}; `mlxmem bench history --kind eval` lists runs[/dim]")
+
+
+def _tables(results: dict, label: str) -> None:
+    groups = [*ev.CATEGORIES.values(), "overall"]
+    table = Table(title=f"LoCoMo F1 (exact match) by category, {label}; 95% bootstrap interval")
+    table.add_column("config")
+    for g in groups:
+        table.add_column(f"{g} (n={results['no_memory']['f1'][g]['n']})", justify="right")
+    for config in ev.CONFIGS:
+        table.add_row(
+            config,
+            *(_cell(results[config]["f1"][g], results[config]["exact"][g]) for g in groups),
+        )
+    Console().print(table)
+    per = Table(title="overall F1 per conversation (categories 1-4)")
+    per.add_column("conversation")
+    for config in ev.CONFIGS:
+        per.add_column(config, justify="right")
+    for cid, row in results["per_conversation"].items():
+        per.add_row(cid, *(_cell(row[c]) for c in ev.CONFIGS))
+    Console().print(per)
+    for key in ("recall_vs_mlxmem", "oracle_vs_no_memory"):
+        d = results[key]
+        if d["mean"] is not None:
+            ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
+            verdict = "beats" if d["beats"] else "does not beat (interval includes 0 or below)"
+            err.print(f"{key}: F1 difference {d['mean']:+.3f}{ci}, n={d['n']}: {verdict}")
+    for cid, layers in results["layers"].items():
+        s, e = layers["summaries"], layers["entity_survival"]
+        share = "-" if e["share"] is None else f"{e['share']:.0%}"
+        err.print(
+            f"{cid}: {layers['messages']} messages, facts {layers['facts']['extraction']} "
+            f"({layers['facts']['added']} added), {s['count']} summaries "
+            f"(mean {_num(s['tokens_mean'])} tokens, cap {s['cap']}), evidence entities kept in "
+            f"the summary {e['entities_in_summary']}/{e['entities']} ({share}; capitalized words)"
+        )
+
+
+def _cell(f1: dict, exact: dict | None = None) -> str:
+    if f1["mean"] is None:
+        return "-"
+    text = f"{f1['mean']:.3f}"
+    if exact is not None:
+        text += f" ({exact['mean']:.2f})"
+    if f1["ci"]:
+        text += f" [{f1['ci'][0]:.2f}-{f1['ci'][1]:.2f}]"
+    return text
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.0f}"

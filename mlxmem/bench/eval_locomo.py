@@ -1,0 +1,503 @@
+"""`mlxmem eval locomo`: does the memory remember? LoCoMo's long conversations replayed through
+the memory system session by session, then its questions asked as probes, under five
+configurations on the same model in the same run:
+
+- no_memory: the question alone;
+- window: the newest turns that fit the budget, no summary, no facts;
+- mlxmem: facts + rolling summary + verbatim window, the prompt a chat turn would get;
+- recall: mlxmem plus turns recalled from the log (mlxmem.memory.recall);
+- oracle: the evidence turns LoCoMo marks for the question, with their session dates.
+
+A probe is never logged and changes no memory: it is assembled from the store (a chat would
+prompt the same way), answered greedily on its own KV slot, whose cached prefix (the stable
+blocks) is reused and trimmed back by the next probe; the chat slot is not touched.
+
+Scores follow LoCoMo's evaluation: token F1 after its answer normalization (lowercase, commas
+and punctuation out, articles a/an/the out, whitespace folded), multi-hop answers split at
+commas, open-domain answers cut at ';'; plus exact match. Unlike LoCoMo's script, words are not
+Porter-stemmed (no NLTK here). Adversarial questions (category 5) have no answer in the
+conversation: a probe scores 1 if it says so, and they are reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from mlxmem.bench.common import Progress, no_progress, replay_turn
+from mlxmem.engine import Engine, Message
+from mlxmem.errors import InputError
+from mlxmem.memory.budget import PromptBudget
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.recall import recall_block
+from mlxmem.memory.store import Store
+from mlxmem.memory.window import as_messages
+
+CONFIGS = ("no_memory", "window", "mlxmem", "recall", "oracle")
+# Verified against the files (qa/*.qa.json): 1 has several evidence turns per question (96%),
+# 2 asks "when", 3 asks what someone "would likely" do, 4 has one evidence turn (96%), 5 has
+# an `adversarial_answer` instead of an answer.
+CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
+SCORED = (1, 2, 3, 4)  # `overall` is over these; adversarial is reported apart
+DATA_ENV = "MLXMEM_LOCOMO"
+ANSWER_TOKENS = 24
+QUESTION_ROOM = 96  # tokens kept for the question when the window config packs turns
+BOOTSTRAP_SAMPLES = 1000
+CONVERSATION = "locomo"
+NO_ANSWER_RE = re.compile(
+    r"not mentioned|no information|don'?t know|do not know|not sure|unknown|cannot|can'?t tell|"
+    r"no mention|not say|didn'?t say|never (said|mentioned)",
+    re.IGNORECASE,
+)
+
+
+# -- the data ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Question:
+    question: str
+    answer: str
+    category: int
+    evidence: tuple[str, ...]
+
+
+@dataclass
+class LocomoConversation:
+    id: str
+    user_name: str
+    assistant_name: str
+    turns: list[dict]  # role, text, session, session_time, id
+    questions: list[Question]
+
+    def session_times(self) -> dict[int, str]:
+        return {t["session"]: t.get("session_time") or "" for t in self.turns}
+
+
+def default_data_dir() -> Path:
+    """$MLXMEM_LOCOMO, else ../shared/corpora/locomo beside the working directory or the
+    repository (never copied into the project)."""
+    import os
+
+    if os.environ.get(DATA_ENV):
+        return Path(os.environ[DATA_ENV])
+    repo = Path(__file__).resolve().parents[2]
+    for base in (Path.cwd(), repo):
+        found = base.parent / "shared" / "corpora" / "locomo"
+        if found.is_dir():
+            return found
+    return Path.cwd().parent / "shared" / "corpora" / "locomo"
+
+
+def available_conversations(data: Path) -> list[str]:
+    """Conversations that have questions (the development set)."""
+    return sorted(p.name.removesuffix(".qa.json") for p in (data / "qa").glob("*.qa.json"))
+
+
+def load_conversation(data: Path, conv_id: str) -> LocomoConversation:
+    transcript, qa_file = data / f"{conv_id}.jsonl", data / "qa" / f"{conv_id}.qa.json"
+    if not transcript.is_file() or not qa_file.is_file():
+        have = ", ".join(available_conversations(data)) or "none"
+        raise InputError(f"no LoCoMo conversation {conv_id!r} with questions in {data} ({have})")
+    try:
+        turns = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+        qa = json.loads(qa_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read LoCoMo conversation {conv_id}: {exc}") from None
+    questions = [
+        Question(
+            q["question"],
+            str(q.get("answer", q.get("adversarial_answer", ""))),
+            int(q["category"]),
+            tuple(q.get("evidence", ())),
+        )
+        for q in qa["qa"]
+    ]
+    return LocomoConversation(conv_id, qa["user"], qa["assistant"], turns, questions)
+
+
+def pick_questions(questions: Sequence[Question], limit: int | None) -> list[Question]:
+    """`limit` questions spread evenly over the file (it runs roughly in session order, so the
+    first N would all be about the first sessions)."""
+    if not limit or limit >= len(questions):
+        return list(questions)
+    return [questions[i * len(questions) // limit] for i in range(limit)]
+
+
+def exchanges(conv: LocomoConversation) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """The transcript as (user, reply) exchanges, each session's first message prefixed with
+    its date; consecutive messages of one role are joined. Also: dialogue id -> log seq."""
+    merged: list[list] = []  # [role, text, dialogue ids]
+    seen_sessions: set[int] = set()
+    for t in conv.turns:
+        text = t["text"].strip()
+        if t["session"] not in seen_sessions:
+            seen_sessions.add(t["session"])
+            if t.get("session_time"):
+                text = f"[{t['session_time']}] {text}"
+        if merged and merged[-1][0] == t["role"]:
+            merged[-1][1] += "\n" + text
+            merged[-1][2].append(t["id"])
+        else:
+            merged.append([t["role"], text, [t["id"]]])
+    if merged and merged[0][0] == "assistant":
+        merged.insert(0, ["user", "(a new conversation begins)", []])
+    if merged[-1][0] == "user":
+        merged.append(["assistant", "(no reply)", []])
+    seq_of = {dia: i + 1 for i, (_, _, ids) in enumerate(merged) for dia in ids}
+    pairs = [(merged[i][1], merged[i + 1][1]) for i in range(0, len(merged), 2)]
+    return pairs, seq_of
+
+
+# -- scoring ----------------------------------------------------------------------------------
+
+
+def normalize_answer(text: str) -> str:
+    """LoCoMo's normalization: lowercase, no commas or punctuation, no a/an/the (nor 'and', as
+    its script drops too), one space."""
+    text = text.replace(",", "").lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the|and)\b", " ", text)
+    return " ".join(text.split())
+
+
+def token_f1(prediction: str, truth: str) -> float:
+    pred, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score(prediction: str, question: Question) -> tuple[float, float]:
+    """(F1, exact match) of one answer, per LoCoMo's rules for its category."""
+    if question.category == 5:
+        said_none = float(bool(NO_ANSWER_RE.search(prediction)))
+        return said_none, said_none
+    truth = question.answer
+    if question.category == 3:
+        truth = truth.split(";")[0]
+    exact = float(normalize_answer(prediction) == normalize_answer(truth))
+    if question.category == 1:
+        parts = [p for p in prediction.split(",") if p.strip()] or [prediction]
+        golds = [g for g in truth.split(",") if g.strip()] or [truth]
+        f1 = sum(max(token_f1(p, g) for p in parts) for g in golds) / len(golds)
+        return f1, exact
+    return token_f1(prediction, truth), exact
+
+
+def bootstrap_ci(values: Sequence[float], seed: int = 0) -> list[float] | None:
+    """95% percentile bootstrap interval of the mean."""
+    if not values:
+        return None
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(BOOTSTRAP_SAMPLES))
+    return [means[int(0.025 * BOOTSTRAP_SAMPLES)], means[int(0.975 * BOOTSTRAP_SAMPLES) - 1]]
+
+
+def aggregate(items: Sequence[dict], seed: int = 0) -> dict:
+    """Per configuration: F1 and exact match per category and overall (categories 1-4), each
+    {mean, ci, n}."""
+    out: dict = {}
+    for config in CONFIGS:
+        table: dict = {}
+        for metric in ("f1", "exact"):
+            groups = {
+                CATEGORIES[c]: [i[config][metric] for i in items if i["category"] == c]
+                for c in CATEGORIES
+            }
+            groups["overall"] = [i[config][metric] for i in items if i["category"] in SCORED]
+            table[metric] = {
+                name: {
+                    "mean": sum(v) / len(v) if v else None,
+                    "ci": bootstrap_ci(v, seed),
+                    "n": len(v),
+                }
+                for name, v in groups.items()
+            }
+        out[config] = table
+    return out
+
+
+def paired_difference(items: Sequence[dict], a: str, b: str, seed: int = 0) -> dict:
+    """Overall F1 of config `a` minus config `b` on the same questions (categories 1-4), with
+    a 95% bootstrap interval over questions: what decides whether `a` beats `b`."""
+    diffs = [i[a]["f1"] - i[b]["f1"] for i in items if i["category"] in SCORED]
+    mean = sum(diffs) / len(diffs) if diffs else None
+    ci = bootstrap_ci(diffs, seed)
+    return {"mean": mean, "ci": ci, "n": len(diffs), "beats": bool(ci and ci[0] > 0)}
+
+
+# -- the layers, measured ---------------------------------------------------------------------
+
+_CAPITALIZED_RE = re.compile(r"^[A-Z][a-z]+$")
+
+
+def named_entities(text: str) -> set[str]:
+    """Capitalized words that do not open a sentence (a crude stand-in for named entities)."""
+    found = set()
+    for sentence in re.split(r"(?<=[.!?])\s+|\n", text):
+        for word in sentence.split()[1:]:
+            word = word.strip(string.punctuation + "’")
+            if _CAPITALIZED_RE.match(word) and word != "I":
+                found.add(word)
+    return found
+
+
+def entity_survival(
+    conv: LocomoConversation, seq_of: dict[str, int], summary_text: str, last_seq: int
+) -> dict:
+    """Of the named entities in the evidence turns that were folded into the summary, the share
+    the summary still names."""
+    texts = {t["id"]: t["text"] for t in conv.turns}
+    evidence = {e for q in conv.questions for e in q.evidence if seq_of.get(e, 10**9) <= last_seq}
+    entities = set().union(*(named_entities(texts[e]) for e in evidence if e in texts))
+    words = set(re.findall(r"[a-z]+", summary_text.lower()))
+    kept = {e for e in entities if e.lower() in words}
+    return {
+        "evicted_evidence_turns": len(evidence),
+        "entities": len(entities),
+        "entities_in_summary": len(kept),
+        "share": len(kept) / len(entities) if entities else None,
+    }
+
+
+# -- probes -----------------------------------------------------------------------------------
+
+
+def probe_text(conv: LocomoConversation, question: Question) -> str:
+    return (
+        f"(You are {conv.assistant_name}; I am {conv.user_name}.) Question: "
+        f"{question.question} Answer in a few words."
+    )
+
+
+def window_prompt(companion: Companion, text: str):
+    """Config `window`: the newest logged turns that fit, then the question; no summary, no
+    facts. Turns are chosen with a fixed room for the question, so every probe shares them."""
+    budget: PromptBudget = companion.budget
+    instructions = companion.settings.instructions
+    turns = companion.store.turns(companion.conversation)
+    room = budget.available - budget.system_tokens(instructions, [], None) - QUESTION_ROOM
+    chosen, used = [], 0
+    for t in reversed(turns):
+        used += (t.token_count or companion.engine.count_text(t.text)) + 8
+        if used > room:
+            break
+        chosen.append(t)
+    chosen.reverse()
+    while chosen and chosen[0].role != "user":
+        chosen.pop(0)
+    messages = as_messages(chosen, companion.engine.model_id)
+    return budget.assemble(instructions, [], None, [*messages, Message("user", text)])
+
+
+def oracle_prompt(companion: Companion, conv: LocomoConversation, question: Question, text: str):
+    """Config `oracle`: the evidence turns, with their session dates and speakers' roles, in the
+    same block recall uses, then the question."""
+    by_id = {t["id"]: t for t in conv.turns}
+    lines = [
+        f"- [{by_id[e].get('session_time', '')}] {by_id[e]['role']}: {by_id[e]['text']}"
+        for e in question.evidence
+        if e in by_id
+    ]
+    return companion.budget.assemble(
+        companion.settings.instructions, [], None, [Message("user", recall_block(lines, text))]
+    )
+
+
+def ask(engine: Engine, tokens: list[int], slot: str) -> str:
+    result = engine.generate(tokens, slot=slot, max_tokens=ANSWER_TOKENS, temp=0.0)
+    lines = [line.strip() for line in result.text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def probe(companion: Companion, conv: LocomoConversation, question: Question) -> dict:
+    """One question under every configuration; nothing is logged. `companion` holds the
+    replayed conversation: a chat session over it, with recall on or off, assembles the
+    prompt of configs mlxmem and recall (`Companion.context`, which reads the store and never
+    writes it)."""
+    engine, text = companion.engine, probe_text(conv, question)
+    prompts = {
+        "no_memory": companion.budget.assemble(
+            companion.settings.instructions, [], None, [Message("user", text)]
+        ),
+        "window": window_prompt(companion, text),
+    }
+    for config, recall in (("mlxmem", False), ("recall", True)):
+        settings = replace(companion.settings, recall=recall)
+        session = Companion(
+            engine,
+            companion.store,
+            CONVERSATION,
+            companion.budget.budget,
+            companion.response_reserve,
+            settings,
+        )
+        prompts[config] = session.context(text)
+    prompts["oracle"] = oracle_prompt(companion, conv, question, text)
+    item = {
+        "question": question.question,
+        "answer": question.answer,
+        "category": question.category,
+        "evidence": list(question.evidence),
+    }
+    for config, prompt in prompts.items():
+        slot = "probe/mlxmem" if config == "recall" else f"probe/{config}"
+        answer = ask(engine, prompt.tokens, slot)
+        f1, exact = score(answer, question)
+        item[config] = {
+            "answer": answer,
+            "f1": f1,
+            "exact": exact,
+            "prompt_tokens": len(prompt.tokens),
+        }
+    item["recall"]["recalled"] = prompts["recall"].recalled
+    item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
+    return item
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalResult:
+    settings: dict
+    conversations: list[dict] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[dict]:
+        return [i for c in self.conversations for i in c["items"]]
+
+    def to_dict(self) -> dict:
+        seed = self.settings.get("seed", 0)
+        scores = aggregate(self.items, seed)
+        return {
+            "kind": "eval",
+            "settings": self.settings,
+            **scores,
+            "recall_vs_mlxmem": paired_difference(self.items, "recall", "mlxmem", seed),
+            "oracle_vs_no_memory": paired_difference(self.items, "oracle", "no_memory", seed),
+            "per_conversation": {
+                c["id"]: {
+                    config: aggregate(c["items"], seed)[config]["f1"]["overall"]
+                    for config in CONFIGS
+                }
+                for c in self.conversations
+            },
+            "layers": {c["id"]: c["layers"] for c in self.conversations},
+            "conversations": self.conversations,
+        }
+
+
+def run_locomo(
+    engine: Engine,
+    data: Path,
+    conversation_ids: Sequence[str],
+    context_tokens: int,
+    response_reserve: int,
+    *,
+    limit: int | None = None,
+    facts: bool = False,
+    seed: int = 0,
+    progress: Progress = no_progress,
+) -> EvalResult:
+    """Replay each conversation into a scratch store and ask its questions (`limit` each)."""
+    settings = {
+        "data": str(data),
+        "conversations": list(conversation_ids),
+        "limit": limit,
+        "context_tokens": context_tokens,
+        "response_reserve": response_reserve,
+        "facts": facts,
+        "answer_tokens": ANSWER_TOKENS,
+        "seed": seed,
+        "f1": "LoCoMo token F1 without stemming",
+        "entities": "capitalized words not opening a sentence",
+    }
+    result = EvalResult(settings)
+    convs = [load_conversation(data, cid) for cid in conversation_ids]
+    for conv in convs:
+        result.conversations.append(
+            _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progress)
+        )
+    return result
+
+
+class ReplayCompanion(Companion):
+    """The companion of the replay: recall on, so that the window keeps its room free, but
+    no turn of the transcript recalls anything (that would only cost prefill: the replies are
+    the transcript's)."""
+
+    def recall_terms(self, text: str) -> list[str]:
+        return []
+
+
+def _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progress) -> dict:
+    pairs, seq_of = exchanges(conv)
+    questions = pick_questions(conv.questions, limit)
+    total = len(pairs) + len(questions)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
+        store = Store(Path(tmp) / "eval.duckdb")
+        settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True)
+        companion = ReplayCompanion(
+            engine, store, CONVERSATION, context_tokens, response_reserve, settings
+        )
+        added = 0
+        for i, (user, reply) in enumerate(pairs):
+            progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
+            added += replay_turn(companion, user, reply).fact_added is not None
+        replay_s = time.perf_counter() - start
+        items = []
+        for j, question in enumerate(questions):
+            progress(f"{conv.id} question {j + 1}/{len(questions)}", len(pairs) + j, total)
+            items.append(probe(companion, conv, question))
+        layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added)
+        for slot in (companion.slot, *(f"probe/{c}" for c in CONFIGS)):
+            engine.drop_slot(slot)
+    layers["replay_seconds"] = replay_s
+    layers["probe_seconds"] = time.perf_counter() - start - replay_s
+    return {"id": conv.id, "exchanges": len(pairs), "items": items, "layers": layers}
+
+
+def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
+    store = companion.store
+    summaries = store.summaries(CONVERSATION)
+    latest = summaries[-1] if summaries else None
+    sizes = [s.token_count or 0 for s in summaries]
+    messages = 2 * n_pairs
+    return {
+        "messages": messages,
+        "facts": {
+            "extraction": "on" if facts else "off (for speed)",
+            "added": added,
+            "per_100_messages": 100 * added / messages if facts and messages else None,
+        },
+        "summaries": {
+            "count": len(summaries),
+            "tokens_mean": sum(sizes) / len(sizes) if sizes else None,
+            "tokens_max": max(sizes, default=None),
+            "cap": companion.window.summary_cap,
+            "final": latest.text if latest else None,
+        },
+        "entity_survival": entity_survival(
+            conv, seq_of, latest.text if latest else "", latest.last_seq if latest else 0
+        ),
+    }
+
+
+def headline(results: dict) -> dict:
+    """Overall F1 per configuration (categories 1-4), for the bench history table."""
+    overall = {c: results.get(c, {}).get("f1", {}).get("overall", {}) for c in CONFIGS}
+    return {f"f1_{c}": overall[c].get("mean") for c in CONFIGS}

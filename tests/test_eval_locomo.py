@@ -1,0 +1,142 @@
+"""`mlxmem eval locomo`: LoCoMo's scoring, the replay and the probes, on a small conversation in
+LoCoMo's format written by the test (the real data is never copied into the repository), with
+the fake engine for the logic and the tiny model end to end."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+from mlxmem.bench import eval_locomo as ev
+from mlxmem.bench import history
+from mlxmem.testing import FakeEngine
+
+LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "locomo"
+PLACES = ["Lisbon", "Oslo", "Kyoto", "Quito", "Hanoi", "Dakar"]
+FRIENDS = ["Ana", "Bruno", "Chiara", "Dmitri", "Esther", "Farid"]
+
+
+def write_dataset(root: Path, sessions: int = 6, chatter: int = 8) -> Path:
+    """A LoCoMo-shaped conversation: in session k the user went to PLACES[k] with FRIENDS[k];
+    questions ask where the user went with each friend, plus one adversarial question."""
+    turns, qa = [], []
+    for s in range(1, sessions + 1):
+        time = f"10:00 am on {s} May, 2023"
+        place, friend = PLACES[(s - 1) % len(PLACES)], FRIENDS[(s - 1) % len(FRIENDS)]
+        lines = [("user", f"Last weekend I went to {place} with my friend {friend}.")]
+        lines += [("assistant", f"How lovely! What did you like most about {place}?")]
+        for i in range(chatter):
+            lines.append(("user", f"We ate noodles and walked a lot, day {i} was sunny."))
+            lines.append(("assistant", f"Sounds fun, tell me more about day {i}."))
+        for n, (role, text) in enumerate(lines, 1):
+            turns.append(
+                {"role": role, "text": text, "session": s, "session_time": time, "id": f"D{s}:{n}"}
+            )
+        qa.append(
+            {
+                "question": f"Where did Jon go with {friend}?",
+                "answer": place,
+                "evidence": [f"D{s}:1"],
+                "category": 4,
+            }
+        )
+    qa.append({"question": "What is Jon's dog called?", "evidence": [], "category": 5,
+               "adversarial_answer": "Rex"})  # fmt: skip
+    (root / "qa").mkdir(parents=True)
+    (root / "conv-1.jsonl").write_text("\n".join(json.dumps(t) for t in turns))
+    data = {"user": "Jon", "assistant": "Gina", "qa": qa, "observation": {}}
+    (root / "qa" / "conv-1.qa.json").write_text(json.dumps(data))
+    return root
+
+
+def reader(prompt: str) -> str:
+    """A fake model that answers from what its prompt shows: where the user went with the
+    friend the question names, if the prompt says so."""
+    if "updated summary" in prompt:
+        return "They talked about a trip and noodles."
+    asked = re.search(r"Question: Where did Jon go with (\w+)\?", prompt)
+    if asked is None:
+        return "I don't know." if "Question:" in prompt else "Nice."
+    places = re.findall(rf"went to (\w+) with my friend {asked.group(1)}", prompt)
+    return places[-1] if places else "I don't know."
+
+
+def test_locomo_normalization_and_f1():
+    assert ev.normalize_answer("The Eiffel, Tower!") == "eiffel tower"
+    assert ev.token_f1("in Paris", "Paris") == pytest.approx(2 / 3)
+    assert ev.token_f1("", "Paris") == 0.0
+    multi = ev.Question("q", "Rome, Paris", 1, ())
+    assert ev.score("Paris", multi)[0] == pytest.approx(0.5)
+    adversarial = ev.Question("q", "Rex", 5, ())
+    assert ev.score("That was not mentioned.", adversarial) == (1.0, 1.0)
+    assert ev.score("Rex", adversarial) == (0.0, 0.0)
+    assert ev.score("19 January, 2023", ev.Question("q", "19 January 2023", 2, ())) == (1.0, 1.0)
+
+
+def test_questions_are_spread_over_the_file():
+    qs = [ev.Question(str(i), "", 4, ()) for i in range(10)]
+    assert [q.question for q in ev.pick_questions(qs, 3)] == ["0", "3", "6"]
+    assert len(ev.pick_questions(qs, None)) == 10
+
+
+def test_sessions_are_dated_and_dialogue_ids_map_to_log_seqs(tmp_path):
+    conv = ev.load_conversation(write_dataset(tmp_path, sessions=2, chatter=1), "conv-1")
+    pairs, seq_of = ev.exchanges(conv)
+    first = "[10:00 am on 1 May, 2023] Last weekend I went to Lisbon with my friend Ana."
+    assert pairs[0][0] == first
+    assert pairs[2][0].startswith("[10:00 am on 2 May, 2023] ")
+    assert seq_of["D1:1"] == 1 and seq_of["D2:1"] == 5
+
+
+def test_replay_and_probes_with_the_fake_engine(tmp_path):
+    data = write_dataset(tmp_path)
+    engine = FakeEngine(reader)
+    result = ev.run_locomo(engine, data, ["conv-1"], 1000, 120).to_dict()
+    assert set(ev.CONFIGS) <= set(result)
+    for config in ev.CONFIGS:
+        assert set(result[config]) == {"f1", "exact"}
+        assert set(result[config]["f1"]) == {*ev.CATEGORIES.values(), "overall"}
+    f1 = {c: result[c]["f1"]["overall"]["mean"] for c in ev.CONFIGS}
+    assert f1["oracle"] == 1.0 and f1["no_memory"] == 0.0
+    # The first sessions are folded into the summary: only recall finds them again.
+    assert f1["recall"] > f1["mlxmem"]
+    assert f1["oracle"] >= f1["recall"] >= f1["window"] >= f1["no_memory"]
+    assert result["no_memory"]["f1"]["adversarial"]["mean"] == 1.0
+    assert result["oracle_vs_no_memory"]["beats"] and result["recall_vs_mlxmem"]["mean"] > 0
+    layers = result["layers"]["conv-1"]
+    assert layers["summaries"]["count"] >= 1 and layers["facts"]["extraction"].startswith("off")
+    # Probes never touch the chat slot: after the replay it got no further call.
+    chat_calls = [i for i, c in enumerate(engine.calls) if c.slot == "locomo/chat"]
+    probe_calls = [i for i, c in enumerate(engine.calls) if c.slot.startswith("probe/")]
+    assert len(probe_calls) == 5 * 7 and max(chat_calls) < min(probe_calls)
+    # Probes on one slot reuse its cached prefix.
+    memory = [c for c in engine.calls if c.slot == "probe/mlxmem"]
+    assert all(c.cached_tokens > 0 for c in memory[1:])
+
+
+@pytest.mark.skipif(not (LOCOMO / "qa").is_dir(), reason="LoCoMo data not present")
+def test_categories_in_the_real_files_are_what_the_eval_says():
+    evidence: dict[int, list[int]] = {}
+    for path in (LOCOMO / "qa").glob("*.qa.json"):
+        for q in json.loads(path.read_text())["qa"]:
+            evidence.setdefault(q["category"], []).append(len(q["evidence"]))
+            assert ("adversarial_answer" in q) == (q["category"] == 5) or "answer" in q
+    multi = {c: sum(n > 1 for n in v) / len(v) for c, v in evidence.items()}
+    assert set(evidence) == set(ev.CATEGORIES)
+    assert multi[1] > 0.9 and multi[4] < 0.1  # multi-hop vs single-hop
+
+
+@pytest.mark.e2e
+def test_cli_eval_locomo_on_the_tiny_model(tmp_path):
+    data = write_dataset(tmp_path / "locomo", sessions=2, chatter=2)
+    out = cli(
+        "eval", "locomo", "--data", str(data), "--limit", "2", "--context-tokens", "1024",
+        "--json",
+    )  # fmt: skip
+    report = json.loads(out.stdout)
+    assert list(report["per_conversation"]) == ["conv-1"]
+    assert all(report[c]["f1"]["overall"]["n"] == 2 for c in ev.CONFIGS)
+    (run,) = history(kind="eval")
+    assert set(run.results) >= set(ev.CONFIGS)

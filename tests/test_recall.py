@@ -1,0 +1,123 @@
+"""Recall from the chat log (layer 2 into the prompt), with the fake engine and a real DuckDB
+file: what is recalled, where it goes, how it is counted, and that deleted turns never come
+back."""
+
+import time
+
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.recall import RECALL_HEADER, query_terms, refers_to_past, search_before
+from mlxmem.memory.store import Store
+from mlxmem.testing import FakeEngine
+
+SECRET = "My grandmother's greenhouse in Tromso grows purple kohlrabi."
+
+
+def responder(prompt: str) -> str:
+    if "updated summary" in prompt:
+        return "They chatted about daily things."
+    return "Nice."
+
+
+def chat_with_old_secret(budget=600, recall=True, filler=30):
+    """A conversation whose first message (the secret) has long been folded into the summary."""
+    engine = FakeEngine(responder)
+    store = Store()
+    settings = ChatSettings(recall=recall, extract_facts=False)
+    companion = Companion(engine, store, "default", budget, 120, settings)
+    companion.send(SECRET)
+    for i in range(filler):
+        companion.send(f"Day {i}: I walked to the bakery and bought bread number {i} today.")
+    summary = store.latest_summary("default")
+    assert summary is not None and summary.first_seq == 1  # the secret left the window
+    return engine, store, companion
+
+
+def test_query_terms_and_cues():
+    assert query_terms("What did I say about the greenhouse?") == ["greenhouse"]
+    assert refers_to_past("Do you remember my greenhouse")
+    assert refers_to_past("where is it?")
+    assert not refers_to_past("I baked bread today.")
+
+
+def test_a_question_about_an_evicted_turn_recalls_it():
+    engine, store, companion = chat_with_old_secret()
+    result = companion.send("What grows in my grandmother's greenhouse?")
+    secret = store.turns("default")[0]
+    assert result.prompt.recalled[0] == secret.id
+    newest = result.prompt.messages[-1].content
+    assert newest.startswith(RECALL_HEADER) and "purple kohlrabi" in newest
+    assert newest.endswith("What grows in my grandmother's greenhouse?")
+    # Only the newest message carries it: the stable blocks before it are unchanged.
+    assert all("kohlrabi" not in m.content for m in result.prompt.messages[:-1])
+    # The log keeps the message as written.
+    assert store.turns("default")[-2].text == "What grows in my grandmother's greenhouse?"
+
+
+def test_recall_off_recalls_nothing():
+    _, _, companion = chat_with_old_secret(recall=False)
+    result = companion.send("What grows in my grandmother's greenhouse?")
+    assert result.prompt.recalled == [] and result.prompt.layers.recall == 0
+
+
+def test_recall_is_counted_exactly_and_the_budget_holds():
+    engine, _, companion = chat_with_old_secret()
+    result = companion.send("What grows in my grandmother's greenhouse?")
+    layers = result.prompt.layers
+    assert layers.recall > 0
+    assert sum(layers.to_dict().values()) == 600
+    assert len(result.prompt.tokens) + layers.reserve <= 600
+    call = engine.calls[-1]
+    assert call.prompt_tokens + call.max_tokens <= 600
+    # Exactly the tokens the block added to the prompt.
+    without = companion.context()  # the same state, no new message
+    assert layers.turns + layers.recall + layers.summary + layers.facts + layers.instructions == (
+        len(result.prompt.tokens)
+    )
+    assert without.layers.recall == 0
+
+
+def test_context_preview_shows_the_recall_layer():
+    _, _, companion = chat_with_old_secret()
+    preview = companion.context("Remember the greenhouse?")
+    assert preview.layers.recall > 0 and sum(preview.layers.to_dict().values()) == 600
+    assert companion.context().layers.recall == 0
+
+
+def test_a_recalled_turn_keeps_the_prefix_cached():
+    engine, _, companion = chat_with_old_secret()
+    companion.send("A plain message with no question in it at all.")
+    first = companion.send("What grows in my grandmother's greenhouse?")
+    # The recall block sits inside the new message: everything before it came from the cache.
+    newest = engine.count_chat(first.prompt.messages[-1:], True) - 1  # without <bos>
+    assert first.stats.prefilled_tokens <= newest + 1
+    assert first.warm_prefilled_tokens > 0  # the block is taken out of the cache after the reply
+    second = companion.send("Tell me again, what grows in that greenhouse?")
+    newest = engine.count_chat(second.prompt.messages[-1:], True) - 1
+    assert second.stats.prefilled_tokens <= newest + 1
+
+
+def test_a_deleted_turn_is_never_recalled():
+    _, store, companion = chat_with_old_secret()
+    secret = store.turns("default")[0]
+    store.delete_turns([secret.id])
+    result = companion.send("What grows in my grandmother's greenhouse?")
+    assert secret.id not in result.prompt.recalled
+    assert all("kohlrabi" not in m.content for m in result.prompt.messages)
+
+
+def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
+    store = Store(tmp_path / "big.duckdb")
+    with store.connect() as con:
+        con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
+        con.execute(
+            "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i, "
+            "'user', 'I walked the dog and had bread number ' || i, now() FROM range(1, 2001) t(i)"
+        )
+        con.execute(
+            "UPDATE messages SET text = 'the kohlrabi in the greenhouse is purple' WHERE seq = 77"
+        )
+        start = time.perf_counter()
+        found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
+        assert time.perf_counter() - start < 5  # generous: a smoke check, not a benchmark
+    assert found[0].seq == 77
+    assert len(found) == 4
