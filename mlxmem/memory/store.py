@@ -95,11 +95,6 @@ class Store(TurnLog, SummaryLog, FactList):
             turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
             return turn, _snapshot(con, conversation, recall_terms)
 
-    def forget_epoch(self) -> int:
-        """Counts deletions and edits: a KV cache built before a change may hold removed text."""
-        with self.connect() as con:
-            return forget_epoch(con)
-
     def delete_facts(self, ids: list[int], turn_ids: Sequence[int] = ()) -> Deletion:
         """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
         summaries that had them in their prompt; their bytes are erased from the files and
