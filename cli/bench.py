@@ -303,6 +303,14 @@ def restart(
         f"restored cache: {_times(r['ttft_ratio'])} faster; cache file "
         f"{r['cache_file_bytes'] / 1e6:.1f} MB; model load {r['model_load_s']:.2f} s (not counted)"
     )
+    auto = r["auto_policy"]
+    if auto["decision"] is not None:
+        agrees = "agrees with" if auto["agrees_with_race"] else "DISAGREES with"
+        err.print(
+            f"the engine's own rule: {auto['decision']} (loading runs at "
+            f"{_times(auto['load_over_recompute'])} the speed of recomputing); "
+            f"it {agrees} the race"
+        )
     _footer(run)
 
 

@@ -160,12 +160,14 @@ class MLXEngine(Engine):
         model_id: str | None = None,
         cache_dir: Path | None = None,
         max_slot_bytes: int = DEFAULT_SLOT_MEMORY_BYTES,
+        restart_policy: str = "auto",
     ):
         from mlx_lm import load
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import maybe_set_recommended_wired_limit
 
         from mlxmem.kvslots import SlotPool
+        from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
         try:
             self.model, self.tokenizer = load(str(model_path))
@@ -189,8 +191,15 @@ class MLXEngine(Engine):
         self.model_id = model_id or model_identity(self.model_path)
         if self.dequantized and model_id is None:  # its KV caches are float32, not float16
             self.model_id += "-f32"
+        # Whether a stored prefix is loaded after a restart or recomputed (see mlxmem.restart).
+        profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
+        self.restart = RestartPolicy(profile, self.model_id, restart_policy)
         self.slots = SlotPool(
-            lambda: make_prompt_cache(self.model), self.model_id, cache_dir, max_slot_bytes
+            lambda: make_prompt_cache(self.model),
+            self.model_id,
+            cache_dir,
+            max_slot_bytes,
+            self.restart,
         )
         self._encodings: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._renders: dict[tuple, str] = {}
@@ -322,7 +331,9 @@ class MLXEngine(Engine):
         try:
             try:
                 for token, _ in steps:
-                    first = first or time.perf_counter()
+                    if first is None:
+                        first = time.perf_counter()
+                        self.restart.record_prefill(len(prompt) - cached, first - start)
                     out.append(token)
                     if token in self.eos_token_ids and not ignore_eos:
                         finish = "stop"
@@ -366,10 +377,12 @@ class MLXEngine(Engine):
         prompt = list(prompt)
         kv = self.slots.get(slot)
         cached = kv.reuse_prefix(prompt)
+        start = time.perf_counter()
         try:
             for i in range(cached, len(prompt), PREFILL_STEP):
                 self.model(mx.array(prompt[i : i + PREFILL_STEP])[None], cache=kv.cache)
                 mx.eval([c.state for c in kv.cache])
+            self.restart.record_prefill(len(prompt) - cached, time.perf_counter() - start)
         finally:
             kv.sync_tokens(prompt)
             self.slots.enforce_cap(keep=slot)

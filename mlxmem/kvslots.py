@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import warnings
 import zlib
 from collections import OrderedDict
@@ -36,6 +37,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlxmem.paths import ensure_private_dir, make_private
+from mlxmem.restart import RestartPolicy
 
 LAYOUT_VERSION = "1"  # one file, mlx-lm's prompt-cache format
 BLOCK_LAYOUT_VERSION = "2"  # blocks of KV_BLOCK_TOKENS and a tail
@@ -315,8 +317,10 @@ class SlotPool:
         model_id: str,
         directory: Path | None,
         max_bytes: int,
+        restart: RestartPolicy | None = None,
     ):
         self._make_cache = make_cache
+        self.restart = restart
         self.model_id = model_id
         self.directory = directory
         self.max_bytes = max_bytes
@@ -328,10 +332,19 @@ class SlotPool:
         if slot is None:
             slot = KVSlot(name, self._make_cache)
             if self.directory is not None:
-                slot.load(self.path(name), self.model_id)
+                self._load(slot, self.path(name))
             self._slots[name] = slot
         self._slots.move_to_end(name)
         return slot
+
+    def _load(self, slot: KVSlot, path: Path) -> None:
+        """Load a stored slot, unless this machine recomputes a prefix faster than it reads one
+        (the slot then starts empty and the next prompt prefills it)."""
+        if not path.exists() or (self.restart is not None and not self.restart.should_load()):
+            return
+        start = time.perf_counter()
+        if slot.load(path, self.model_id) and self.restart is not None:
+            self.restart.record_load(slot.nbytes, len(slot.tokens), time.perf_counter() - start)
 
     def path(self, name: str) -> Path:
         assert self.directory is not None

@@ -284,6 +284,9 @@ def test_bench_restart_end_to_end(tiny_model):
     )
     assert report["restored_cached_tokens"] > report["prompt_tokens"] // 2
     assert report["cache_file_bytes"] > 0
+    auto = report["auto_policy"]  # the engine's rule, from speeds the trials measured
+    assert auto["decision"] in ("load", "recompute") and auto["prefill_tokens_per_s"] > 0
+    assert auto["decision"] == ("load" if auto["load_over_recompute"] >= 1 else "recompute")
 
 
 @pytest.mark.e2e

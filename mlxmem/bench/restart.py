@@ -6,6 +6,10 @@ budget. Each trial then copies that data directory, loads the model into a new e
 restart, within this process) and sends one message; "rebuilt" trials delete the cache files
 first. The time to first token runs from `send()` to the reply's first token, so it counts
 reading the cache file; loading the model is the same for both and reported on its own.
+
+The trials force each side ("load", or no file to load); the result also says what the engine's
+own rule (mlxmem.restart) decides from the speeds it measured in those trials, and whether that
+agrees with the race.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from mlxmem.bench.turns import reply_into_cache
 from mlxmem.engine import MLXEngine
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.restart import PROFILE_FILENAME, RestartPolicy, RestartProfile
 
 CONVERSATION = "bench"
 DEFAULT_RESTART_TRIALS = 3
@@ -49,6 +54,7 @@ class RestartTrial:
     prompt_tokens: int
     cached_tokens: int
     prefilled_tokens: int
+    profile: RestartProfile  # the speeds the trial's engine measured
 
 
 @dataclass
@@ -77,8 +83,30 @@ class RestartResult:
             "ttft_ratio": ratio(rebuilt.median, restored.median),
             "model_load_s": Spread.of([t.load_s for t in self.restored + self.rebuilt]).median,
             "cache_file_bytes": self.cache_file_bytes,
+            "auto_policy": self.auto_policy(restored.median < rebuilt.median),
             "trials": len(self.restored),
             "spread": {"restored_ttft_s": restored.to_list(), "rebuilt_ttft_s": rebuilt.to_list()},
+        }
+
+    def auto_policy(self, loading_won: bool) -> dict:
+        """What the engine's rule decides from the speeds measured in the trials: the read
+        bandwidth of the restored ones, the prefill speed of the rebuilt ones."""
+        read = [t.profile for t in self.restored if t.profile.read_bytes_per_s]
+        prefill = [t.profile for t in self.rebuilt if t.profile.prefill_tokens_per_s]
+        if not (read and prefill):
+            return {"decision": None, "why": "a trial measured nothing"}
+        profile = RestartProfile(
+            Spread.of([p.read_bytes_per_s for p in read]).median,
+            Spread.of([p.kv_bytes_per_token for p in read]).median,
+            Spread.of([p.prefill_tokens_per_s for p in prefill]).median,
+        )
+        return {
+            "decision": "load" if profile.loads else "recompute",
+            "load_over_recompute": profile.load_over_recompute,
+            "read_bytes_per_s": profile.read_bytes_per_s,
+            "kv_bytes_per_token": profile.kv_bytes_per_token,
+            "prefill_tokens_per_s": profile.prefill_tokens_per_s,
+            "agrees_with_race": profile.loads == loading_won,
         }
 
 
@@ -101,6 +129,7 @@ def run_restart(
         base = Path(tmp) / "base"
         progress("filling the context", 0, total)
         filled = _fill(model_path, base, context_tokens, response_reserve, seed)
+        (base / PROFILE_FILENAME).unlink(missing_ok=True)  # each trial measures afresh
         # The slot files and their blocks (kv/*.blocks/).
         cache_bytes = sum(f.stat().st_size for f in (base / "kv").rglob("*.safetensors"))
         restored, rebuilt = [], []
@@ -152,7 +181,8 @@ def _first_turn(
     model_path: Path, directory: Path, context_tokens: int, reserve: int, seed: int
 ) -> RestartTrial:
     start = time.perf_counter()
-    engine = MLXEngine(model_path, cache_dir=directory / "kv")
+    # Forced to load: the race is load against recompute, whatever the rule would choose.
+    engine = MLXEngine(model_path, cache_dir=directory / "kv", restart_policy="load")
     load_s = time.perf_counter() - start
     recorder = RecordingEngine(engine)
     companion = _companion(recorder, directory, context_tokens, reserve, seed)
@@ -166,6 +196,7 @@ def _first_turn(
         prompt_tokens=result.stats.prompt_tokens,
         cached_tokens=result.stats.cached_tokens,
         prefilled_tokens=result.stats.prefilled_tokens,
+        profile=RestartPolicy(directory / PROFILE_FILENAME, engine.model_id).profile,
     )
     del companion, recorder, engine
     gc.collect()

@@ -1,0 +1,112 @@
+"""After a restart, load a stored KV prefix or recompute it: decided per machine and model.
+
+Loading a saved slot costs its bytes over the read bandwidth; recomputing it costs its tokens
+over the prefill speed. Both grow with the slot's length, so the choice is one comparison per
+machine and model: load when the disk delivers a token's KV bytes faster than the model prefills
+a token, that is when `read_bytes_per_s >= kv_bytes_per_token * prefill_tokens_per_s`. (Prefill
+slows down as a prompt grows, so at long lengths loading only gains.) On a laptop SSD with a
+3B model loading wins; on a datacenter GPU prefilling 3,000 tokens in a second, it can lose.
+
+The numbers are measured once, from the engine's own work (the first stored slot it loads, the
+first prefill of at least MIN_PREFILL_TOKENS), and kept in `restart-profile.json` beside the
+cache folder, per model. Until both are known, stored slots are loaded. Delete the file to
+measure again. It holds speeds only, nothing from a conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mlxmem.paths import make_private
+
+PROFILE_FILENAME = "restart-profile.json"
+MIN_PREFILL_TOKENS = 256  # a shorter prefill says little about the model's speed
+POLICIES = ("auto", "load", "recompute")
+
+
+@dataclass
+class RestartProfile:
+    read_bytes_per_s: float | None = None  # loading a stored slot: digest check, read, eval
+    kv_bytes_per_token: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        speeds = (self.read_bytes_per_s, self.kv_bytes_per_token, self.prefill_tokens_per_s)
+        return None not in speeds
+
+    @property
+    def load_over_recompute(self) -> float | None:
+        """How many times faster loading a stored prefix is than recomputing it (< 1: slower)."""
+        if not self.measured:
+            return None
+        return self.read_bytes_per_s / (self.kv_bytes_per_token * self.prefill_tokens_per_s)
+
+    @property
+    def loads(self) -> bool:
+        """Load stored prefixes, unless measured to be slower than recomputing them."""
+        ratio = self.load_over_recompute
+        return ratio is None or ratio >= 1.0
+
+
+class RestartPolicy:
+    """The load-or-recompute decision of one model on this machine, under `policy`: "auto"
+    (measure once, then decide), "load" or "recompute" (forced, for benchmarks)."""
+
+    def __init__(self, path: Path | None, model_id: str, policy: str = "auto"):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+        self.path = path
+        self.model_id = model_id
+        self.policy = policy
+        self.profile = self._read()
+
+    def should_load(self) -> bool:
+        if self.policy != "auto":
+            return self.policy == "load"
+        return self.profile.loads
+
+    def record_load(self, nbytes: int, tokens: int, seconds: float) -> None:
+        if self.profile.read_bytes_per_s is None and tokens and nbytes and seconds > 0:
+            self.profile.read_bytes_per_s = nbytes / seconds
+            self.profile.kv_bytes_per_token = nbytes / tokens
+            self._write()
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        if (
+            self.profile.prefill_tokens_per_s is None
+            and tokens >= MIN_PREFILL_TOKENS
+            and seconds > 0
+        ):
+            self.profile.prefill_tokens_per_s = tokens / seconds
+            self._write()
+
+    def _read(self) -> RestartProfile:
+        if self.path is None or not self.path.exists():
+            return RestartProfile()
+        try:
+            entry = json.loads(self.path.read_text()).get(self.model_id, {})
+            return RestartProfile(**{k: entry.get(k) for k in RestartProfile.__dataclass_fields__})
+        except (OSError, ValueError, TypeError, AttributeError):
+            return RestartProfile()  # unreadable: measure again
+
+    def _write(self) -> None:
+        if self.path is None or not self.path.parent.exists():
+            return
+        try:
+            profiles = json.loads(self.path.read_text()) if self.path.exists() else {}
+            if not isinstance(profiles, dict):
+                profiles = {}
+        except (OSError, ValueError):
+            profiles = {}
+        profiles[self.model_id] = asdict(self.profile)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(profiles, indent=1, sort_keys=True))
+            make_private(tmp)
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a speed hint is not worth an error

@@ -1,0 +1,78 @@
+"""After a restart, a stored KV prefix is loaded or recomputed, whichever this machine does
+faster for this model: measured once from the engine's own work, then kept."""
+
+import json
+import stat
+
+import pytest
+
+from mlxmem.engine import Message, MLXEngine
+from mlxmem.restart import PROFILE_FILENAME, RestartPolicy, RestartProfile
+from mlxmem.tiny import make_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=3)
+
+
+def chat(n: int) -> list[Message]:
+    msgs = [Message("system", "You are a companion who remembers.")]
+    for i in range(n):
+        msgs += [
+            Message("user", f"Day {i}: I planted {i} tomatoes and a fig tree."),
+            Message("assistant", f"{i} tomatoes, noted."),
+        ]
+    return msgs
+
+
+def test_the_decision_compares_read_bandwidth_with_prefill_speed():
+    assert RestartProfile().loads  # nothing measured yet: load
+    # 100 KB per token: recomputing runs at 1,000 tokens/s = 100 MB/s of KV.
+    slow_disk = RestartProfile(50e6, 100e3, 1000.0)
+    fast_disk = RestartProfile(400e6, 100e3, 1000.0)
+    assert slow_disk.load_over_recompute == pytest.approx(0.5) and not slow_disk.loads
+    assert fast_disk.load_over_recompute == pytest.approx(4.0) and fast_disk.loads
+
+
+def test_forced_policies_and_a_damaged_profile(tmp_path):
+    path = tmp_path / PROFILE_FILENAME
+    path.write_text("{not json")
+    policy = RestartPolicy(path, "m")
+    assert policy.profile == RestartProfile() and policy.should_load()
+    assert RestartPolicy(path, "m", "recompute").should_load() is False
+    with pytest.raises(ValueError):
+        RestartPolicy(path, "m", "sometimes")
+    policy.record_prefill(100, 1.0)  # too short to say anything
+    assert policy.profile.prefill_tokens_per_s is None
+    policy.record_prefill(1000, 2.0)
+    assert json.loads(path.read_text())["m"]["prefill_tokens_per_s"] == 500.0
+
+
+@pytest.mark.e2e
+def test_measured_once_then_a_slower_disk_recomputes_with_the_same_output(tiny, tmp_path):
+    kv = tmp_path / "kv"
+    first = MLXEngine(tiny, cache_dir=kv)
+    prompt = first.encode_chat(chat(20))
+    assert len(prompt) >= 256
+    first.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+    first.save_slots()
+    profile_path = tmp_path / PROFILE_FILENAME
+    stored = json.loads(profile_path.read_text())[first.model_id]
+    assert stored["prefill_tokens_per_s"] > 0 and stored["read_bytes_per_s"] is None
+    assert stat.S_IMODE(profile_path.stat().st_mode) & 0o077 == 0
+
+    longer = first.encode_chat(chat(20) + [Message("user", "What did I plant?")])
+    loaded = MLXEngine(tiny, cache_dir=kv).generate(longer, slot="c", max_tokens=8, temp=0.0)
+    assert loaded.stats.cached_tokens > 0.9 * len(prompt)
+    measured = RestartPolicy(profile_path, first.model_id).profile
+    assert measured.measured and measured.kv_bytes_per_token > 0
+
+    # The same files on a machine whose disk is slower than its prefill: recompute.
+    entry = {**stored, "read_bytes_per_s": 1.0, "kv_bytes_per_token": measured.kv_bytes_per_token}
+    profile_path.write_text(json.dumps({first.model_id: entry}))
+    recomputed = MLXEngine(tiny, cache_dir=kv).generate(longer, slot="c", max_tokens=8, temp=0.0)
+    assert recomputed.stats.cached_tokens == 0
+    assert recomputed.tokens == loaded.tokens
+    # Measured once: the forced entry was not overwritten by later work.
+    assert json.loads(profile_path.read_text())[first.model_id]["read_bytes_per_s"] == 1.0
