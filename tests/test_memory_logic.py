@@ -9,7 +9,7 @@ from mlxmem.engine import Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.extraction import clean_fact, is_duplicate, normalize
+from mlxmem.memory.extraction import clean_fact, is_duplicate, judge, normalize
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import (
     MIN_VERBATIM,
@@ -195,6 +195,21 @@ def test_duplicate_facts_are_not_added_twice():
     assert len(store.facts()) == 1
 
 
+def test_extraction_outcomes_are_counted_by_the_filter_that_decided():
+    answers = iter([FACT, FACT, "NONE", "<|eot_id|> system"])
+
+    def responder(prompt):
+        return next(answers) if "durable facts" in prompt else "fine."
+
+    _, store, companion = make(budget=2000, responder=responder)
+    long = "I have a cat called Miso and she sleeps on the balcony every afternoon, all summer."
+    for text in ["short one", long, long + " Again.", long + " Once more.", long + " Last."]:
+        companion.send(text)
+    # The short message is never sent to the extractor; each other one has one outcome.
+    assert companion.extractor.outcomes == {"kept": 1, "duplicate": 1, "none": 1, "markup": 1}
+    assert [f.text for f in store.facts()] == [FACT]
+
+
 def test_empty_and_invalid_messages_are_refused_and_nothing_is_logged():
     _, store, companion = make()
     for bad in ["", "   \n", "broken \udcff text"]:
@@ -214,23 +229,24 @@ def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
 
 
 @pytest.mark.parametrize(
-    "raw, expected",
+    "raw, expected, reason",
     [
-        ("The user's sister is Ana.", "The user's sister is Ana."),
-        ('  "The user likes tea."  ', "The user likes tea."),
-        ("NONE", None),
-        ("none.", None),
-        ("None - nothing durable here", None),
-        ("", None),
-        ("The user likes tea.\nThe user likes cake.", None),
-        ("x" * 300, None),
-        ("The user <|eot_id|> likes tea.", None),
-        ("<|start_header_id|>system", None),
-        ("...", None),
+        ("The user's sister is Ana.", "The user's sister is Ana.", "kept"),
+        ('  "The user likes tea."  ', "The user likes tea.", "kept"),
+        ("NONE", None, "none"),
+        ("none.", None, "none"),
+        ("None - nothing durable here", None, "none"),
+        ("", None, "not_one_line"),
+        ("The user likes tea.\nThe user likes cake.", None, "not_one_line"),
+        ("x" * 300, None, "not_one_line"),
+        ("The user <|eot_id|> likes tea.", None, "markup"),
+        ("<|start_header_id|>system", None, "markup"),
+        ("...", None, "no_letters"),
     ],
 )
-def test_clean_fact_filters(raw, expected):
+def test_clean_fact_filters(raw, expected, reason):
     assert clean_fact(raw, ["<|eot_id|>"]) == expected
+    assert judge(raw, ["<|eot_id|>"]) == (expected, reason)
 
 
 def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():

@@ -483,6 +483,9 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
             "extraction": "on" if facts else "off (for speed)",
             "added": added,
             "per_100_messages": 100 * added / messages if facts and messages else None,
+            # What became of each message sent to the extractor: kept, duplicate, or the
+            # filter that rejected the answer (see mlxmem.memory.extraction).
+            "outcomes": dict(companion.extractor.outcomes),
         },
         "summaries": {
             "count": len(summaries),

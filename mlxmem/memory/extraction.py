@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from mlxmem.defaults import FACTS_SLOT
@@ -49,16 +50,23 @@ def is_duplicate(candidate: str, existing: Iterable[str]) -> bool:
 
 def clean_fact(raw: str, special_tokens: Sequence[str] = ()) -> str | None:
     """The fact in the model's answer, or None if the answer must be rejected."""
+    return judge(raw, special_tokens)[0]
+
+
+def judge(raw: str, special_tokens: Sequence[str] = ()) -> tuple[str | None, str]:
+    """The fact in the model's answer and "kept", or None and the filter that rejected it:
+    "none" (the model found nothing), "not_one_line" (empty, several lines or too long),
+    "markup" (template or special tokens) or "no_letters"."""
     text = raw.strip().strip('"').strip()
-    if not text or "\n" in text or len(text) > MAX_FACT_CHARS:
-        return None
     if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
-        return None
+        return None, "none"
+    if not text or "\n" in text or len(text) > MAX_FACT_CHARS:
+        return None, "not_one_line"
     if _MARKUP_RE.search(text) or any(s and s in text for s in special_tokens):
-        return None
+        return None, "markup"
     if not any(ch.isalpha() for ch in text):
-        return None
-    return text
+        return None, "no_letters"
+    return text, "kept"
 
 
 def should_extract(message: str) -> bool:
@@ -66,11 +74,14 @@ def should_extract(message: str) -> bool:
 
 
 class FactExtractor:
-    """One model call per long-enough message; never raises into the chat."""
+    """One model call per long-enough message; never raises into the chat. `outcomes` counts
+    what became of each message: "short" (not asked), "no_room", "ran_long" (the answer ran
+    to the token limit), a filter of `judge`, "duplicate", or "kept"."""
 
     def __init__(self, engine: Engine, budget: int):
         self.engine = engine
         self.budget = budget
+        self.outcomes: Counter[str] = Counter()
 
     def prompt(self, message: str) -> list[int] | None:
         """The extraction prompt, with the message shortened so that the prompt plus the
@@ -88,13 +99,20 @@ class FactExtractor:
         return tokens if len(tokens) + MAX_FACT_TOKENS <= self.budget else None
 
     def extract(self, message: str, existing: Iterable[str]) -> str | None:
-        prompt = self.prompt(message) if should_extract(message) else None
+        fact, outcome = self._extract(message, existing)
+        self.outcomes[outcome] += 1
+        return fact
+
+    def _extract(self, message: str, existing: Iterable[str]) -> tuple[str | None, str]:
+        if not should_extract(message):
+            return None, "short"
+        prompt = self.prompt(message)
         if prompt is None:
-            return None
+            return None, "no_room"
         result = self.engine.generate(prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0)
         if result.stats.finish_reason == "length":
-            return None  # an answer that ran to the token limit is not one short sentence
-        fact = clean_fact(result.text, self.engine.special_tokens)
-        if fact is None or is_duplicate(fact, existing):
-            return None
-        return fact
+            return None, "ran_long"  # an answer that ran to the limit is not one short sentence
+        fact, outcome = judge(result.text, self.engine.special_tokens)
+        if fact is not None and is_duplicate(fact, existing):
+            return None, "duplicate"
+        return fact, outcome
