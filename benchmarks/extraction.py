@@ -1,0 +1,61 @@
+"""What fact extraction does with real messages: LoCoMo's, through the same extractor a chat
+turn uses, with the facts kept so far as the known ones.
+
+    python benchmarks/extraction.py MODEL_DIR [--conversation conv-30] [--messages 40]
+
+Prints one JSON object: the outcome of each message sent (kept, duplicate, or the filter that
+rejected the model's answer; see mlxmem.memory.extraction), facts per 100 messages, and each
+kept fact beside its message, to be read by a person: is it true, durable, about the user?
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from mlxmem.bench.eval_locomo import default_data_dir, exchanges, load_conversation
+from mlxmem.engine import MLXEngine
+from mlxmem.memory.extraction import FactExtractor, should_extract
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--conversation", default="conv-30")
+    parser.add_argument("--messages", type=int, default=40, help="Long messages to send.")
+    parser.add_argument("--budget", type=int, default=4096)
+    parser.add_argument("--data", type=Path, default=None)
+    args = parser.parse_args()
+    engine = MLXEngine(args.model)
+    extractor = FactExtractor(engine, args.budget)
+    pairs, _ = exchanges(load_conversation(args.data or default_data_dir(), args.conversation))
+    messages = [user for user, _ in pairs]
+    kept: list[dict] = []
+    seen = considered = 0
+    for text in messages:
+        if seen == args.messages:
+            break
+        considered += 1
+        if not should_extract(text):
+            continue
+        seen += 1
+        fact = extractor.extract(text, [k["fact"] for k in kept])
+        if fact is not None:
+            kept.append({"message": text, "fact": fact})
+    print(
+        json.dumps(
+            {
+                "model": args.model.name,
+                "conversation": args.conversation,
+                "messages_considered": considered,
+                "sent_to_extractor": seen,
+                "outcomes": dict(extractor.outcomes),
+                "facts_per_100_messages": 100 * len(kept) / max(considered, 1),
+                "kept": kept,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
