@@ -4,8 +4,9 @@ turn uses, with the facts kept so far as the known ones.
     python benchmarks/extraction.py MODEL_DIR [--conversation conv-30] [--messages 40]
 
 Prints one JSON object: the outcome of each message sent (kept, duplicate, or the filter that
-rejected the model's answer; see mlxmem.memory.extraction), facts per 100 messages, and each
-kept fact beside its message, to be read by a person: is it true, durable, about the user?
+rejected the model's answer; see mlxmem.memory.extraction), facts per 100 messages, each kept
+fact beside its message (to be read by a person: is it true, durable, about the user?) and
+every answer the model gave with its outcome.
 """
 
 import argparse
@@ -30,6 +31,7 @@ def main() -> None:
     pairs, _ = exchanges(load_conversation(args.data or default_data_dir(), args.conversation))
     messages = [user for user, _ in pairs]
     kept: list[dict] = []
+    answers: list[dict] = []
     seen = considered = 0
     for text in messages:
         if seen == args.messages:
@@ -38,7 +40,10 @@ def main() -> None:
         if not should_extract(text):
             continue
         seen += 1
+        before = dict(extractor.outcomes)
         fact = extractor.extract(text, [k["fact"] for k in kept])
+        outcome = next(k for k, v in extractor.outcomes.items() if v != before.get(k, 0))
+        answers.append({"outcome": outcome, "answer": extractor.last_answer})
         if fact is not None:
             kept.append({"message": text, "fact": fact})
     print(
@@ -51,6 +56,7 @@ def main() -> None:
                 "outcomes": dict(extractor.outcomes),
                 "facts_per_100_messages": 100 * len(kept) / max(considered, 1),
                 "kept": kept,
+                "answers": answers,
             },
             indent=1,
         )

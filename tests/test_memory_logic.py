@@ -242,11 +242,21 @@ def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
         ("The user <|eot_id|> likes tea.", None, "markup"),
         ("<|start_header_id|>system", None, "markup"),
         ("...", None, "no_letters"),
+        ("The user's sister is called Ana.", None, "example"),  # with no Ana in the message
+        ("I'm glad you found the right spot for your studio.", None, "not_third_person"),
+        ("The user dances. The user dances every day.", None, "not_one_sentence"),
+        (
+            "The user lives in St. Louis near the river.",
+            "The user lives in St. Louis near the river.",
+            "kept",
+        ),
+        ("The user is a nurse working night shifts.", None, "ungrounded"),
     ],
 )
 def test_clean_fact_filters(raw, expected, reason):
-    assert clean_fact(raw, ["<|eot_id|>"]) == expected
-    assert judge(raw, ["<|eot_id|>"]) == (expected, reason)
+    message = "I moved to St. Louis; my flat is near the river. Ana visits and we drink tea."
+    assert clean_fact(raw, ["<|eot_id|>"], message) == expected
+    assert judge(raw, ["<|eot_id|>"], message) == (expected, reason)
 
 
 def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():

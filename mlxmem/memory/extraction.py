@@ -15,17 +15,29 @@ from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import shorten
 
+EXAMPLE_FACT = "The user's sister is called Ana."
 EXTRACTION_INSTRUCTIONS = (
     "You keep a short list of durable facts about the user: their name, important people, "
     "preferences, habits, plans, work, health, where they live. Read the user's message and "
     "answer with at most one new durable fact about the user as one short sentence in the "
-    "third person (for example: The user's sister is called Ana.). Ignore small talk, moods "
+    f"third person (for example: {EXAMPLE_FACT}). Ignore small talk, moods "
     "of the moment, questions and anything about the assistant. If there is no such fact, "
     "answer exactly NONE."
 )
 MIN_MESSAGE_CHARS = 60
 MAX_FACT_CHARS = 200
 MAX_FACT_TOKENS = 48
+# First and second person: an answer addressed to someone is chat, not a fact about the user.
+_PERSON_RE = re.compile(r"\b(I|I'm|I’m|I've|me|my|you|you're|you’re|your|yours)\b", re.IGNORECASE)
+_SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_ABBREVIATION_RE = re.compile(r"\b[A-Z][a-z]{0,2}\.$")  # St. Dr. Mrs.
+# Words every fact about the user may have: they do not tie a fact to its message.
+_COMMON_WORDS = {
+    w[:5]
+    for w in "user users their theirs they with about from that this have likes wants there "
+    "would being called named the and has was are for his her hers him she who not but one "
+    "all its also very".split()
+}
 # Strings that only a chat template or a confused model would write.
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
 
@@ -48,15 +60,22 @@ def is_duplicate(candidate: str, existing: Iterable[str]) -> bool:
     return False
 
 
-def clean_fact(raw: str, special_tokens: Sequence[str] = ()) -> str | None:
+def clean_fact(
+    raw: str, special_tokens: Sequence[str] = (), message: str | None = None
+) -> str | None:
     """The fact in the model's answer, or None if the answer must be rejected."""
-    return judge(raw, special_tokens)[0]
+    return judge(raw, special_tokens, message)[0]
 
 
-def judge(raw: str, special_tokens: Sequence[str] = ()) -> tuple[str | None, str]:
+def judge(
+    raw: str, special_tokens: Sequence[str] = (), message: str | None = None
+) -> tuple[str | None, str]:
     """The fact in the model's answer and "kept", or None and the filter that rejected it:
     "none" (the model found nothing), "not_one_line" (empty, several lines or too long),
-    "markup" (template or special tokens) or "no_letters"."""
+    "markup" (template or special tokens), "no_letters", "example" (the instructions' own
+    example), "not_third_person" (I, you: the model chatting instead of noting),
+    "not_one_sentence", or "ungrounded" (no word of it is in the `message` it came from).
+    Strict on purpose: a wrong fact is worse than none."""
     text = raw.strip().strip('"').strip()
     if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
         return None, "none"
@@ -66,7 +85,30 @@ def judge(raw: str, special_tokens: Sequence[str] = ()) -> tuple[str | None, str
         return None, "markup"
     if not any(ch.isalpha() for ch in text):
         return None, "no_letters"
+    if normalize(text) == normalize(EXAMPLE_FACT):
+        return None, "example"
+    if _PERSON_RE.search(text):
+        return None, "not_third_person"
+    if sentence_count(text) > 1:
+        return None, "not_one_sentence"
+    if message is not None and not (content_words(text) & content_words(message)):
+        return None, "ungrounded"
     return text, "kept"
+
+
+def sentence_count(text: str) -> int:
+    """Sentences in `text`, where "St." or "Dr." before a capital does not end one."""
+    count = 1
+    for part in _SENTENCE_SPLIT_RE.split(text)[:-1]:
+        count += not _ABBREVIATION_RE.search(part)
+    return count
+
+
+def content_words(text: str) -> set[str]:
+    """Words of three letters or more, cut to five (a crude stem), minus the ones any fact
+    about the user may have."""
+    words = {w[:5] for w in normalize(text).split() if len(w) >= 3}
+    return words - _COMMON_WORDS
 
 
 def should_extract(message: str) -> bool:
@@ -82,6 +124,7 @@ class FactExtractor:
         self.engine = engine
         self.budget = budget
         self.outcomes: Counter[str] = Counter()
+        self.last_answer: str | None = None  # the model's answer to the last message asked
 
     def prompt(self, message: str) -> list[int] | None:
         """The extraction prompt, with the message shortened so that the prompt plus the
@@ -110,9 +153,10 @@ class FactExtractor:
         if prompt is None:
             return None, "no_room"
         result = self.engine.generate(prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0)
+        self.last_answer = result.text
         if result.stats.finish_reason == "length":
             return None, "ran_long"  # an answer that ran to the limit is not one short sentence
-        fact, outcome = judge(result.text, self.engine.special_tokens)
+        fact, outcome = judge(result.text, self.engine.special_tokens, message)
         if fact is not None and is_duplicate(fact, existing):
             return None, "duplicate"
         return fact, outcome
