@@ -12,7 +12,7 @@ DEFAULT_SEED = 0
 DEFAULT_MAX_MESSAGE_CHARS = 100_000
 CHAT_SLOT = "chat"
 FACTS_SLOT = "facts"
-# Slots held in memory at once, in bytes of KV state (the least recently used are saved and freed).
+# Slots held in memory at once, in bytes of KV state (the least recently used are freed).
 DEFAULT_SLOT_MEMORY_BYTES = 2 * 1024**3
 # Recall old turns from the log into a message that may refer to the past. Decided by
 # `mlxmem eval locomo` (configuration `recall` against `mlxmem`), not by taste.

@@ -309,7 +309,7 @@ def slot_filename(name: str) -> str:
 
 class SlotPool:
     """The slots of one model, loaded from disk on first use, saved on demand, and kept in
-    memory up to `max_bytes` of KV state (least recently used slots are saved and freed)."""
+    memory up to `max_bytes` of KV state (least recently used slots are freed, not saved)."""
 
     def __init__(
         self,
@@ -369,10 +369,12 @@ class SlotPool:
             remove_slot_files(self.path(name))
 
     def enforce_cap(self, keep: str) -> None:
-        """Save and free least recently used slots until the pool fits in `max_bytes`."""
+        """Free least recently used slots until the pool fits in `max_bytes`. They are not
+        saved: saving is the caller's, when it knows nothing was deleted since the slot was
+        filled (a slot written here could hold text erased meanwhile). A slot saved before
+        comes back from disk; one never saved is prefilled again."""
         while len(self._slots) > 1 and self.nbytes > self.max_bytes:
             oldest = next(n for n in self._slots if n != keep)
-            self.save(oldest)
             del self._slots[oldest]
 
     @property

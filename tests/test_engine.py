@@ -196,16 +196,21 @@ def test_cache_from_another_model_is_not_trusted(tiny_fp, tmp_path):
     assert result.stats.cached_tokens == 0
 
 
-def test_slot_memory_cap_saves_and_frees_old_slots(tiny_fp, tmp_path):
-    engine = MLXEngine(tiny_fp, cache_dir=tmp_path / "kv", max_slot_bytes=1)
+def test_slot_memory_cap_frees_old_slots_and_writes_nothing(tiny_fp, tmp_path):
+    kv = tmp_path / "kv"
+    engine = MLXEngine(tiny_fp, cache_dir=kv, max_slot_bytes=1)
     prompt = engine.encode_chat(conversation(2))
     engine.generate(prompt, slot="a", max_tokens=4, temp=0.0)
+    engine.save_slots(["a"])  # saved by its owner, as a chat turn does
+    engine.generate(prompt, slot="facts", max_tokens=4, temp=0.0)
+    assert engine.slots.names() == ["facts"]  # "a" was freed
     engine.generate(prompt, slot="b", max_tokens=4, temp=0.0)
-    assert engine.slots.names() == ["b"]  # "a" went to disk
+    # Never saved, "facts" left memory without a file: eviction writes nothing.
+    assert engine.slots.names() == ["b"] and not engine.slots.path("facts").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         again = engine.generate(prompt, slot="a", max_tokens=4, temp=0.0)
-    assert again.stats.cached_tokens == len(prompt) - 1
+    assert again.stats.cached_tokens == len(prompt) - 1  # back from its saved file
 
 
 def test_model_identity_covers_every_weight_byte(tmp_path):
