@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from mlxmem import paths
@@ -12,6 +15,7 @@ from mlxmem.defaults import (
     DEFAULT_RECALL,
 )
 from mlxmem.engine import MLXEngine
+from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
 from mlxmem.models import ensure_local, resolve
 
@@ -76,19 +80,30 @@ def serve(
     config = ServeConfig(
         model, context_tokens or spec.context_tokens, spec.response_reserve, settings
     )
-    server = make_server(
-        lambda: MLXEngine(path, cache_dir=paths.cache_dir()),  # on the model's own thread
-        config,
-        host=host,
-        port=port,
-        token=token,
-        default_conversation=conversation,
-        log_requests=not quiet,
-    )
-    err.print(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)")
+    try:
+        server = make_server(
+            lambda: MLXEngine(path, cache_dir=paths.cache_dir()),  # on the model's own thread
+            config,
+            host=host,
+            port=port,
+            token=token,
+            default_conversation=conversation,
+            log_requests=not quiet,
+        )
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    # One plain line (no rich wrapping): scripts read the address from it with --port 0.
+    typer.echo(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)", err=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         err.print("stopping")
     finally:
         server.close()
+    # MLX (0.32), once used from a thread other than the main one, sometimes aborts the
+    # process in its exit-time destructors ("terminate called without an active exception").
+    # Everything is on disk by now (the log and the caches are written every turn): leave
+    # without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
