@@ -54,14 +54,15 @@ function bubble(role, text, turn) {
 }
 
 async function loadTurns() {
-  $("messages").replaceChildren();
   const name = encodeURIComponent(conversation());
+  let turns = [];
   try {
-    const turns = await api("GET", `/v1/memory/conversations/${name}`);
-    for (const turn of turns.data) bubble(turn.role, turn.text, turn);
+    turns = (await api("GET", `/v1/memory/conversations/${name}`)).data;
   } catch (error) {
     // A conversation with no turns yet is not an error here.
   }
+  $("messages").replaceChildren(); // after the fetch: the old turns stay until the new come
+  for (const turn of turns) bubble(turn.role, turn.text, turn);
 }
 
 async function send(text) {

@@ -1,0 +1,117 @@
+"""The page at `/` in a real headless browser: Debian's chromium driven by selenium through
+/usr/bin/chromedriver (never Selenium Manager, which would go to the network). It saves a
+screenshot to test-output/serve-page.png."""
+
+from pathlib import Path
+
+import pytest
+from serve_helpers import fake_server
+
+from mlxmem.memory.store import Store
+from mlxmem.testing import FakeEngine
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+SCREENSHOT = Path(__file__).resolve().parents[1] / "test-output" / "serve-page.png"
+
+if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    pytest.skip(
+        "no /usr/bin/chromium or /usr/bin/chromedriver (apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860"]:
+        options.add_argument(arg)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium'}")
+    service = webdriver.ChromeService(executable_path=str(CHROMEDRIVER))
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver, check, timeout=30):
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: check())
+
+
+def texts(driver, css):
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def test_the_page_chats_and_shows_and_edits_the_memory(browser):
+    store = Store()
+    store.add_fact("I live in Porto", source="manual")
+    store.add_fact("The user has a cat named Miso.", source="automatic")
+    engine = FakeEngine(lambda prompt: "Nice to meet you, and hello to Miso!", delay_s=0.01)
+    with fake_server(engine) as server:
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        facts = browser.find_elements(By.CSS_SELECTOR, "#facts .fact")
+        assert [f.find_element(By.CLASS_NAME, "tag").text for f in facts] == ["manual", "automatic"]
+
+        # A turn, streamed into the page and logged.
+        browser.find_element(By.ID, "input").send_keys("Hello from the page")
+        browser.find_element(By.ID, "send").click()
+        reply = "Nice to meet you, and hello to Miso!"
+        wait(browser, lambda: texts(browser, ".message.assistant .text") == [reply])
+        wait(browser, lambda: browser.find_element(By.ID, "send").is_enabled())
+        assert [(t.role, t.text) for t in store.turns("default")] == [
+            ("user", "Hello from the page"),
+            ("assistant", reply),
+        ]
+
+        # Edit a fact and add one from the facts panel (deleting one comes below).
+        manual = browser.find_element(By.CSS_SELECTOR, "#facts .fact")
+        manual.find_element(By.CLASS_NAME, "edit").click()
+        field = browser.find_element(By.CSS_SELECTOR, "#facts .edit-text")
+        field.clear()
+        field.send_keys("I live in Lisbon")
+        browser.find_element(By.CSS_SELECTOR, "#facts .save").click()
+        wait(browser, lambda: [f.text for f in store.facts()][0] == "I live in Lisbon")
+        browser.find_element(By.ID, "fact-input").send_keys("I keep bees")
+        browser.find_element(By.CSS_SELECTOR, "#fact-form button").click()
+        wait(browser, lambda: len(texts(browser, "#facts .fact .text")) == 3)
+        assert texts(browser, "#facts .fact .text")[::2] == ["I live in Lisbon", "I keep bees"]
+
+        # The context bar: one segment per layer in use, filling the budget.
+        wait(browser, lambda: "facts" in bar_layers(browser))
+        assert {"instructions", "facts", "turns", "reserve", "free"} <= set(bar_layers(browser))
+        widths = [
+            float(e.get_attribute("style").split("width:")[1].strip(" %;"))
+            for e in browser.find_elements(By.CSS_SELECTOR, "#context-bar .layer")
+        ]
+        assert sum(widths) == pytest.approx(100, abs=0.5)
+        assert "default" in texts(browser, "#conversations .open")
+        wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 2)
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+
+        automatic = browser.find_elements(By.CSS_SELECTOR, "#facts .fact")[1]
+        automatic.find_element(By.CLASS_NAME, "delete").click()
+        wait(browser, lambda: len(store.facts()) == 2)
+        wait(browser, lambda: len(texts(browser, "#facts .fact .text")) == 2)
+        assert [(f.text, f.source) for f in store.facts()] == [
+            ("I live in Lisbon", "manual"),
+            ("I keep bees", "manual"),
+        ]
+
+        # The history: delete the first turn.
+        browser.find_element(By.CSS_SELECTOR, ".message.user .delete").click()
+        wait(browser, lambda: [t.role for t in store.turns("default")] == ["assistant"])
+        wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 1)
+    assert SCREENSHOT.stat().st_size > 10_000
+
+
+def bar_layers(browser) -> list[str]:
+    return [
+        e.get_attribute("class").split()[1]
+        for e in browser.find_elements(By.CSS_SELECTOR, "#context-bar .layer")
+    ]
