@@ -101,5 +101,5 @@ def _stream(req: Request, turn, events, request: ChatRequest) -> None:
                 if error.status >= 500:
                     traceback.print_exception(value, file=sys.stderr)
                 send(error.body())
-    except (BrokenPipeError, ConnectionResetError):
-        events.stop.set()  # the client is gone: the reply stops and is logged as interrupted
+    except OSError:  # a broken pipe, a reset, a write timeout: the client is gone
+        events.stop.set()  # the reply stops, and is logged as interrupted

@@ -47,11 +47,6 @@ def page(req: Request, name: str = "index.html") -> None:
     req.handler.send_body(200, data, PAGE_FILES[name])
 
 
-def context(req: Request) -> tuple[int, dict]:
-    name = req.query.get("conversation", req.app.default_conversation)
-    return 200, req.app.service.context(name, req.query.get("draft") or None)
-
-
 Handler = Callable[..., "tuple[int, dict] | None"]
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", r"/", page),
@@ -67,7 +62,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", r"/v1/memory/conversations/([^/]+)", memory_api.delete_conversation),
     ("DELETE", r"/v1/memory/turns/(\d{1,18})", memory_api.delete_turn),
     ("GET", r"/v1/memory/search", memory_api.search),
-    ("GET", r"/v1/memory/context", context),
+    ("GET", r"/v1/memory/context", memory_api.context),
 ]
 
 
@@ -105,7 +100,7 @@ class App:
         self.log_requests = log_requests
         self.started = int(time.time())
 
-    def check_auth(self, header: str | None, path: str) -> None:
+    def check_auth(self, header: str | None) -> None:
         """With a token, every request carries it: `Authorization: Bearer TOKEN`, or (for a
         browser opening the page) HTTP Basic with the token as the password."""
         if self.token is None:
@@ -153,6 +148,9 @@ class RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"mlxmem/{__version__}"
     timeout = IDLE_TIMEOUT_S
+    # Stream chunks are small writes: without TCP_NODELAY each can wait on a delayed ACK
+    # (~40 ms on Linux loopback).
+    disable_nagle_algorithm = True
     server: Server
 
     def do_GET(self) -> None:
@@ -167,13 +165,12 @@ class RequestHandler(BaseHTTPRequestHandler):
             url = urlsplit(self.path)
             is_page = url.path == "/" or url.path.startswith("/static/")
             try:
-                app.check_auth(self.headers.get("Authorization"), url.path)
+                app.check_auth(self.headers.get("Authorization"))
             except ApiError as exc:
                 challenge = 'Basic realm="mlxmem"' if is_page else "Bearer"
                 self.fail(exc, None, {"WWW-Authenticate": challenge})
                 return
             req = Request(self, self.command, url.path, url.query)
-            req.app = app
             handler, args = route(self.command, url.path)
             result = handler(req, *args)
             if result is not None:

@@ -76,6 +76,13 @@ def search(req: Request) -> tuple[int, dict]:
     return 200, listing(turns)
 
 
+def context(req: Request) -> tuple[int, dict]:
+    """The next prompt by layer, for `?draft=TEXT` with what recall would add (chat's
+    `/context`); it waits its turn for the model, which counts the tokens."""
+    name = req.query.get("conversation", req.app.default_conversation)
+    return 200, req.app.service.context(name, req.query.get("draft") or None)
+
+
 def listing(items: list) -> dict:
     return {"object": "list", "data": [as_record(item) for item in items]}
 

@@ -17,6 +17,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 class Request:
     def __init__(self, handler: BaseHTTPRequestHandler, method: str, path: str, query: str):
         self.handler = handler
+        self.app = handler.server.app  # the serve.http.App every request shares
         self.method = method
         self.path = path
         self.query = dict(parse_qsl(query))

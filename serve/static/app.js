@@ -118,14 +118,20 @@ async function readEvents(response, onEvent) {
   }
 }
 
-async function deleteTurn(id) {
+// Every deletion answers with the sentence the command line prints.
+async function remove(path) {
   try {
-    say((await api("DELETE", `/v1/memory/turns/${id}`)).message);
+    say((await api("DELETE", path)).message);
   } catch (error) {
     say(error.message, true);
   }
   await refresh();
 }
+
+const deleteTurn = (id) => remove(`/v1/memory/turns/${id}`);
+const deleteFact = (id) => remove(`/v1/memory/facts/${id}`);
+const deleteConversation = (name) =>
+  remove(`/v1/memory/conversations/${encodeURIComponent(name)}`);
 
 // -- the facts -----------------------------------------------------------------------------
 
@@ -157,15 +163,6 @@ async function saveFact(id, text) {
   try {
     await api("PATCH", `/v1/memory/facts/${id}`, { text });
     say("fact updated; the old text is erased");
-  } catch (error) {
-    say(error.message, true);
-  }
-  await refresh();
-}
-
-async function deleteFact(id) {
-  try {
-    say((await api("DELETE", `/v1/memory/facts/${id}`)).message);
   } catch (error) {
     say(error.message, true);
   }
@@ -204,15 +201,6 @@ function confirmThen(button, action) {
   if (button.dataset.armed) return action();
   button.dataset.armed = "1";
   button.textContent = "really delete?";
-}
-
-async function deleteConversation(name) {
-  try {
-    say((await api("DELETE", `/v1/memory/conversations/${encodeURIComponent(name)}`)).message);
-  } catch (error) {
-    say(error.message, true);
-  }
-  await refresh();
 }
 
 async function refresh() {
