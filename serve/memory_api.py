@@ -24,7 +24,9 @@ def add_fact(req: Request) -> tuple[int, dict]:
 
 
 def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
-    return 200, as_record(Store().edit_fact(int(fact_id), req.text_field("text")))
+    fact = Store().edit_fact(int(fact_id), req.text_field("text"))
+    req.app.service.deleted.set()  # the old text is erased: caches in memory too
+    return 200, as_record(fact)
 
 
 def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
@@ -37,7 +39,7 @@ def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     deletion = store.delete_facts(
         [fact.id], turn_ids=[t.id for t in mentions] if with_mentions else []
     )
-    body = deleted(deletion)
+    body = deleted(req, deletion)
     body["mentions"] = [] if with_mentions else [as_record(t) for t in mentions]
     return 200, body
 
@@ -58,12 +60,12 @@ def delete_conversation(req: Request, name: str) -> tuple[int, dict]:
     """The whole conversation, or with `?from=A&to=B` the turns numbered A to B."""
     first, last = req.number("from"), req.number("to")
     if first is None and last is None:
-        return 200, deleted(Store().delete_conversation(name))
-    return 200, deleted(Store().delete_turn_range(name, first or 1, last or LAST_SEQ))
+        return 200, deleted(req, Store().delete_conversation(name))
+    return 200, deleted(req, Store().delete_turn_range(name, first or 1, last or LAST_SEQ))
 
 
 def delete_turn(req: Request, turn_id: str) -> tuple[int, dict]:
-    return 200, deleted(Store().delete_turns([int(turn_id)]))
+    return 200, deleted(req, Store().delete_turns([int(turn_id)]))
 
 
 def search(req: Request) -> tuple[int, dict]:
@@ -87,8 +89,10 @@ def listing(items: list) -> dict:
     return {"object": "list", "data": [as_record(item) for item in items]}
 
 
-def deleted(deletion: Deletion) -> dict:
-    """What a deletion removed, with the sentence the CLI prints."""
+def deleted(req: Request, deletion: Deletion) -> dict:
+    """What a deletion removed, with the sentence the CLI prints; the model's thread drops
+    the KV slots it holds in memory before its next model call."""
+    req.app.service.deleted.set()
     return {
         "object": "mlxmem.deletion",
         "message": describe(deletion),

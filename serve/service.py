@@ -67,6 +67,8 @@ class ChatService:
         self.worker = worker
         self.config = config
         self.store = Store()
+        # Set by the memory API after each deletion or edit it makes (see _drop_other_slots).
+        self.deleted = threading.Event()
         # Touched only on the model's thread: the companions, and the forget epoch they saw.
         self._companions: dict[str, Companion] = {}
         self._epoch: int | None = None
@@ -99,8 +101,14 @@ class ChatService:
             companion = self._companion(engine, request.conversation)
             check_history(self.store, request.conversation, request.history)
             companion.settings = self._settings(request)
+            if self.deleted.is_set():  # before any model call, which may free memory
+                self.deleted.clear()
+                self._drop_other_slots(engine, companion)
             turn = companion.begin(request.text)
-            self._drop_stale_slots(engine, companion, turn.snapshot.forget_epoch)
+            epoch = turn.snapshot.forget_epoch
+            if self._epoch is not None and epoch != self._epoch:  # a deletion elsewhere (CLI)
+                self._drop_other_slots(engine, companion)
+            self._epoch = epoch
             events.put("begun")
             result: TurnResult = companion.reply(
                 turn, on_text=lambda text: events.put("text", text), should_stop=events.stop.is_set
@@ -130,17 +138,15 @@ class ChatService:
             self._companions[conversation] = companion
         return companion
 
-    def _drop_stale_slots(self, engine: Engine, current: Companion, epoch: int) -> None:
-        """Something was deleted (here or by another process) since the last turn: the other
-        conversations' KV slots in memory, and the fact extractor's, may hold the deleted
-        text, and the engine saves a slot to disk when it frees memory. Drop them; the
-        current conversation's slot is trimmed to its new prompt by the reply itself."""
-        if self._epoch is not None and epoch != self._epoch:
-            for companion in self._companions.values():
-                if companion is not current:
-                    engine.drop_slot(companion.slot)
-            engine.drop_slot(FACTS_SLOT)
-        self._epoch = epoch
+    def _drop_other_slots(self, engine: Engine, current: Companion) -> None:
+        """After a deletion, the other conversations' KV slots in memory, and the fact
+        extractor's, may hold the deleted text, and the engine saves a slot to disk when it
+        frees memory: drop them. The current conversation's slot is trimmed to its new prompt
+        by the turn itself."""
+        for companion in self._companions.values():
+            if companion is not current:
+                engine.drop_slot(companion.slot)
+        engine.drop_slot(FACTS_SLOT)
 
 
 def check_history(store: Store, conversation: str, history: list[tuple[str, str]]) -> None:

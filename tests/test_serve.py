@@ -340,14 +340,19 @@ def test_context_shows_the_layers_like_chat_context():
 def test_a_deletion_drops_other_conversations_slots_before_the_next_turn():
     engine = FakeEngine()
     with fake_server(engine) as server:
-        ask(server, "secret plan", user="a")
-        ask(server, "hello", user="b")
+        for name in ("a", "b"):
+            ask(server, f"secret of {name}", user=name)
         assert {"a/chat", "b/chat"} <= set(engine.slots)
-        request(server, "DELETE", "/v1/memory/conversations/a")
+        request(server, "DELETE", "/v1/memory/conversations/a")  # through the server
         ask(server, "next", user="b")
-    # Conversation a's slot held the deleted text in memory; it is gone, so the engine can
-    # never save it to disk when it frees memory.
-    assert "a/chat" not in engine.slots and "b/chat" in engine.slots
+        assert "a/chat" not in engine.slots and "b/chat" in engine.slots
+        ask(server, "secret of c", user="c")
+        Store().delete_turns([Store().turns("c")[0].id])  # as `mlxmem history rm` would
+        assert "c/chat" in engine.slots
+        ask(server, "and next", user="b")
+        assert "c/chat" not in engine.slots and "b/chat" in engine.slots
+    # The dropped slots held deleted text in memory; gone, the engine can never save them to
+    # disk when it frees memory.
 
 
 def test_a_memory_edit_from_the_cli_takes_effect_at_the_next_turn():
