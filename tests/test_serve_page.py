@@ -5,7 +5,7 @@ screenshot to test-output/serve-page.png."""
 from pathlib import Path
 
 import pytest
-from serve_helpers import fake_server
+from serve_helpers import fake_server, request
 
 from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
@@ -43,7 +43,10 @@ def wait(driver, check, timeout=30):
 
 
 def texts(driver, css):
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    """The texts of the elements matching `css`, read at once (the page re-renders its lists
+    on every refresh, so elements found one call earlier may be gone)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)"
+    return driver.execute_script(script, css)
 
 
 def test_the_page_chats_and_shows_and_edits_the_memory(browser):
@@ -78,40 +81,45 @@ def test_the_page_chats_and_shows_and_edits_the_memory(browser):
         wait(browser, lambda: [f.text for f in store.facts()][0] == "I live in Lisbon")
         browser.find_element(By.ID, "fact-input").send_keys("I keep bees")
         browser.find_element(By.CSS_SELECTOR, "#fact-form button").click()
-        wait(browser, lambda: len(texts(browser, "#facts .fact .text")) == 3)
-        assert texts(browser, "#facts .fact .text")[::2] == ["I live in Lisbon", "I keep bees"]
+        facts = ["I live in Lisbon", "The user has a cat named Miso.", "I keep bees"]
+        wait(browser, lambda: texts(browser, "#facts .fact .text") == facts)
 
-        # The context bar: one segment per layer in use, filling the budget.
-        wait(browser, lambda: "facts" in bar_layers(browser))
+        # The context bar: one segment per layer in use, filling the budget, as the API says.
+        layers = request(server, "GET", "/v1/memory/context")[1]["layers"]
+        legend = [f"{name} {tokens}" for name, tokens in layers.items()]
+        wait(browser, lambda: texts(browser, "#context-legend li") == legend)
         assert {"instructions", "facts", "turns", "reserve", "free"} <= set(bar_layers(browser))
-        widths = [
-            float(e.get_attribute("style").split("width:")[1].strip(" %;"))
-            for e in browser.find_elements(By.CSS_SELECTOR, "#context-bar .layer")
-        ]
+        widths = browser.execute_script(
+            "return [...document.querySelectorAll('#context-bar .layer')]"
+            ".map(e => parseFloat(e.style.width))"
+        )
         assert sum(widths) == pytest.approx(100, abs=0.5)
         assert "default" in texts(browser, "#conversations .open")
         wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 2)
         SCREENSHOT.parent.mkdir(exist_ok=True)
         browser.save_screenshot(str(SCREENSHOT))
 
-        automatic = browser.find_elements(By.CSS_SELECTOR, "#facts .fact")[1]
-        automatic.find_element(By.CLASS_NAME, "delete").click()
+        click(browser, "#facts .fact:nth-child(2) .delete")
         wait(browser, lambda: len(store.facts()) == 2)
-        wait(browser, lambda: len(texts(browser, "#facts .fact .text")) == 2)
+        wait(browser, lambda: texts(browser, "#facts .fact .text") == facts[::2])
         assert [(f.text, f.source) for f in store.facts()] == [
             ("I live in Lisbon", "manual"),
             ("I keep bees", "manual"),
         ]
 
         # The history: delete the first turn.
-        browser.find_element(By.CSS_SELECTOR, ".message.user .delete").click()
+        click(browser, ".message.user .delete")
         wait(browser, lambda: [t.role for t in store.turns("default")] == ["assistant"])
         wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 1)
     assert SCREENSHOT.stat().st_size > 10_000
 
 
+def click(browser, css):
+    """Click the first element matching `css` in one step on the page: a list may be
+    re-rendered between finding an element and clicking it."""
+    browser.execute_script("document.querySelector(arguments[0]).click()", css)
+
+
 def bar_layers(browser) -> list[str]:
-    return [
-        e.get_attribute("class").split()[1]
-        for e in browser.find_elements(By.CSS_SELECTOR, "#context-bar .layer")
-    ]
+    script = "return [...document.querySelectorAll('#context-bar .layer')].map(e => e.className)"
+    return [name.split()[1] for name in browser.execute_script(script)]

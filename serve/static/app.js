@@ -75,8 +75,13 @@ async function send(text) {
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
-      headers: { "Content-Type": "application/json", "X-Mlxmem-Conversation": conversation() },
-      body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: text }] }),
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({
+        model,
+        stream: true,
+        user: conversation(), // not the header: a header cannot carry every name
+        messages: [{ role: "user", content: text }],
+      }),
       signal: running.signal,
     });
     if (!response.ok) throw new Error((await response.json()).error.message);
@@ -92,10 +97,10 @@ async function send(text) {
     say(error.name === "AbortError" ? "stopped (kept in the log as interrupted)" : error.message,
       error.name !== "AbortError");
   } finally {
+    $("stop").disabled = true;
+    await refresh(); // the logged turns, facts and context, before the next message
     running = null;
     $("send").disabled = false;
-    $("stop").disabled = true;
-    await refresh();
   }
 }
 
@@ -203,12 +208,17 @@ function confirmThen(button, action) {
   button.textContent = "really delete?";
 }
 
-async function refresh() {
-  try {
-    await Promise.all([loadTurns(), loadFacts(), loadContext(), loadConversations()]);
-  } catch (error) {
-    say(error.message, true);
-  }
+// Refreshes run one after another, so a slow earlier one never overwrites a later one.
+let refreshed = Promise.resolve();
+function refresh() {
+  refreshed = refreshed.then(async () => {
+    try {
+      await Promise.all([loadTurns(), loadFacts(), loadContext(), loadConversations()]);
+    } catch (error) {
+      say(error.message, true);
+    }
+  });
+  return refreshed;
 }
 
 // -- wiring --------------------------------------------------------------------------------
