@@ -28,12 +28,13 @@ def make_server(
     default_conversation: str = DEFAULT_CONVERSATION,
     log_requests: bool = False,
 ) -> Server:
-    """Load the model on its own thread and bind the server (port 0: any free port); call
+    """Bind the server (port 0: any free one), then load the model on its own thread; call
     `serve_forever()` or `start()`, then `close()`."""
-    worker = ModelWorker(load_engine)
+    server = Server((host, port), None)  # first: a port that is taken fails before the load
     try:
-        app = App(ChatService(worker, config), default_conversation, token, log_requests)
-        return Server((host, port), app)
+        worker = ModelWorker(load_engine)
     except BaseException:
-        worker.close()
+        server.server_close()
         raise
+    server.app = App(ChatService(worker, config), default_conversation, token, log_requests)
+    return server

@@ -123,9 +123,9 @@ class App:
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], app: App):
+    def __init__(self, address: tuple[str, int], app: App | None):
         super().__init__(address, RequestHandler)
-        self.app = app
+        self.app = app  # set before serving
 
     @property
     def url(self) -> str:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 from conftest import cli, files_containing
-from mlxmem_serve import check_binding
+from mlxmem_serve import ServeConfig, check_binding, make_server
 from serve_helpers import MODEL, assert_error, fake_server, request
 
 from mlxmem.errors import InputError
@@ -425,3 +425,15 @@ def test_the_page_and_its_files_are_served():
         assert status == 200 and b"/v1/chat/completions" in script
         assert_error(request(server, "GET", "/static/secrets.txt"), 404)
         assert_error(request(server, "GET", "/static/..%2Fhttp.py"), 404)
+
+
+def test_a_taken_port_fails_before_the_model_loads():
+    loads = []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = ServeConfig(MODEL, 1024, 128)
+        with pytest.raises(OSError):
+            make_server(lambda: loads.append(1) or FakeEngine(), config, port=port)
+    assert loads == []
