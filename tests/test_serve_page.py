@@ -123,3 +123,20 @@ def click(browser, css):
 def bar_layers(browser) -> list[str]:
     script = "return [...document.querySelectorAll('#context-bar .layer')].map(e => e.className)"
     return [name.split()[1] for name in browser.execute_script(script)]
+
+
+def test_stop_in_the_page_keeps_the_partial_reply_as_interrupted(browser):
+    long_reply = " ".join(f"word{i}" for i in range(120))
+    with fake_server(FakeEngine(lambda prompt: long_reply, delay_s=0.05)) as server:
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        browser.find_element(By.ID, "input").send_keys("Tell me a long story")
+        browser.find_element(By.ID, "send").click()
+        wait(browser, lambda: len(texts(browser, ".message.assistant .text")[0]) > 20)
+        browser.find_element(By.ID, "stop").click()
+        # The page shows the turn as the log keeps it: cut short, marked interrupted.
+        wait(browser, lambda: texts(browser, ".message.assistant .note") == ["interrupted"])
+        reply = Store().turns("default")[1]
+        assert reply.interrupted and long_reply.startswith(reply.text)
+        assert 0 < len(reply.text) < len(long_reply)
+        assert texts(browser, ".message.assistant .text") == [reply.text]

@@ -94,13 +94,29 @@ async function send(text) {
     });
     if ($("status").textContent === "writing…") say("");
   } catch (error) {
-    say(error.name === "AbortError" ? "stopped (kept in the log as interrupted)" : error.message,
-      error.name !== "AbortError");
+    if (error.name !== "AbortError") {
+      say(error.message, true);
+    } else {
+      say("stopped (kept in the log as interrupted)");
+      await replyLogged();
+    }
   } finally {
     $("stop").disabled = true;
     await refresh(); // the logged turns, facts and context, before the next message
     running = null;
     $("send").disabled = false;
+  }
+}
+
+// The server logs a stopped reply once it sees the connection closed: wait for it (briefly).
+async function replyLogged() {
+  const name = encodeURIComponent(conversation());
+  for (let i = 0; i < 20; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const turns = await api("GET", `/v1/memory/conversations/${name}`).catch(() => null);
+    if (!turns || (turns.data.length && turns.data[turns.data.length - 1].role === "assistant")) {
+      return;
+    }
   }
 }
 
