@@ -440,3 +440,24 @@ def test_a_taken_port_fails_before_the_model_loads():
         with pytest.raises(OSError):
             make_server(lambda: loads.append(1) or FakeEngine(), config, port=port)
     assert loads == []
+
+
+def test_a_request_whose_client_leaves_while_it_waits_is_dropped():
+    engine = FakeEngine(lambda prompt: LONG_REPLY, delay_s=0.03)
+    with fake_server(engine) as server:
+        url = urlsplit(server.url)
+        first = threading.Thread(target=lambda: ask(server, "I go first", max_tokens=40))
+        first.start()
+        wait_for(lambda: Store().turns("default"))  # the first turn holds the model
+        body = b'{"messages": [{"role": "user", "content": "I will not wait"}]}'
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            time.sleep(0.3)  # queued behind the first turn, then gone
+        first.join(30)
+        ask(server, "I come last", max_tokens=3)
+    users = [text for role, text in log() if role == "user"]
+    assert users == ["I go first", "I come last"]
+    assert len(engine.calls) == 2
