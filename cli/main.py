@@ -7,7 +7,7 @@ import typer
 from mlxmem import __version__
 from mlxmem.cpu import reexec_with_openblas
 
-from . import bench, chat, eval, history, memory, models
+from . import bench, chat, eval, history, memory, models, serve
 from .common import ErrorsAsMessages
 
 app = typer.Typer(
@@ -41,6 +41,7 @@ def main(
 
 
 chat.register(app)
+serve.register(app)
 app.add_typer(memory.app, name="memory")
 app.add_typer(history.app, name="history")
 app.add_typer(bench.app, name="bench")

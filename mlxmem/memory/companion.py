@@ -200,12 +200,23 @@ class Companion:
         text: str,
         on_text: Callable[[str], None] | None = None,
         on_status: Callable[[str], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> TurnResult:
         """Run one turn. `on_text` receives the reply as it streams; `on_status` hears about
-        work after the reply (summarizing, remembering). Ctrl-C during the reply keeps the part
-        written so far, marked interrupted; Ctrl-C after it skips that work until next turn."""
-        turn = self.begin(text, on_status)
-        written, ids, stats = self._stream_reply(turn.prompt, on_text)
+        work after the reply (summarizing, remembering). Ctrl-C during the reply, or
+        `should_stop()` turning true (a client gone), keeps the part written so far, marked
+        interrupted; Ctrl-C after it skips that work until next turn."""
+        return self.reply(self.begin(text, on_status), on_text, on_status, should_stop)
+
+    def reply(
+        self,
+        turn: PendingTurn,
+        on_text: Callable[[str], None] | None = None,
+        on_status: Callable[[str], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> TurnResult:
+        """The rest of a turn after `begin`: stream the reply, then `finish` it."""
+        written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop)
         interrupted = stats.finish_reason == "interrupted"
         return self.finish(turn, written, stats, None if interrupted else ids, on_status)
 
@@ -290,7 +301,7 @@ class Companion:
         self._save_cache(snap.forget_epoch)
         return result
 
-    def _stream_reply(self, prompt: AssembledPrompt, on_text):
+    def _stream_reply(self, prompt: AssembledPrompt, on_text, should_stop=None):
         parts: list[str] = []
         ids: list[int] = []
         stream = self.engine.stream(
@@ -310,14 +321,17 @@ class Companion:
                     on_text(chunk.text)
                 if chunk.stats is not None:
                     return "".join(parts), ids, chunk.stats
+                if should_stop is not None and should_stop():
+                    break
         except KeyboardInterrupt:
-            try:  # stop the stream, and take its final chunk with the stats
-                final = stream.throw(StopGeneration())
-                return "".join(parts), ids, final.stats
-            except (StopGeneration, StopIteration, KeyboardInterrupt):
-                pass  # the interrupt hit inside the engine, which has already wound down
-            finally:
-                stream.close()
+            pass
+        try:  # stopped early: stop the stream, and take its final chunk with the stats
+            final = stream.throw(StopGeneration())
+            return "".join(parts), ids, final.stats
+        except (StopGeneration, StopIteration, KeyboardInterrupt):
+            pass  # the interrupt hit inside the engine, which has already wound down
+        finally:
+            stream.close()
         return "".join(parts), ids, GenerationStats.interrupted(len(prompt.tokens), len(ids))
 
     @property

@@ -1,0 +1,109 @@
+"""`mlxmem serve`: the OpenAI-compatible HTTP API, the memory API and the page."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from mlxmem import paths
+from mlxmem.defaults import (
+    DEFAULT_CONVERSATION,
+    DEFAULT_MAX_MESSAGE_CHARS,
+    DEFAULT_MODEL,
+    DEFAULT_RECALL,
+)
+from mlxmem.engine import MLXEngine
+from mlxmem.errors import InputError
+from mlxmem.memory.companion import ChatSettings
+from mlxmem.models import ensure_local, resolve
+
+from .common import err
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    host: str = typer.Option(DEFAULT_HOST, help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(DEFAULT_PORT, min=0, max=65535, help="Port (0: any free one)."),
+    model: str = typer.Option(
+        DEFAULT_MODEL, "--model", help="A registry alias (see `mlxmem models list`) or a path."
+    ),
+    allow_remote: bool = typer.Option(
+        False, "--allow-remote", help="Allow a --host other than loopback (needs a token)."
+    ),
+    token: str = typer.Option(
+        None,
+        "--token",
+        envvar="MLXMEM_SERVE_TOKEN",
+        help="Require `Authorization: Bearer TOKEN` on every request (env MLXMEM_SERVE_TOKEN).",
+    ),
+    conversation: str = typer.Option(
+        DEFAULT_CONVERSATION,
+        "--conversation",
+        "-c",
+        help="The conversation of a request that names none.",
+    ),
+    context_tokens: int = typer.Option(
+        None, help="Context budget in tokens, overriding the model's."
+    ),
+    facts: bool = typer.Option(
+        True, "--facts/--no-facts", help="Let the model note durable facts about you."
+    ),
+    recall: bool = typer.Option(
+        DEFAULT_RECALL, "--recall/--no-recall", help="Recall old turns from the log (as chat)."
+    ),
+    max_message_chars: int = typer.Option(
+        DEFAULT_MAX_MESSAGE_CHARS, "--max-message-chars", min=1, help="Refuse longer messages."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not log each request."),
+) -> None:
+    """Serve the model over HTTP: OpenAI's /v1/chat/completions, a memory API under
+    /v1/memory, and a page at /.
+
+    Each request is one turn of one conversation (the X-Mlxmem-Conversation header or the
+    request's `user` field; default: the chat's default conversation). mlxmem keeps the
+    history: only the last user message is new; earlier messages must match the log.
+    """
+    from mlxmem_serve import ServeConfig, check_binding, make_server
+
+    check_binding(host, allow_remote, token)
+    spec = resolve(model)
+    path = ensure_local(spec)
+    settings = ChatSettings(extract_facts=facts, recall=recall, max_message_chars=max_message_chars)
+    config = ServeConfig(
+        model, context_tokens or spec.context_tokens, spec.response_reserve, settings
+    )
+    try:
+        server = make_server(
+            lambda: MLXEngine(path, cache_dir=paths.cache_dir()),  # on the model's own thread
+            config,
+            host=host,
+            port=port,
+            token=token,
+            default_conversation=conversation,
+            log_requests=not quiet,
+        )
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    # One plain line (no rich wrapping): scripts read the address from it with --port 0.
+    typer.echo(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        err.print("stopping")
+    finally:
+        server.close()
+    # MLX (0.32), once used from a thread other than the main one, sometimes aborts the
+    # process in its exit-time destructors ("terminate called without an active exception").
+    # Everything is on disk by now (the log and the caches are written every turn): leave
+    # without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

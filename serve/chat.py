@@ -1,0 +1,105 @@
+"""`/v1/models` and `/v1/chat/completions`: each request is one turn of one conversation,
+answered whole or streamed as server-sent events."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+from mlxmem.memory.companion import TurnResult
+
+from .request import Request
+from .schema import (
+    ChatRequest,
+    api_error,
+    chunk,
+    completion,
+    completion_id,
+    conversation_of,
+    finish_reason,
+    parse_chat_request,
+    usage_chunk,
+)
+
+CONVERSATION_HEADER = "X-Mlxmem-Conversation"
+
+
+def list_models(req: Request) -> tuple[int, dict]:
+    model = {"id": req.app.model, "object": "model", "created": req.app.started}
+    return 200, {"object": "list", "data": [{**model, "owned_by": "mlxmem"}]}
+
+
+def chat_completions(req: Request) -> tuple[int, dict] | None:
+    app = req.app
+    body = req.json()
+    header = req.headers.get(CONVERSATION_HEADER)
+    conversation = conversation_of(body, header, app.default_conversation)
+    request = parse_chat_request(body, app.model, conversation)
+    events, job = app.service.start_turn(request)
+    turn = events.follow(job, req.handler.client_gone)
+    if request.stream:
+        _stream(req, turn, events, request)
+        return None
+    for kind, value in turn:
+        if kind == "error":
+            raise value
+        if kind == "done":
+            cid = completion_id()
+            body = completion(cid, app.model, value.reply, value.stats)
+            return 200, {**body, "mlxmem": extra(conversation, value)}
+    return None  # the client went away
+
+
+def extra(conversation: str, result: TurnResult) -> dict:
+    """mlxmem's own fields beside OpenAI's: where the turn went and what it changed."""
+    fact = result.fact_added
+    return {
+        "conversation": conversation,
+        "interrupted": result.interrupted,
+        "discarded": result.discarded,  # a deletion raced the reply: shown, but not logged
+        "fact_added": None if fact is None else {"id": fact.id, "text": fact.text},
+    }
+
+
+def _stream(req: Request, turn, events, request: ChatRequest) -> None:
+    """Server-sent events: `data: {chunk}` lines, then `data: [DONE]`. Errors before the
+    message is logged are answered as plain JSON errors, before any event."""
+    for kind, value in turn:
+        if kind == "error":
+            raise value
+        if kind == "begun":
+            break
+    else:
+        return  # the client went away while waiting for the model
+    handler, model, cid = req.handler, req.app.model, completion_id()
+    handler.close_connection = True  # the stream ends with the connection
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Cache-Control", "no-cache")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+
+    def send(data: dict | str) -> None:
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        handler.wfile.write(f"data: {text}\n\n".encode())
+        handler.wfile.flush()
+
+    try:
+        send(chunk(cid, model, {"role": "assistant", "content": ""}))
+        for kind, value in turn:
+            if kind == "text":
+                send(chunk(cid, model, {"content": value}))
+            elif kind == "done":
+                last = chunk(cid, model, {}, finish_reason(value.stats))
+                send({**last, "mlxmem": extra(request.conversation, value)})
+                if request.include_usage:
+                    send(usage_chunk(cid, model, value.stats))
+                send("[DONE]")
+            elif kind == "error":
+                error = api_error(value)
+                if error.status >= 500:
+                    traceback.print_exception(value, file=sys.stderr)
+                send(error.body())
+    except OSError:  # a broken pipe, a reset, a write timeout: the client is gone
+        events.stop.set()  # the reply stops, and is logged as interrupted

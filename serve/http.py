@@ -1,0 +1,260 @@
+"""The HTTP server: the standard library's ThreadingHTTPServer (one thread per connection,
+as mlx_lm.server), a route table, bearer-token auth, OpenAI-shaped errors, and the page."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+import json
+import re
+import select
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from urllib.parse import unquote, urlsplit
+
+from mlxmem import __version__
+from mlxmem.errors import InputError
+
+from . import memory_api
+from .chat import chat_completions, list_models
+from .request import Request
+from .schema import ApiError, api_error
+from .service import ChatService
+
+# A connection idle this long (no request, or a client that stops sending) is closed.
+IDLE_TIMEOUT_S = 60
+# After refusing a body unread (413), the rest of it is read and dropped for at most this long
+# (and this many bytes), so that the client, still sending, gets to read the answer.
+DRAIN_S, DRAIN_BYTES = 5.0, 64 * 1024 * 1024
+PAGE_FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
+
+
+def page(req: Request, name: str = "index.html") -> None:
+    if name not in PAGE_FILES:
+        raise ApiError(404, f"no page file {name!r}", "not_found")
+    data = resources.files("mlxmem_serve").joinpath("static", name).read_bytes()
+    req.handler.send_body(200, data, PAGE_FILES[name])
+
+
+Handler = Callable[..., "tuple[int, dict] | None"]
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", r"/", page),
+    ("GET", r"/static/([\w.]+)", page),
+    ("GET", r"/v1/models", list_models),
+    ("POST", r"/v1/chat/completions", chat_completions),
+    ("GET", r"/v1/memory/facts", memory_api.list_facts),
+    ("POST", r"/v1/memory/facts", memory_api.add_fact),
+    ("PATCH", r"/v1/memory/facts/(\d{1,18})", memory_api.edit_fact),
+    ("DELETE", r"/v1/memory/facts/(\d{1,18})", memory_api.delete_fact),
+    ("GET", r"/v1/memory/conversations", memory_api.list_conversations),
+    ("GET", r"/v1/memory/conversations/([^/]+)", memory_api.show_conversation),
+    ("DELETE", r"/v1/memory/conversations/([^/]+)", memory_api.delete_conversation),
+    ("DELETE", r"/v1/memory/turns/(\d{1,18})", memory_api.delete_turn),
+    ("GET", r"/v1/memory/search", memory_api.search),
+    ("GET", r"/v1/memory/context", memory_api.context),
+]
+
+
+def route(method: str, path: str) -> tuple[Handler, list[str]]:
+    allowed = []
+    for verb, pattern, handler in ROUTES:
+        found = re.fullmatch(pattern, path)
+        if found:
+            if verb == method:
+                return handler, [unquote(group) for group in found.groups()]
+            allowed.append(verb)
+    if allowed:
+        raise ApiError(
+            405,
+            f"{method} is not allowed on {path}; use {', '.join(allowed)}",
+            "method_not_allowed",
+        )
+    raise ApiError(404, f"no endpoint {path}", "not_found")
+
+
+class App:
+    """What every request shares: the chat service, the served model's name, the token."""
+
+    def __init__(
+        self,
+        service: ChatService,
+        default_conversation: str,
+        token: str | None = None,
+        log_requests: bool = False,
+    ):
+        self.service = service
+        self.model = service.config.model
+        self.default_conversation = default_conversation
+        self.token = token
+        self.log_requests = log_requests
+        self.started = int(time.time())
+
+    def check_auth(self, header: str | None) -> None:
+        """With a token, every request carries it: `Authorization: Bearer TOKEN`, or (for a
+        browser opening the page) HTTP Basic with the token as the password."""
+        if self.token is None:
+            return
+        scheme, _, value = (header or "").partition(" ")
+        given = value.strip()
+        if scheme.lower() == "basic":
+            try:
+                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
+            except ValueError:
+                given = ""
+        elif scheme.lower() != "bearer":
+            given = ""
+        if not (given and hmac.compare_digest(given.encode(), self.token.encode())):
+            raise ApiError(
+                401, "this server needs `Authorization: Bearer TOKEN`", "invalid_api_key"
+            )
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], app: App | None):
+        super().__init__(address, RequestHandler)
+        self.app = app  # set before serving
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> threading.Thread:
+        """Serve on a background thread (tests, benchmarks); `close()` stops it."""
+        thread = threading.Thread(target=self.serve_forever, name="mlxmem-http", daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.app.service.worker.close()
+
+
+class RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = f"mlxmem/{__version__}"
+    timeout = IDLE_TIMEOUT_S
+    # Stream chunks are small writes: without TCP_NODELAY each can wait on a delayed ACK
+    # (~40 ms on Linux loopback).
+    disable_nagle_algorithm = True
+    server: Server
+
+    def do_GET(self) -> None:
+        self.dispatch()
+
+    do_POST = do_PATCH = do_DELETE = do_GET
+
+    def dispatch(self) -> None:
+        app = self.server.app
+        req = None
+        try:
+            url = urlsplit(self.path)
+            is_page = url.path == "/" or url.path.startswith("/static/")
+            try:
+                app.check_auth(self.headers.get("Authorization"))
+            except ApiError as exc:
+                challenge = 'Basic realm="mlxmem"' if is_page else "Bearer"
+                self.fail(exc, None, {"WWW-Authenticate": challenge})
+                return
+            req = Request(self, self.command, url.path, url.query)
+            handler, args = route(self.command, url.path)
+            result = handler(req, *args)
+            if result is not None:
+                self.send_json(*result)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away; nothing to answer
+        except Exception as exc:  # noqa: BLE001 - one failed request must not stop the server
+            error = api_error(exc)
+            if error.status >= 500:
+                traceback.print_exc(file=sys.stderr)
+            self.fail(error, req)
+
+    def send_json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body, ensure_ascii=False, default=str).encode()
+        self.send_body(status, data, "application/json", headers)
+
+    def send_body(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def fail(self, exc: ApiError, req: Request | None, headers: dict | None = None) -> None:
+        """Answer an error. A body left unread (too large, or never looked at) ends the
+        connection: it is drained, not parsed, so the client can read the answer."""
+        if req is not None:
+            unread = req.unread_body
+        else:
+            unread = self.headers.get("Content-Length", "0").strip() not in ("", "0")
+        if unread:
+            self.close_connection = True
+        try:
+            self.send_json(exc.status, exc.body(), headers)
+            if unread:
+                self.wfile.flush()
+                self.drain()
+        except OSError:
+            self.close_connection = True
+
+    def drain(self) -> None:
+        self.connection.shutdown(socket.SHUT_WR)
+        deadline, seen = time.monotonic() + DRAIN_S, 0
+        while time.monotonic() < deadline and seen < DRAIN_BYTES:
+            ready, _, _ = select.select([self.connection], [], [], 0.1)
+            if ready:
+                data = self.connection.recv(1 << 16)
+                if not data:
+                    return
+                seen += len(data)
+
+    def client_gone(self) -> bool:
+        """Has the client closed the connection (read side at end of file)?"""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+        if self.server.app.log_requests:
+            super().log_message(format, *args)
+
+
+def check_binding(host: str, allow_remote: bool, token: str | None) -> None:
+    """Loopback only, unless asked: another address needs `allow_remote` and a token."""
+    if host == "localhost" or _is_loopback(host):
+        return
+    if not allow_remote:
+        raise InputError(f"{host} is not a loopback address; pass --allow-remote to listen on it")
+    if not token:
+        raise InputError(
+            "listening beyond this machine needs a token: --token or MLXMEM_SERVE_TOKEN"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

@@ -1,0 +1,103 @@
+"""`/v1/memory/...`: the facts, the chat log and the context, as JSON. Each endpoint makes the
+same store call as the `mlxmem memory` / `mlxmem history` command of the same purpose, so a
+deletion here is the same durable erase, with the same guarantees."""
+
+from __future__ import annotations
+
+from mlxmem_cli.common import as_record, describe
+from mlxmem_cli.history import LAST_SEQ
+
+from mlxmem.memory.store import Deletion, Store
+from mlxmem.memory.turns import SEARCH_LIMIT
+
+from .request import Request
+from .schema import ApiError
+
+
+def list_facts(req: Request) -> tuple[int, dict]:
+    return 200, listing(Store().facts())
+
+
+def add_fact(req: Request) -> tuple[int, dict]:
+    fact = Store().add_fact(req.text_field("text"), source="manual")
+    return 201, as_record(fact)
+
+
+def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
+    fact = Store().edit_fact(int(fact_id), req.text_field("text"))
+    req.app.service.deleted.set()  # the old text is erased: caches in memory too
+    return 200, as_record(fact)
+
+
+def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
+    """`?with_mentions=true` also deletes the turns that quote the fact (as `memory rm
+    --with-mentions`); without it they are listed under `mentions`."""
+    store = Store()
+    fact = store.get_fact(int(fact_id))
+    mentions = store.mentions(fact)
+    with_mentions = req.flag("with_mentions")
+    deletion = store.delete_facts(
+        [fact.id], turn_ids=[t.id for t in mentions] if with_mentions else []
+    )
+    body = deleted(req, deletion)
+    body["mentions"] = [] if with_mentions else [as_record(t) for t in mentions]
+    return 200, body
+
+
+def list_conversations(req: Request) -> tuple[int, dict]:
+    return 200, listing(Store().conversations())
+
+
+def show_conversation(req: Request, name: str) -> tuple[int, dict]:
+    store = Store()
+    store.conversation(name)  # an unknown name is a 404, not an empty list
+    turns = store.turns(name)
+    last = req.number("last")
+    return 200, listing(turns[-last:] if last else turns)
+
+
+def delete_conversation(req: Request, name: str) -> tuple[int, dict]:
+    """The whole conversation, or with `?from=A&to=B` the turns numbered A to B."""
+    first, last = req.number("from"), req.number("to")
+    if first is None and last is None:
+        return 200, deleted(req, Store().delete_conversation(name))
+    return 200, deleted(req, Store().delete_turn_range(name, first or 1, last or LAST_SEQ))
+
+
+def delete_turn(req: Request, turn_id: str) -> tuple[int, dict]:
+    return 200, deleted(req, Store().delete_turns([int(turn_id)]))
+
+
+def search(req: Request) -> tuple[int, dict]:
+    query = req.query.get("q")
+    if not query:
+        raise ApiError(400, "search needs ?q=TEXT", "missing_parameter", "q")
+    turns = Store().search(
+        query, conversation=req.query.get("conversation"), limit=req.number("limit") or SEARCH_LIMIT
+    )
+    return 200, listing(turns)
+
+
+def context(req: Request) -> tuple[int, dict]:
+    """The next prompt by layer, for `?draft=TEXT` with what recall would add (chat's
+    `/context`); it waits its turn for the model, which counts the tokens."""
+    name = req.query.get("conversation", req.app.default_conversation)
+    return 200, req.app.service.context(name, req.query.get("draft") or None)
+
+
+def listing(items: list) -> dict:
+    return {"object": "list", "data": [as_record(item) for item in items]}
+
+
+def deleted(req: Request, deletion: Deletion) -> dict:
+    """What a deletion removed, with the sentence the CLI prints; the model's thread drops
+    the KV slots it holds in memory before its next model call."""
+    req.app.service.deleted.set()
+    return {
+        "object": "mlxmem.deletion",
+        "message": describe(deletion),
+        "turns": [t.id for t in deletion.turns],
+        "facts": [as_record(f) for f in deletion.facts],
+        "summaries": len(deletion.summaries),
+        "conversations": deletion.conversations,
+    }

@@ -1,0 +1,79 @@
+"""One HTTP request as the endpoints see it: path, query, headers, and a JSON body read only
+after its declared size was checked."""
+
+from __future__ import annotations
+
+import json
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qsl
+
+from .schema import ApiError
+
+# The largest request body read. A message is at most 100,000 characters (400 KB of UTF-8);
+# this leaves room for a client that sends a long conversation's history with it.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class Request:
+    def __init__(self, handler: BaseHTTPRequestHandler, method: str, path: str, query: str):
+        self.handler = handler
+        self.app = handler.server.app  # the serve.http.App every request shares
+        self.method = method
+        self.path = path
+        self.query = dict(parse_qsl(query))
+        self.headers = handler.headers
+        self.unread_body = self._declared_length() > 0
+        self._body: dict | None = None
+
+    def json(self) -> dict:
+        """The body as a JSON object; too large (413) is refused by its Content-Length before
+        a byte of it is read."""
+        if self._body is not None:
+            return self._body
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise ApiError(411, "send the body with a Content-Length", "length_required")
+        length = self._declared_length()
+        if length > MAX_BODY_BYTES:
+            raise ApiError(
+                413,
+                f"the request body has {length:,} bytes, over the limit of {MAX_BODY_BYTES:,}",
+                "request_too_large",
+            )
+        data = self.handler.rfile.read(length)
+        self.unread_body = False
+        if len(data) < length:
+            raise ApiError(400, "the request body ended early", "incomplete_body")
+        try:
+            body = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON ({exc})", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object", "invalid_json")
+        self._body = body
+        return body
+
+    def text_field(self, key: str) -> str:
+        value = self.json().get(key)
+        if not isinstance(value, str):
+            raise ApiError(400, f"{key} must be a string", "invalid_type", key)
+        return value
+
+    def number(self, name: str) -> int | None:
+        """A positive whole-number query parameter, or None if absent."""
+        text = self.query.get(name)
+        if text is None:
+            return None
+        if not text.isdigit() or len(text) > 18 or int(text) < 1:
+            raise ApiError(
+                400, f"{name} must be a whole number from 1, not {text!r}", "invalid_value", name
+            )
+        return int(text)
+
+    def flag(self, name: str) -> bool:
+        return self.query.get(name, "").lower() in ("1", "true", "yes")
+
+    def _declared_length(self) -> int:
+        text = self.headers.get("Content-Length", "0")
+        if not text.strip().isdigit():
+            raise ApiError(400, f"Content-Length must be a number, not {text!r}", "invalid_header")
+        return int(text)

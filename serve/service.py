@@ -1,0 +1,179 @@
+"""What the server does with the model: one chat turn per request, each conversation with its
+own Companion (and so its own KV slot), all on the model's one thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mlxmem.defaults import FACTS_SLOT
+from mlxmem.engine import Engine
+from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
+from mlxmem.memory.store import Store
+
+from .schema import ApiError, ChatRequest
+from .worker import ModelWorker
+
+# How often a request waiting for its turn checks whether its client is still there.
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str  # the name clients give as `model` (the alias or path it was loaded from)
+    context_tokens: int
+    response_reserve: int
+    settings: ChatSettings = field(default_factory=ChatSettings)
+
+
+class TurnEvents:
+    """What a turn running on the model's thread tells the request waiting for it, in order:
+    ("begun", None) once the message is logged, ("text", str) as the reply streams, then
+    ("done", TurnResult) or ("error", exception). `stop` asks the reply to end early."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+
+    def put(self, kind: str, value: object = None) -> None:
+        self.queue.put((kind, value))
+
+    def follow(self, job: Future, client_gone: Callable[[], bool]) -> Iterator[tuple[str, Any]]:
+        """The events as they come, up to "done" or "error". If the client goes away first,
+        the turn is dropped if it has not started, else its reply is stopped (and logged as
+        interrupted), and the events end there."""
+        while True:
+            try:
+                event = self.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                event = None
+            if event is None or event[0] == "text":
+                if client_gone():  # a cheap poll: asked between events, not only when idle
+                    self.stop.set()
+                    job.cancel()
+                    return
+            if event is not None:
+                yield event
+                if event[0] in ("done", "error"):
+                    return
+
+
+class ChatService:
+    def __init__(self, worker: ModelWorker, config: ServeConfig):
+        self.worker = worker
+        self.config = config
+        self.store = Store()
+        # Set by the memory API after each deletion or edit it makes (see _drop_other_slots).
+        self.deleted = threading.Event()
+        # Touched only on the model's thread: the companions, and the forget epoch they saw.
+        self._companions: dict[str, Companion] = {}
+        self._epoch: int | None = None
+
+    def start_turn(self, request: ChatRequest) -> tuple[TurnEvents, Future]:
+        """Queue one turn; returns its events and the queued job (cancel it if the client goes
+        before it starts)."""
+        events = TurnEvents()
+        job = self.worker.submit(lambda engine: self._turn(engine, request, events))
+        return events, job
+
+    def context(self, conversation: str, draft: str | None = None) -> dict:
+        """The context as the next turn would assemble it, by layer (`/context` in the chat)."""
+
+        def job(engine: Engine) -> dict:
+            prompt = self._companion(engine, conversation).context(draft)
+            return {
+                "object": "mlxmem.context",
+                "conversation": conversation,
+                "budget": prompt.budget,
+                "layers": prompt.layers.to_dict(),
+                "facts_left_out": prompt.facts_left_out,
+                "recalled": prompt.recalled,
+            }
+
+        return self.worker.call(job)
+
+    def _turn(self, engine: Engine, request: ChatRequest, events: TurnEvents) -> None:
+        try:
+            companion = self._companion(engine, request.conversation)
+            check_history(self.store, request.conversation, request.history)
+            companion.settings = self._settings(request)
+            if self.deleted.is_set():  # before any model call, which may free memory
+                self.deleted.clear()
+                self._drop_other_slots(engine, companion)
+            turn = companion.begin(request.text)
+            epoch = turn.snapshot.forget_epoch
+            if self._epoch is not None and epoch != self._epoch:  # a deletion elsewhere (CLI)
+                self._drop_other_slots(engine, companion)
+            self._epoch = epoch
+            events.put("begun")
+            result: TurnResult = companion.reply(
+                turn, on_text=lambda text: events.put("text", text), should_stop=events.stop.is_set
+            )
+        except Exception as exc:  # noqa: BLE001 - the request's thread answers it
+            events.put("error", exc)
+            return
+        events.put("done", result)
+
+    def _settings(self, request: ChatRequest) -> ChatSettings:
+        """The server's settings with the sampling options this request set."""
+        wanted = {
+            "temp": request.temperature,
+            "top_p": request.top_p,
+            "max_tokens": request.max_tokens,
+            "seed": request.seed,
+        }
+        return replace(self.config.settings, **{k: v for k, v in wanted.items() if v is not None})
+
+    def _companion(self, engine: Engine, conversation: str) -> Companion:
+        companion = self._companions.get(conversation)
+        if companion is None:
+            c = self.config
+            companion = Companion(
+                engine, self.store, conversation, c.context_tokens, c.response_reserve, c.settings
+            )
+            self._companions[conversation] = companion
+        return companion
+
+    def _drop_other_slots(self, engine: Engine, current: Companion) -> None:
+        """After a deletion, the other conversations' KV slots in memory, and the fact
+        extractor's, may hold the deleted text, and the engine saves a slot to disk when it
+        frees memory: drop them. The current conversation's slot is trimmed to its new prompt
+        by the turn itself."""
+        for companion in self._companions.values():
+            if companion is not current:
+                engine.drop_slot(companion.slot)
+        engine.drop_slot(FACTS_SLOT)
+
+
+def check_history(store: Store, conversation: str, history: list[tuple[str, str]]) -> None:
+    """The client's earlier messages must be the newest turns of mlxmem's log, in order (the
+    log owns the history); none at all is always fine. Else a 409 that says where they part."""
+    if not history:
+        return
+    logged = [(t.role, t.text.strip()) for t in store.turns(conversation)]
+    sent = [(role, text.strip()) for role, text in history]
+    if len(sent) > len(logged):
+        raise ApiError(
+            409,
+            f"the request carries {len(sent)} earlier messages but conversation "
+            f"{conversation!r} has {len(logged)} turns in mlxmem's log; mlxmem keeps the "
+            "history: send only the new message, or the log's own turns",
+            "history_conflict",
+            "messages",
+        )
+    tail = logged[len(logged) - len(sent) :]
+    for i, (mine, theirs) in enumerate(zip(tail, sent, strict=True)):
+        if mine != theirs:
+            raise ApiError(
+                409,
+                f"earlier message {i + 1} of {len(sent)} ({theirs[0]}) is not the turn "
+                f"mlxmem logged there ({mine[0]}: {mine[1][:60]!r}); the history was edited "
+                "or belongs to another conversation. mlxmem keeps the history: send only the "
+                "new message, or the log's own turns",
+                "history_conflict",
+                "messages",
+            )

@@ -1,0 +1,142 @@
+"""The page at `/` in a real headless browser: Debian's chromium driven by selenium through
+/usr/bin/chromedriver (never Selenium Manager, which would go to the network). It saves a
+screenshot to test-output/serve-page.png."""
+
+from pathlib import Path
+
+import pytest
+from serve_helpers import fake_server, request
+
+from mlxmem.memory.store import Store
+from mlxmem.testing import FakeEngine
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+SCREENSHOT = Path(__file__).resolve().parents[1] / "test-output" / "serve-page.png"
+
+if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    pytest.skip(
+        "no /usr/bin/chromium or /usr/bin/chromedriver (apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,860"]:
+        options.add_argument(arg)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium'}")
+    service = webdriver.ChromeService(executable_path=str(CHROMEDRIVER))
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver, check, timeout=30):
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: check())
+
+
+def texts(driver, css):
+    """The texts of the elements matching `css`, read at once (the page re-renders its lists
+    on every refresh, so elements found one call earlier may be gone)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)"
+    return driver.execute_script(script, css)
+
+
+def test_the_page_chats_and_shows_and_edits_the_memory(browser):
+    store = Store()
+    store.add_fact("I live in Porto", source="manual")
+    store.add_fact("The user has a cat named Miso.", source="automatic")
+    engine = FakeEngine(lambda prompt: "Nice to meet you, and hello to Miso!", delay_s=0.01)
+    with fake_server(engine) as server:
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        facts = browser.find_elements(By.CSS_SELECTOR, "#facts .fact")
+        assert [f.find_element(By.CLASS_NAME, "tag").text for f in facts] == ["manual", "automatic"]
+
+        # A turn, streamed into the page and logged.
+        browser.find_element(By.ID, "input").send_keys("Hello from the page")
+        browser.find_element(By.ID, "send").click()
+        reply = "Nice to meet you, and hello to Miso!"
+        wait(browser, lambda: texts(browser, ".message.assistant .text") == [reply])
+        wait(browser, lambda: browser.find_element(By.ID, "send").is_enabled())
+        assert [(t.role, t.text) for t in store.turns("default")] == [
+            ("user", "Hello from the page"),
+            ("assistant", reply),
+        ]
+
+        # Edit a fact and add one from the facts panel (deleting one comes below).
+        manual = browser.find_element(By.CSS_SELECTOR, "#facts .fact")
+        manual.find_element(By.CLASS_NAME, "edit").click()
+        field = browser.find_element(By.CSS_SELECTOR, "#facts .edit-text")
+        field.clear()
+        field.send_keys("I live in Lisbon")
+        browser.find_element(By.CSS_SELECTOR, "#facts .save").click()
+        wait(browser, lambda: [f.text for f in store.facts()][0] == "I live in Lisbon")
+        browser.find_element(By.ID, "fact-input").send_keys("I keep bees")
+        browser.find_element(By.CSS_SELECTOR, "#fact-form button").click()
+        facts = ["I live in Lisbon", "The user has a cat named Miso.", "I keep bees"]
+        wait(browser, lambda: texts(browser, "#facts .fact .text") == facts)
+
+        # The context bar: one segment per layer in use, filling the budget, as the API says.
+        layers = request(server, "GET", "/v1/memory/context")[1]["layers"]
+        legend = [f"{name} {tokens}" for name, tokens in layers.items()]
+        wait(browser, lambda: texts(browser, "#context-legend li") == legend)
+        assert {"instructions", "facts", "turns", "reserve", "free"} <= set(bar_layers(browser))
+        widths = browser.execute_script(
+            "return [...document.querySelectorAll('#context-bar .layer')]"
+            ".map(e => parseFloat(e.style.width))"
+        )
+        assert sum(widths) == pytest.approx(100, abs=0.5)
+        assert "default" in texts(browser, "#conversations .open")
+        wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 2)
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+
+        click(browser, "#facts .fact:nth-child(2) .delete")
+        wait(browser, lambda: len(store.facts()) == 2)
+        wait(browser, lambda: texts(browser, "#facts .fact .text") == facts[::2])
+        assert [(f.text, f.source) for f in store.facts()] == [
+            ("I live in Lisbon", "manual"),
+            ("I keep bees", "manual"),
+        ]
+
+        # The history: delete the first turn.
+        click(browser, ".message.user .delete")
+        wait(browser, lambda: [t.role for t in store.turns("default")] == ["assistant"])
+        wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 1)
+    assert SCREENSHOT.stat().st_size > 10_000
+
+
+def click(browser, css):
+    """Click the first element matching `css` in one step on the page: a list may be
+    re-rendered between finding an element and clicking it."""
+    browser.execute_script("document.querySelector(arguments[0]).click()", css)
+
+
+def bar_layers(browser) -> list[str]:
+    script = "return [...document.querySelectorAll('#context-bar .layer')].map(e => e.className)"
+    return [name.split()[1] for name in browser.execute_script(script)]
+
+
+def test_stop_in_the_page_keeps_the_partial_reply_as_interrupted(browser):
+    long_reply = " ".join(f"word{i}" for i in range(120))
+    with fake_server(FakeEngine(lambda prompt: long_reply, delay_s=0.05)) as server:
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        browser.find_element(By.ID, "input").send_keys("Tell me a long story")
+        browser.find_element(By.ID, "send").click()
+        wait(browser, lambda: len(texts(browser, ".message.assistant .text")[0]) > 20)
+        browser.find_element(By.ID, "stop").click()
+        # The page shows the turn as the log keeps it: cut short, marked interrupted.
+        wait(browser, lambda: texts(browser, ".message.assistant .note") == ["interrupted"])
+        reply = Store().turns("default")[1]
+        assert reply.interrupted and long_reply.startswith(reply.text)
+        assert 0 < len(reply.text) < len(long_reply)
+        assert texts(browser, ".message.assistant .text") == [reply.text]
