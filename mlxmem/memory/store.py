@@ -34,6 +34,7 @@ from mlxmem.memory.turns import (
     Turn,
     TurnLog,
     conversation_id,
+    conversation_uid,
     get_turn,
     insert_turn,
     turn_of,
@@ -165,6 +166,10 @@ class Store(TurnLog, SummaryLog, FactList):
             rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
             con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
             con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+            con.execute(
+                "INSERT OR REPLACE INTO tombstones VALUES (?, 'conversation', ?, NULL)",
+                [conversation_uid(name), to_db(utc_now())],
+            )
         hit = deletion.summaries + [summary_of(r) for r in rest]
         return Deletion(deletion.turns, hit, [name], deletion.facts)
 
@@ -201,6 +206,7 @@ def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
         seqs = [t.seq for t in victims if t.conversation == name]
         hit += summaries.delete_derived(con, name, seqs=seqs)
     deletion = _delete_facts(erasure, taken)
+    add_tombstones(con, "message", "messages", ids)
     con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
     return Deletion(victims, hit + deletion.summaries, names, taken)
 
@@ -210,8 +216,19 @@ def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
     conversation the summaries that had them in their prompt."""
     ids = [f.id for f in victims]
     hit = _summaries_that_saw(erasure.con, ids)
+    add_tombstones(erasure.con, "fact", "facts", ids)
     erasure.delete_facts(ids)
     return Deletion([], hit, [], victims)
+
+
+def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: list[int]) -> None:
+    """Record that the rows `ids` of `table` (messages or facts) were deleted here and now: their
+    uids and the time, never their text, so that the deletion can travel to other devices."""
+    con.execute(
+        f"INSERT OR IGNORE INTO tombstones SELECT uid, ?, ?, NULL FROM {table}"
+        " WHERE list_contains(?, id)",
+        [kind, to_db(utc_now()), ids],
+    )
 
 
 def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> list[Summary]:
