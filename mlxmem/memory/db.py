@@ -140,12 +140,7 @@ class Database:
                 con.execute(
                     "INSERT OR REPLACE INTO state VALUES (?, ?)", [ERASE_PENDING, plan.dumps()]
                 )
-                # A chat in another process compares this before it writes what it derived.
-                con.execute(
-                    "INSERT OR REPLACE INTO state SELECT ?, CAST(coalesce(max(CAST(value AS"
-                    " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
-                    [FORGET_EPOCH, FORGET_EPOCH],
-                )
+                bump_forget_epoch(con)
             self._erase_locked(plan, erasure.fact_edits)
 
     @contextmanager
@@ -158,9 +153,7 @@ class Database:
                 raise StaleError("something was deleted meanwhile; this result is discarded")
             yield con
 
-    def _erase_locked(
-        self, plan: ErasePlan, edits: dict[int, FactEdit] | None = None
-    ) -> None:
+    def _erase_locked(self, plan: ErasePlan, edits: dict[int, FactEdit] | None = None) -> None:
         crash_point("erase:committed")
         self._write_facts(plan.fact_ids, edits or {})
         crash_point("erase:facts-written")
@@ -331,6 +324,16 @@ def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
     """Counts deletions and edits: anything derived before a change may hold removed text."""
     row = con.execute("SELECT value FROM state WHERE key = ?", [FORGET_EPOCH]).fetchone()
     return 0 if row is None else int(row[0])
+
+
+def bump_forget_epoch(con: duckdb.DuckDBPyConnection) -> None:
+    """Mark that what the store held changed under any reader: a chat in another process
+    compares the epoch before it writes what it derived (a reply, a summary, a cache)."""
+    con.execute(
+        "INSERT OR REPLACE INTO state SELECT ?, CAST(coalesce(max(CAST(value AS"
+        " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
+        [FORGET_EPOCH, FORGET_EPOCH],
+    )
 
 
 def _row_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
-from mlxmem.memory.db import Erasure, forget_epoch
+from mlxmem.memory.db import Erasure, FactEdit, forget_epoch
 from mlxmem.memory.facts import (
     SELECT_FACTS,
     SOURCES,
@@ -55,6 +56,16 @@ class Deletion:
     summaries: list[Summary]
     conversations: list[str]
     facts: list[Fact] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A deletion as it travels between devices: what was deleted (a uid), and when."""
+
+    uid: str
+    kind: str  # message, fact or conversation
+    deleted_at: datetime
+    device_uid: str | None = None  # the device that deleted it (None: this one)
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,47 @@ class Store(TurnLog, SummaryLog, FactList):
             _summaries_that_saw(erasure.con, [fact_id])
             erasure.edit_fact(fact_id, text, to_db(now))
         return replace(old, text=text, updated_at=now)
+
+    def apply_tombstones(self, tombstones: Sequence[Tombstone]) -> Deletion:
+        """Delete what another device deleted, by uid, as the local deletes do (rows, derived
+        summaries and automatic facts, caches, old bytes), and keep the tombstones, so that
+        nothing with those uids comes back. A conversation's tombstone removes it only if no
+        turn is left in it (one written elsewhere meanwhile keeps it)."""
+        with self.forgetting() as erasure:
+            con = erasure.con
+            for t in tombstones:
+                con.execute(
+                    "INSERT INTO tombstones VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
+                    " deleted_at = greatest(deleted_at, excluded.deleted_at)",
+                    [t.uid, t.kind, to_db(t.deleted_at), t.device_uid],
+                )
+            uids = [t.uid for t in tombstones]
+            rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
+            turns = _delete_turns(erasure, [turn_of(row) for row in rows])
+            rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, uid)", [uids]).fetchall()
+            gone = {f.id for f in turns.facts}
+            facts = _delete_facts(erasure, [f for f in map(fact_of, rows) if f.id not in gone])
+            names = [
+                name
+                for (name,) in con.execute("SELECT name FROM conversations").fetchall()
+                if conversation_uid(name) in uids
+            ]
+            emptied = [n for n in names if not turns_after(con, n, None)]
+            for name in emptied:
+                cid = conversation_id(con, name)
+                con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
+                con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+        return Deletion(
+            turns.turns, turns.summaries + facts.summaries, emptied, turns.facts + facts.facts
+        )
+
+    def replace_fact_versions(self, edits: dict[int, FactEdit]) -> None:
+        """Give facts the newer versions another device wrote; the old text is erased from disk
+        and caches, with the summaries that saw it, as edit_fact does."""
+        with self.forgetting() as erasure:
+            _summaries_that_saw(erasure.con, list(edits))
+            for fact_id, edit in edits.items():
+                erasure.edit_fact(fact_id, edit.text, to_db(edit.updated_at), edit.device_uid)
 
     def mentions(self, fact: Fact) -> list[Turn]:
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
