@@ -4,6 +4,7 @@ folder; real DuckDB files, through the CLI where practical."""
 import json
 import os
 import random
+import shutil
 import signal
 import stat
 import subprocess
@@ -342,26 +343,53 @@ def listed(home, *args):
     return json.loads(on(home, *args, "--json").stdout)
 
 
+def contents(home):
+    """A device's log (every conversation, in order, with uids) and facts, in one read."""
+    os.environ["MLXMEM_HOME"] = str(home)
+    with Store().connect() as con:
+        turns = con.execute(
+            "SELECT c.name, m.role, m.text, m.uid FROM messages m JOIN conversations c"
+            " ON c.id = m.conversation_id ORDER BY c.name, m.seq"
+        ).fetchall()
+        known = sorted(con.execute("SELECT text, source FROM facts").fetchall())
+    return turns, known
+
+
 def check_converged(a, b, folder):
-    """After complete syncs of A, B, A: the same log, facts and uids, nothing twice."""
+    """After complete syncs of A, B, A: the same log, facts and uids, nothing twice; return
+    the "A says" and "B says" turns."""
     for home in (a, b, a):
         on(home, "sync", str(folder))
-    for name, _ in conversations(a):
-        assert log(a, name) == log(b, name)
-    assert conversations(a) == conversations(b)
-    assert facts(a) == facts(b)
-    assert uids(a) == uids(b) and len(set(uids(a))) == len(uids(a))
-    texts = [t for t, _ in facts(a)]
-    assert len(set(texts)) == len(texts)
-    users = [text for _, text in log(a) if text.startswith(("A says", "B says"))]
+    turns, known = contents(a)
+    assert contents(b) == (turns, known)
+    assert len({t[3] for t in turns}) == len(turns)
+    assert len({text for text, _ in known}) == len(known)
+    users = [t[2] for t in turns if t[2].startswith(("A says", "B says"))]
     assert len(set(users)) == len(users)
     return users
 
 
-@pytest.mark.parametrize("step", SYNC_STEPS)
-def test_a_sync_killed_at_any_step_is_finished_by_the_next(devices, step):
-    a, b, folder = devices
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory):
+    """Devices A and B after diverge(), built once and copied for each test (the files are
+    closed between operations, so a copy is a faithful one)."""
+    root = tmp_path_factory.mktemp("diverged")
+    a, b, folder = root / "A", root / "B", root / "shared"
+    folder.mkdir()
+    saved = os.environ.get("MLXMEM_HOME")
     diverge(a, b, folder, 1)
+    if saved is None:
+        os.environ.pop("MLXMEM_HOME")
+    else:
+        os.environ["MLXMEM_HOME"] = saved
+    return root
+
+
+@pytest.mark.parametrize("step", SYNC_STEPS)
+def test_a_sync_killed_at_any_step_is_finished_by_the_next(diverged, tmp_path, step):
+    root = tmp_path / "copy"
+    shutil.copytree(diverged, root, symlinks=True)
+    a, b, folder = root / "A", root / "B", root / "shared"
     killed = sync_process(a, folder, crash_at=step)
     assert killed.wait(timeout=120) == 137, killed.stderr.read().decode()
     on(a, "sync", str(folder))  # finishes what was cut short
@@ -369,8 +397,9 @@ def test_a_sync_killed_at_any_step_is_finished_by_the_next(devices, step):
     assert again["written"] == again["rewritten"] == 0  # and then nothing more to do
     users = check_converged(a, b, folder)
     assert sorted(users) == ["A says 1", "B says 1"]
-    assert ("B fact edited 1", "manual") in facts(a)
-    assert all("doomed" not in t for t, _ in facts(a))
+    _, known = contents(a)
+    assert ("B fact edited 1", "manual") in known
+    assert all("doomed" not in text for text, _ in known)
     assert files_containing(folder.parent, MARKER) == []
 
 
@@ -497,3 +526,17 @@ def test_a_plaintext_stream_is_rewritten_sealed_once_a_passphrase_is_given(devic
     assert files_containing(folder, MARKER) == []
     on(b, "sync", str(folder))
     assert facts(b) == [(f"Code {MARKER}", "manual")]
+
+
+def test_a_deleted_conversation_goes_on_the_other_device_too(devices):
+    a, b, folder = devices
+    chat(a, "travel", f"Flight code {MARKER}")
+    chat(a, "default", "hello")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    assert ("travel", 2) in conversations(b)
+    on(b, "history", "rm", "-c", "travel", "--all")
+    for home in (b, a):
+        on(home, "sync")
+    assert conversations(a) == conversations(b) == [("default", 2)]
+    assert files_containing(folder.parent, MARKER) == []
