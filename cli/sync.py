@@ -126,8 +126,9 @@ def _print_status(found: dict, as_json: bool) -> None:
     table = Table("device", "name", "last sync", "files", "encrypted")
     for d in found["devices"]:
         name = d["name"] + (" (this device)" if d["this_device"] else "")
-        table.add_row(d["device"][:8], Text(name), d["last_sync"] or "never", str(d["files"]),
-                      "yes" if d["encrypted"] else "no")  # fmt: skip
+        encrypted = "yes" if d["encrypted"] else "no"
+        last = d["last_sync"] or "never"
+        table.add_row(d["device"][:8], Text(name), last, str(d["files"]), encrypted)
     Console().print(table)
     p = found["pending"]
     typer.echo(

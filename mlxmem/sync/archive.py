@@ -56,8 +56,10 @@ def read_export(path: Path) -> list[Record]:
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
         raise InputError(f"{path} is not an mlxmem export (no 'format': '{EXPORT_FORMAT}')")
     if document.get("version") != EXPORT_VERSION:
-        raise InputError(f"{path} is export version {document.get('version')!r}; this mlxmem "
-                         f"reads version {EXPORT_VERSION}")  # fmt: skip
+        raise InputError(
+            f"{path} is export version {document.get('version')!r}; this mlxmem reads version "
+            f"{EXPORT_VERSION}"
+        )
     records = document.get("records")
     if not isinstance(records, list):
         raise InputError(f"{path} has no list of records")

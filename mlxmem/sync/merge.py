@@ -36,11 +36,6 @@ class MergeResult:
     deleted_facts: int = 0
     renumbered: list[str] = field(default_factory=list)  # conversations whose turns moved
 
-    @property
-    def changed(self) -> bool:
-        return any((self.messages, self.facts, self.fact_edits, self.deleted_turns,
-                    self.deleted_facts))  # fmt: skip
-
 
 def merge(store: Store, records: list[Record], device: str) -> MergeResult:
     """Merge `records` into `store`, whose own device id is `device`."""
@@ -110,9 +105,17 @@ def _merge_turns(
             con.execute(
                 "INSERT INTO messages (conversation_id, seq, role, text, created_at,"
                 " interrupted, uid, device_uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [cid, seq, item["role"], item["text"], timestamp(item["created_at"]),
-                 item["interrupted"], item["uid"], _origin(item, device)],
-            )  # fmt: skip
+                [
+                    cid,
+                    seq,
+                    item["role"],
+                    item["text"],
+                    timestamp(item["created_at"]),
+                    item["interrupted"],
+                    item["uid"],
+                    _origin(item, device),
+                ],
+            )
         else:
             con.execute("UPDATE messages SET seq = ? WHERE id = ?", [seq, item[0]])
     con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq + len(merged), cid])

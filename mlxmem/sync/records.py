@@ -87,8 +87,13 @@ def fact_record(uid, text, source, created_at, updated_at, device, message_uid) 
 
 
 def tombstone_record(uid, of, deleted_at, device) -> Record:
-    return {"kind": "tombstone", "uid": uid, "of": of, "deleted_at": iso(deleted_at),
-            "device": device}  # fmt: skip
+    return {
+        "kind": "tombstone",
+        "uid": uid,
+        "of": of,
+        "deleted_at": iso(deleted_at),
+        "device": device,
+    }
 
 
 def version(record: Record) -> tuple[str, str, str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -73,8 +72,8 @@ def sync(
         progress(f"Reading {len(others)} other device(s) in {root}")
         records, skipped = read_streams(others, passphrase)
         crash_point("sync:read")
+        progress(f"Merging {len(records)} record(s)")
         merged = merge(store, records, device)
-        progress(_describe_merge(merged))
         plan = plan_writes(store, mine, cipher, {f.device for f in others})
         for file, keep in plan.rewrites.values():
             mine.write(file.number, keep, cipher)
@@ -88,8 +87,9 @@ def sync(
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
         with store.connect() as con:
             con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [SYNC_DIR_KEY, str(root)])
-    return SyncReport(str(root), device, len(others), merged, len(plan.new),
-                      len(plan.rewrites), skipped)  # fmt: skip
+    return SyncReport(
+        str(root), device, len(others), merged, len(plan.new), len(plan.rewrites), skipped
+    )
 
 
 def status(store: Store, root: Path | None = None, passphrase: str | None = None) -> dict:
@@ -166,8 +166,8 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
         held |= {version(r) for r in keep}
         if records is None or len(keep) != len(records) or file.encrypted != (cipher is not None):
             rewrites[file.path] = (file, keep)
-    new = [r for r in local if version(r) not in held and (r["device"] == device
-           or r["device"] not in others)]  # fmt: skip
+    ours = [r for r in local if r["device"] == device or r["device"] not in others]
+    new = [r for r in ours if version(r) not in held]
     return Plan(rewrites, new)
 
 
@@ -201,8 +201,7 @@ def _own_cipher(mine: DeviceFolder, name: str, passphrase: str | None) -> Cipher
 
 
 def _write_info(mine: DeviceFolder, name: str, cipher: Cipher | None, last_sync) -> None:
-    info = {"format": 1, "device": mine.device, "name": name or socket.gethostname(),
-            "last_sync": last_sync}  # fmt: skip
+    info = {"format": 1, "device": mine.device, "name": name, "last_sync": last_sync}
     if cipher is not None:
         info["encryption"] = cipher.describe(mine.device)
     mine.write_info(info)
@@ -210,17 +209,6 @@ def _write_info(mine: DeviceFolder, name: str, cipher: Cipher | None, last_sync)
 
 def _next_number(mine: DeviceFolder) -> int:
     return max((f.number for f in mine.files()), default=0) + 1
-
-
-def _describe_merge(merged: MergeResult) -> str:
-    if not merged.changed:
-        return "Nothing new from other devices"
-    parts = [
-        f"{merged.messages} turn(s)",
-        f"{merged.facts} fact(s) added, {merged.fact_edits} updated",
-        f"{merged.deleted_turns} turn(s) and {merged.deleted_facts} fact(s) deleted",
-    ]
-    return "Merged " + "; ".join(parts)
 
 
 @contextmanager
