@@ -545,3 +545,28 @@ def test_a_deleted_conversation_goes_on_the_other_device_too(devices):
         on(home, "sync")
     assert conversations(a) == conversations(b) == [("default", 2)]
     assert files_containing(folder.parent, MARKER) == []
+
+
+def test_a_half_copied_file_is_skipped_whole_and_read_at_the_next_sync(devices):
+    a, b, folder = devices
+    on(b, "memory", "add", "first fact")
+    on(b, "memory", "add", "second fact")
+    on(b, "sync", str(folder))
+    (change,) = change_files(folder)
+    whole = change.read_bytes()
+    change.write_bytes(whole[: len(whole) // 2 + 5])  # the sync tool is still copying it
+    report = json.loads(on(a, "sync", str(folder), "--json").stdout)
+    assert report["skipped"] == [str(change)]
+    assert facts(a) == []  # nothing of it applied, not even its first, whole line
+    change.write_bytes(whole)
+    on(a, "sync")
+    assert facts(a) == [("first fact", "manual"), ("second fact", "manual")]
+
+
+def test_one_sync_at_a_time_per_data_directory(devices):
+    from mlxmem.sync.run import _sync_lock
+
+    a, _, folder = devices
+    os.environ["MLXMEM_HOME"] = str(a)
+    with _sync_lock(Store()):
+        assert "another mlxmem sync is running" in on(a, "sync", str(folder), code=1).output
