@@ -100,26 +100,32 @@ def _merge_turns(
         key=lambda pair: pair[0],
     )
     (last_seq,) = con.execute("SELECT last_seq FROM conversations WHERE id = ?", [cid]).fetchone()
-    for seq, (_, item) in enumerate(merged, start=last_seq + 1):
-        if isinstance(item, dict):
-            con.execute(
-                "INSERT INTO messages (conversation_id, seq, role, text, created_at,"
-                " interrupted, uid, device_uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    cid,
-                    seq,
-                    item["role"],
-                    item["text"],
-                    timestamp(item["created_at"]),
-                    item["interrupted"],
-                    item["uid"],
-                    _origin(item, device),
-                ],
-            )
-        else:
-            con.execute("UPDATE messages SET seq = ? WHERE id = ?", [seq, item[0]])
+    numbered = list(enumerate((item for _, item in merged), start=last_seq + 1))
+    added = [(seq, r) for seq, r in numbered if isinstance(r, dict)]
+    renumbered = [(seq, row[0]) for seq, row in numbered if not isinstance(row, dict)]
+    # One statement each for the new turns and the moved ones (row by row is ~4 ms a turn).
+    con.execute(
+        "INSERT INTO messages (conversation_id, seq, role, text, created_at, interrupted, uid,"
+        " device_uid) SELECT ?, unnest(?), unnest(?), unnest(?), unnest(?), unnest(?),"
+        " unnest(?), unnest(?::VARCHAR[])",
+        [
+            cid,
+            [seq for seq, _ in added],
+            [r["role"] for _, r in added],
+            [r["text"] for _, r in added],
+            [timestamp(r["created_at"]) for _, r in added],
+            [r["interrupted"] for _, r in added],
+            [r["uid"] for _, r in added],
+            [_origin(r, device) for _, r in added],
+        ],
+    )
     con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq + len(merged), cid])
     if moved:
+        con.execute(
+            "UPDATE messages SET seq = m.seq FROM (SELECT unnest(?) AS id, unnest(?) AS seq) m"
+            " WHERE messages.id = m.id",
+            [[mid for _, mid in renumbered], [seq for seq, _ in renumbered]],
+        )
         summaries.delete_derived(con, name, seqs=[row[1] for row in moved])
     return bool(moved)
 
