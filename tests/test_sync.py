@@ -122,6 +122,12 @@ def test_deletions_leave_tombstones_with_ids_and_no_text():
         rows = con.execute("SELECT kind, uid FROM tombstones ORDER BY kind").fetchall()
     assert [r[0] for r in rows] == ["fact", "message"]
     assert all(len(r[1]) == 36 and MARKER not in r[1] for r in rows)
+    # The files were rewritten by the erase: rows written afterwards still get uids.
+    store.append_turn("default", "user", "after")
+    store.add_fact("after")
+    with store.connect() as con:
+        assert con.execute("SELECT count(uid) FROM messages").fetchone() == (1,)
+        assert con.execute("SELECT count(uid) FROM facts").fetchone() == (1,)
 
 
 # -- merging -----------------------------------------------------------------------------------
