@@ -21,7 +21,7 @@ from .common import JSON, err, plural, print_json
 # Module-level, as ruff's B008 asks for defaults of a type it cannot tell is immutable.
 SYNC_DIR = typer.Argument(
     None,
-    metavar="[DIR]",
+    metavar="DIR",
     help="A folder your devices share (iCloud Drive, Dropbox, Syncthing, a network share, "
     "a USB stick). Remembered: later syncs may leave it out.",
 )
