@@ -7,7 +7,7 @@ import typer
 from mlxmem import __version__
 from mlxmem.cpu import reexec_with_openblas
 
-from . import bench, chat, eval, history, memory, models, serve
+from . import bench, chat, eval, history, memory, models, serve, sync
 from .common import ErrorsAsMessages
 
 app = typer.Typer(
@@ -47,6 +47,7 @@ app.add_typer(history.app, name="history")
 app.add_typer(bench.app, name="bench")
 app.add_typer(eval.app, name="eval")
 app.add_typer(models.app, name="models")
+sync.register(app)
 
 
 def run() -> None:

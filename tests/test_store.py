@@ -39,6 +39,8 @@ SCHEMA = {
         ("interrupted", "BOOLEAN"),
         ("sampled_ids", "INTEGER[]"),
         ("sampled_by", "VARCHAR"),
+        ("uid", "VARCHAR"),
+        ("device_uid", "VARCHAR"),
     ],
     "summaries": [
         ("id", "BIGINT"),
@@ -49,6 +51,12 @@ SCHEMA = {
         ("token_count", "INTEGER"),
         ("created_at", "TIMESTAMP"),
         ("fact_ids", "BIGINT[]"),
+    ],
+    "tombstones": [
+        ("uid", "VARCHAR"),
+        ("kind", "VARCHAR"),
+        ("deleted_at", "TIMESTAMP"),
+        ("device_uid", "VARCHAR"),
     ],
 }
 # The facts file, attached to every connection as facts_db.
@@ -61,6 +69,8 @@ FACTS_SCHEMA = {
         ("created_at", "TIMESTAMP"),
         ("updated_at", "TIMESTAMP"),
         ("message_id", "BIGINT"),
+        ("uid", "VARCHAR"),
+        ("device_uid", "VARCHAR"),
     ],
 }
 
@@ -102,6 +112,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m004_bench_runs_to_own_file",),
             ("m005_provenance",),
             ("m006_facts_own_file",),
+            ("m007_sync_ids",),
         ]
     assert store.path == paths.db_path()
 

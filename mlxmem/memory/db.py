@@ -49,6 +49,13 @@ _MAIN_TEXT_TABLES = ("messages", "summaries", "conversations")
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class FactEdit:
+    text: str
+    updated_at: datetime
+    device_uid: str | None = None
+
+
 @dataclass
 class Erasure:
     """A forgetting() block: `con` is its transaction on the main file; the facts to delete or
@@ -56,13 +63,17 @@ class Erasure:
 
     con: duckdb.DuckDBPyConnection
     fact_ids: list[int] = field(default_factory=list)
-    fact_edits: dict[int, tuple[str, datetime]] = field(default_factory=dict)
+    fact_edits: dict[int, FactEdit] = field(default_factory=dict)
 
     def delete_facts(self, ids: list[int]) -> None:
         self.fact_ids += [i for i in ids if i not in self.fact_ids]
 
-    def edit_fact(self, fact_id: int, text: str, updated_at: datetime) -> None:
-        self.fact_edits[fact_id] = (text, updated_at)
+    def edit_fact(
+        self, fact_id: int, text: str, updated_at: datetime, device_uid: str | None = None
+    ) -> None:
+        """Replace a fact's text; `device_uid` names the device that wrote this version
+        (None: this one)."""
+        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid)
 
 
 @dataclass(frozen=True)
@@ -129,12 +140,7 @@ class Database:
                 con.execute(
                     "INSERT OR REPLACE INTO state VALUES (?, ?)", [ERASE_PENDING, plan.dumps()]
                 )
-                # A chat in another process compares this before it writes what it derived.
-                con.execute(
-                    "INSERT OR REPLACE INTO state SELECT ?, CAST(coalesce(max(CAST(value AS"
-                    " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
-                    [FORGET_EPOCH, FORGET_EPOCH],
-                )
+                bump_forget_epoch(con)
             self._erase_locked(plan, erasure.fact_edits)
 
     @contextmanager
@@ -147,9 +153,7 @@ class Database:
                 raise StaleError("something was deleted meanwhile; this result is discarded")
             yield con
 
-    def _erase_locked(
-        self, plan: ErasePlan, edits: dict[int, tuple[str, datetime]] | None = None
-    ) -> None:
+    def _erase_locked(self, plan: ErasePlan, edits: dict[int, FactEdit] | None = None) -> None:
         crash_point("erase:committed")
         self._write_facts(plan.fact_ids, edits or {})
         crash_point("erase:facts-written")
@@ -171,17 +175,17 @@ class Database:
                 f"yet ({exc}); mlxmem retries when it next opens the database"
             ) from None
 
-    def _write_facts(self, ids: tuple[int, ...], edits: dict[int, tuple[str, datetime]]) -> None:
+    def _write_facts(self, ids: tuple[int, ...], edits: dict[int, FactEdit]) -> None:
         """Step 2: delete (and edit) facts in the facts file; deleting again is harmless."""
         if not ids and not edits:
             return
         with self._transaction() as con:
             if ids:
                 con.execute("DELETE FROM facts WHERE list_contains(?, id)", [list(ids)])
-            for fact_id, (text, updated_at) in edits.items():
+            for fact_id, edit in edits.items():
                 con.execute(
-                    "UPDATE facts SET text = ?, updated_at = ? WHERE id = ?",
-                    [text, updated_at, fact_id],
+                    "UPDATE facts SET text = ?, updated_at = ?, device_uid = ? WHERE id = ?",
+                    [edit.text, edit.updated_at, edit.device_uid, fact_id],
                 )
 
     @contextmanager
@@ -320,6 +324,16 @@ def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
     """Counts deletions and edits: anything derived before a change may hold removed text."""
     row = con.execute("SELECT value FROM state WHERE key = ?", [FORGET_EPOCH]).fetchone()
     return 0 if row is None else int(row[0])
+
+
+def bump_forget_epoch(con: duckdb.DuckDBPyConnection) -> None:
+    """Mark that what the store held changed under any reader: a chat in another process
+    compares the epoch before it writes what it derived (a reply, a summary, a cache)."""
+    con.execute(
+        "INSERT OR REPLACE INTO state SELECT ?, CAST(coalesce(max(CAST(value AS"
+        " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
+        [FORGET_EPOCH, FORGET_EPOCH],
+    )
 
 
 def _row_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:

@@ -7,6 +7,8 @@ the `migrations` table, each in its own transaction, in order.
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -221,6 +223,38 @@ def m006_facts_own_file(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         "INSERT OR REPLACE INTO state VALUES ('compaction_pending', ?)",
         ['{"fact_ids": [], "main": true}'],
+    )
+
+
+# Sync (issue 13): messages and facts get globally unique ids (random UUIDs, also the default
+# for rows inserted later) beside the local integer ids the CLI shows, and the device that wrote
+# them (NULL: this device). A conversation's uid is derived from its name (uuid5, see
+# mlxmem.sync.records), so it needs no column. The data directory gets a device id and name.
+# Deletions leave tombstones: ids and a time, never text. A transaction writes to one file, so
+# the facts file is changed and committed first; IF NOT EXISTS makes a rerun after a crash safe.
+@migration
+def m007_sync_ids(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    for table in (f"{FACTS_DB}.facts", _main_table(con, "messages")):
+        con.execute(
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS uid VARCHAR"
+            " DEFAULT (gen_random_uuid()::VARCHAR)"
+        )
+        con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS device_uid VARCHAR")
+        if table.startswith(FACTS_DB):
+            con.commit()
+            con.begin()
+    con.execute(
+        "INSERT OR IGNORE INTO state VALUES ('device_uid', ?), ('device_name', ?)",
+        [str(uuid.uuid4()), socket.gethostname() or "unknown"],
+    )
+    con.execute(
+        """CREATE TABLE tombstones (
+            uid VARCHAR PRIMARY KEY,
+            kind VARCHAR NOT NULL CHECK (kind IN ('message', 'fact', 'conversation')),
+            deleted_at TIMESTAMP NOT NULL,
+            device_uid VARCHAR
+        )"""
     )
 
 

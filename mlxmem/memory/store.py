@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
-from mlxmem.memory.db import Erasure, forget_epoch
+from mlxmem.memory.db import Erasure, FactEdit, forget_epoch
 from mlxmem.memory.facts import (
     SELECT_FACTS,
     SOURCES,
@@ -34,6 +35,7 @@ from mlxmem.memory.turns import (
     Turn,
     TurnLog,
     conversation_id,
+    conversation_uid,
     get_turn,
     insert_turn,
     turn_of,
@@ -54,6 +56,16 @@ class Deletion:
     summaries: list[Summary]
     conversations: list[str]
     facts: list[Fact] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A deletion as it travels between devices: what was deleted (a uid), and when."""
+
+    uid: str
+    kind: str  # message, fact or conversation
+    deleted_at: datetime
+    device_uid: str | None = None  # the device that deleted it (None: this one)
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,47 @@ class Store(TurnLog, SummaryLog, FactList):
             erasure.edit_fact(fact_id, text, to_db(now))
         return replace(old, text=text, updated_at=now)
 
+    def apply_tombstones(self, tombstones: Sequence[Tombstone]) -> Deletion:
+        """Delete what another device deleted, by uid, as the local deletes do (rows, derived
+        summaries and automatic facts, caches, old bytes), and keep the tombstones, so that
+        nothing with those uids comes back. A conversation's tombstone removes it only if no
+        turn is left in it (one written elsewhere meanwhile keeps it)."""
+        with self.forgetting() as erasure:
+            con = erasure.con
+            for t in tombstones:
+                con.execute(
+                    "INSERT INTO tombstones VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
+                    " deleted_at = greatest(deleted_at, excluded.deleted_at)",
+                    [t.uid, t.kind, to_db(t.deleted_at), t.device_uid],
+                )
+            uids = [t.uid for t in tombstones]
+            rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
+            turns = _delete_turns(erasure, [turn_of(row) for row in rows])
+            rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, uid)", [uids]).fetchall()
+            gone = {f.id for f in turns.facts}
+            facts = _delete_facts(erasure, [f for f in map(fact_of, rows) if f.id not in gone])
+            names = [
+                name
+                for (name,) in con.execute("SELECT name FROM conversations").fetchall()
+                if conversation_uid(name) in uids
+            ]
+            emptied = [n for n in names if not turns_after(con, n, None)]
+            for name in emptied:
+                cid = conversation_id(con, name)
+                con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
+                con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+        return Deletion(
+            turns.turns, turns.summaries + facts.summaries, emptied, turns.facts + facts.facts
+        )
+
+    def replace_fact_versions(self, edits: dict[int, FactEdit]) -> None:
+        """Give facts the newer versions another device wrote; the old text is erased from disk
+        and caches, with the summaries that saw it, as edit_fact does."""
+        with self.forgetting() as erasure:
+            _summaries_that_saw(erasure.con, list(edits))
+            for fact_id, edit in edits.items():
+                erasure.edit_fact(fact_id, edit.text, to_db(edit.updated_at), edit.device_uid)
+
     def mentions(self, fact: Fact) -> list[Turn]:
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
         return self.search(fact.text, limit=SEARCH_LIMIT)
@@ -165,6 +218,10 @@ class Store(TurnLog, SummaryLog, FactList):
             rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
             con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
             con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+            con.execute(
+                "INSERT OR REPLACE INTO tombstones VALUES (?, 'conversation', ?, NULL)",
+                [conversation_uid(name), to_db(utc_now())],
+            )
         hit = deletion.summaries + [summary_of(r) for r in rest]
         return Deletion(deletion.turns, hit, [name], deletion.facts)
 
@@ -201,6 +258,7 @@ def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
         seqs = [t.seq for t in victims if t.conversation == name]
         hit += summaries.delete_derived(con, name, seqs=seqs)
     deletion = _delete_facts(erasure, taken)
+    add_tombstones(con, "message", "messages", ids)
     con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
     return Deletion(victims, hit + deletion.summaries, names, taken)
 
@@ -210,8 +268,19 @@ def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
     conversation the summaries that had them in their prompt."""
     ids = [f.id for f in victims]
     hit = _summaries_that_saw(erasure.con, ids)
+    add_tombstones(erasure.con, "fact", "facts", ids)
     erasure.delete_facts(ids)
     return Deletion([], hit, [], victims)
+
+
+def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: list[int]) -> None:
+    """Record that the rows `ids` of `table` (messages or facts) were deleted here and now: their
+    uids and the time, never their text, so that the deletion can travel to other devices."""
+    con.execute(
+        f"INSERT OR IGNORE INTO tombstones SELECT uid, ?, ?, NULL FROM {table}"
+        " WHERE list_contains(?, id)",
+        [kind, to_db(utc_now()), ids],
+    )
 
 
 def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> list[Summary]:

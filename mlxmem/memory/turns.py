@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -13,6 +14,9 @@ from mlxmem.memory.db import Database
 from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
 
 SEARCH_LIMIT = 50
+# Conversations are named, not numbered, across devices: "default" on two devices is one
+# conversation, whose uid is derived from its name in this namespace.
+CONVERSATION_NAMESPACE = uuid.UUID("6f1f5b0e-3d8a-4c1e-9a57-2b8e4d6c9f13")
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,11 @@ def conversation_id(
         "INSERT INTO conversations (name, created_at) VALUES (?, ?) RETURNING id",
         [name, to_db(create)],
     ).fetchone()[0]
+
+
+def conversation_uid(name: str) -> str:
+    """The globally unique id of the conversation named `name`, the same on every device."""
+    return str(uuid.uuid5(CONVERSATION_NAMESPACE, name))
 
 
 def get_turn(con: duckdb.DuckDBPyConnection, turn_id: int) -> Turn:

@@ -1,0 +1,139 @@
+"""`mlxmem sync`, `mlxmem export`, `mlxmem import`: your chats and facts on several devices,
+and in a file of your own."""
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from mlxmem.memory.store import Store
+from mlxmem.sync.archive import export_to, import_from
+from mlxmem.sync.crypto import PASSPHRASE_ENV
+from mlxmem.sync.merge import MergeResult
+from mlxmem.sync.run import status, sync
+
+from .common import JSON, err, plural, print_json
+
+# Module-level, as ruff's B008 asks for defaults of a type it cannot tell is immutable.
+SYNC_DIR = typer.Argument(
+    None,
+    metavar="DIR",
+    help="A folder your devices share (iCloud Drive, Dropbox, Syncthing, a network share, "
+    "a USB stick). Remembered: later syncs may leave it out.",
+)
+EXPORT_FILE = typer.Argument(..., help="The JSON file to write (replaced if it exists).")
+IMPORT_FILE = typer.Argument(..., help="A file written by `mlxmem export`.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sync")(sync_command)
+    app.command("export")(export_command)
+    app.command("import")(import_command)
+
+
+def sync_command(
+    folder: Path = SYNC_DIR,
+    show_status: bool = typer.Option(
+        False, "--status", help="Show the devices seen, their last sync and what is pending."
+    ),
+    ask_passphrase: bool = typer.Option(
+        False,
+        "--passphrase",
+        help=f"Ask for the passphrase that encrypts the folder (else ${PASSPHRASE_ENV}; "
+        "without either the folder holds plaintext).",
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Sync your chats and facts with your other devices through a shared folder.
+
+    Reads the other devices' changes from DIR and merges them (turns by id, the newest version
+    of a fact, deletions), then writes this device's own changes into its own files in DIR.
+    Deleted text is erased from DIR too. Run it again at any time: a sync that was cut short is
+    finished, and a second sync changes nothing. See README, "Sync"."""
+    store = Store()
+    passphrase = _passphrase(ask_passphrase)
+    if show_status:
+        _print_status(status(store, folder, passphrase), as_json)
+        return
+    report = sync(store, folder, passphrase, progress=lambda line: err.print(line))
+    if as_json:
+        print_json(asdict(report))
+        return
+    for path in report.skipped:
+        err.print(f"Skipped {path}: not readable whole yet (still copying?); the next sync retries")
+    typer.echo(
+        f"Synced with {plural(report.devices, 'other device')} in {report.folder}: "
+        f"{_merged(report.merged)}; wrote {plural(report.written, 'change')}"
+        + (f", erased records from {plural(report.rewritten, 'file')}" if report.rewritten else "")
+        + "."
+    )
+
+
+def export_command(
+    file: Path = EXPORT_FILE,
+) -> None:
+    """Write your whole chat log, your facts and the deletions (ids and times, no text) to one
+    JSON file, readable by you only: a backup, or your data to take elsewhere."""
+    records = export_to(Store(), file)
+    kinds = [r["kind"] for r in records]
+    typer.echo(
+        f"Exported {plural(kinds.count('message'), 'turn')}, {plural(kinds.count('fact'), 'fact')}"
+        f" and {plural(kinds.count('tombstone'), 'deletion')} to {file}."
+    )
+
+
+def import_command(
+    file: Path = IMPORT_FILE,
+) -> None:
+    """Merge an export file into this data directory, by id, with the rules of a sync: turns
+    missing here are added, a fact's newest version wins, and its deletions are applied. A file
+    that is damaged or not an export is refused whole, with nothing imported."""
+    merged = import_from(Store(), file)
+    typer.echo(f"Imported from {file}: {_merged(merged)}.")
+
+
+def _passphrase(ask: bool) -> str | None:
+    if ask:
+        return typer.prompt("Sync passphrase", hide_input=True)
+    return os.environ.get(PASSPHRASE_ENV) or None
+
+
+def _merged(merged: MergeResult) -> str:
+    parts = [f"{plural(merged.messages, 'turn')} added"]
+    if merged.facts or merged.fact_edits:
+        parts.append(f"{plural(merged.facts, 'fact')} added, {merged.fact_edits} updated")
+    if merged.deleted_turns or merged.deleted_facts:
+        deleted = (
+            f"{plural(merged.deleted_turns, 'turn')} and {plural(merged.deleted_facts, 'fact')}"
+        )
+        parts.append(deleted + " deleted")
+    if merged.renumbered:
+        parts.append("older turns merged in; summaries are rebuilt before the next reply")
+    return ", ".join(parts)
+
+
+def _print_status(found: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(found)
+        return
+    me = found["device"]
+    typer.echo(f"Sync folder: {found['folder']}")
+    typer.echo(f"This device: {me['name']} ({me['device']})")
+    table = Table("device", "name", "last sync", "files", "encrypted")
+    for d in found["devices"]:
+        name = d["name"] + (" (this device)" if d["this_device"] else "")
+        encrypted = "yes" if d["encrypted"] else "no"
+        last = d["last_sync"] or "never"
+        table.add_row(d["device"][:8], Text(name), last, str(d["files"]), encrypted)
+    Console().print(table)
+    p = found["pending"]
+    typer.echo(
+        f"Pending here: {plural(p['messages'], 'turn')}, {plural(p['facts'], 'fact version')}, "
+        f"{plural(p['tombstones'], 'deletion')} to write"
+        + (f"; {plural(p['files_to_rewrite'], 'file')} to rewrite" if p["files_to_rewrite"] else "")
+        + "."
+    )

@@ -1,0 +1,147 @@
+"""A sync folder (DIR) that the person's devices share through a file-sync tool, no server.
+
+    DIR/mlxmem/devices/<device-uuid>/device.json     name, last sync, encryption (salt, check)
+    DIR/mlxmem/devices/<device-uuid>/000001.jsonl    change records, one JSON object a line
+    DIR/mlxmem/devices/<device-uuid>/000002.jsonl.enc   the same, AES-GCM sealed
+
+Only the device itself writes into its folder, and every write is a whole file: a temporary
+file, fsync, then an atomic rename. So a sync tool never sees two writers on one file, and a
+reader sees a file whole or not at all (a file that does not parse is skipped, never applied in
+part). New changes go into a new file; a file is rewritten only to take records out of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxmem.errors import InputError, MlxmemError
+from mlxmem.memory.db import crash_point
+from mlxmem.sync.crypto import PASSPHRASE_ENV, Cipher
+from mlxmem.sync.records import Record, check_record
+
+DEVICE_INFO = "device.json"
+_CHANGE_FILE = re.compile(r"^(\d{6,})\.jsonl(\.enc)?$")
+_TEMP_PREFIX = ".tmp-"
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+@dataclass(frozen=True)
+class ChangeFile:
+    path: Path
+    number: int
+    encrypted: bool
+
+
+class DeviceFolder:
+    """One device's stream in the sync folder: its device.json and its change files."""
+
+    def __init__(self, root: Path, device: str):
+        self.device = device
+        self.path = root / "mlxmem" / "devices" / device
+
+    def info(self) -> dict:
+        try:
+            return json.loads((self.path / DEVICE_INFO).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+    def files(self) -> list[ChangeFile]:
+        found = []
+        for path in self.path.iterdir() if self.path.is_dir() else ():
+            match = _CHANGE_FILE.match(path.name)
+            if match:
+                found.append(ChangeFile(path, int(match.group(1)), bool(match.group(2))))
+        return sorted(found, key=lambda f: (f.number, f.encrypted))
+
+    def cipher(self, passphrase: str | None) -> Cipher | None:
+        """The key this stream was sealed with, or None if it is plaintext."""
+        described = self.info().get("encryption")
+        if not described:
+            return None
+        if not passphrase:
+            raise InputError(
+                f"the sync folder is encrypted (device {self.info().get('name', self.device)});"
+                f" set {PASSPHRASE_ENV} or pass --passphrase"
+            )
+        return Cipher.from_description(passphrase, described, self.device)
+
+    def read(self, file: ChangeFile, cipher: Cipher | None) -> list[Record] | None:
+        """The records of a change file, or None if it cannot be read whole (still being
+        copied by the sync tool, damaged, or sealed without a key we have)."""
+        try:
+            data = file.path.read_bytes()
+        except OSError:
+            return None
+        if file.encrypted:
+            data = cipher.open(data, self._aad(file.number)) if cipher else None
+            if data is None:
+                return None
+        try:
+            lines = data.decode("utf-8").splitlines()
+            return [check_record(json.loads(line)) for line in lines if line.strip()]
+        except (UnicodeDecodeError, ValueError, MlxmemError):
+            return None
+
+    def write(self, number: int, records: list[Record], cipher: Cipher | None) -> Path:
+        """Write change file `number` whole (replacing it if it exists); return its path."""
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+        name = f"{number:06d}.jsonl"
+        if cipher is not None:
+            data, name = cipher.seal(data, self._aad(number)), name + ".enc"
+        return self._write_atomic(name, data)
+
+    def write_info(self, info: dict) -> None:
+        self._write_atomic(DEVICE_INFO, json.dumps(info, indent=2).encode())
+
+    def remove_temp_files(self) -> None:
+        """Temporary files left by a sync that died before its rename (they may hold text that
+        was deleted since)."""
+        for path in self.path.glob(f"{_TEMP_PREFIX}*") if self.path.is_dir() else ():
+            path.unlink(missing_ok=True)
+
+    def _write_atomic(self, name: str, data: bytes) -> Path:
+        self.path.mkdir(parents=True, exist_ok=True)
+        target = self.path / name
+        tmp = self.path / f"{_TEMP_PREFIX}{name}"
+        write_private(tmp, data)
+        crash_point("sync:temp-written")
+        os.replace(tmp, target)
+        _fsync_dir(self.path)
+        return target
+
+    def _aad(self, number: int) -> str:
+        return f"{self.device}/{number}"
+
+
+def device_folders(root: Path) -> list[DeviceFolder]:
+    """Every device stream in the sync folder."""
+    devices = root / "mlxmem" / "devices"
+    if not devices.is_dir():
+        return []
+    return [
+        DeviceFolder(root, p.name)
+        for p in sorted(devices.iterdir())
+        if p.is_dir() and _UUID.match(p.name)
+    ]
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `path` readable by its owner only (0600 from its creation), and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with open(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,192 @@
+"""Changes as records: what a sync folder's change files and an export file hold.
+
+Three kinds, one JSON object each, every one naming the device that wrote it:
+- message: a turn, immutable, by uid, with its conversation's name (and uid, derived from it);
+- fact: one version of a fact; a later (updated_at, device) wins;
+- tombstone: a deletion: a uid, what it was, and when; never the deleted text.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+
+from mlxmem.errors import InputError
+from mlxmem.memory.facts import SOURCES
+from mlxmem.memory.turns import conversation_uid
+from mlxmem.text import ROLES, as_utc, check_text
+
+Record = dict[str, Any]
+TOMBSTONE_KINDS = ("message", "fact", "conversation")
+
+
+def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
+    """This data directory's device id and name."""
+    rows = dict(
+        con.execute(
+            "SELECT key, value FROM state WHERE key IN ('device_uid', 'device_name')"
+        ).fetchall()
+    )
+    return rows["device_uid"], rows["device_name"]
+
+
+def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
+    """Everything the store holds as records: every turn, every fact's current version and
+    every tombstone; rows written here (device NULL) are named as `device`."""
+    messages = con.execute(
+        "SELECT m.uid, c.name, m.role, m.text, m.created_at, coalesce(m.device_uid, ?),"
+        " m.interrupted FROM messages m JOIN conversations c ON c.id = m.conversation_id"
+        " ORDER BY c.id, m.seq",
+        [device],
+    ).fetchall()
+    facts = con.execute(
+        "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
+        " m.uid FROM facts f LEFT JOIN messages m ON m.id = f.message_id ORDER BY f.id",
+        [device],
+    ).fetchall()
+    tombstones = con.execute(
+        "SELECT uid, kind, deleted_at, coalesce(device_uid, ?) FROM tombstones"
+        " ORDER BY deleted_at, uid",
+        [device],
+    ).fetchall()
+    return (
+        [message_record(*row) for row in messages]
+        + [fact_record(*row) for row in facts]
+        + [tombstone_record(*row) for row in tombstones]
+    )
+
+
+def message_record(uid, conversation, role, text, created_at, device, interrupted) -> Record:
+    return {
+        "kind": "message",
+        "uid": uid,
+        "conversation": conversation,
+        "conversation_uid": conversation_uid(conversation),
+        "role": role,
+        "text": text,
+        "created_at": iso(created_at),
+        "device": device,
+        "interrupted": bool(interrupted),
+    }
+
+
+def fact_record(uid, text, source, created_at, updated_at, device, message_uid) -> Record:
+    return {
+        "kind": "fact",
+        "uid": uid,
+        "text": text,
+        "source": source,
+        "created_at": iso(created_at),
+        "updated_at": iso(updated_at),
+        "device": device,
+        "message_uid": message_uid,
+    }
+
+
+def tombstone_record(uid, of, deleted_at, device) -> Record:
+    return {
+        "kind": "tombstone",
+        "uid": uid,
+        "of": of,
+        "deleted_at": iso(deleted_at),
+        "device": device,
+    }
+
+
+def version(record: Record) -> tuple[str, str, str]:
+    """What makes a record distinct: a fact has one record per version (its updated_at), a
+    tombstone one per deletion time (a conversation can be deleted again), a message one."""
+    return (record["kind"], record["uid"], record.get("updated_at") or record.get("deleted_at", ""))
+
+
+def fact_key(record: Record) -> tuple[datetime, str]:
+    """Last writer wins: the later updated_at, then the greater device id."""
+    return (timestamp(record["updated_at"]), record["device"])
+
+
+def turn_key(record: Record) -> tuple[datetime, str, str]:
+    """The order of a conversation's turns on every device: time, then device, then uid."""
+    return (timestamp(record["created_at"]), record["device"], record["uid"])
+
+
+def iso(value: datetime) -> str:
+    """A stored (naive UTC) timestamp as ISO 8601 with its offset."""
+    return as_utc(value).isoformat()
+
+
+def timestamp(value: str) -> datetime:
+    """An ISO 8601 timestamp as the naive UTC datetime DuckDB stores."""
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    return parsed
+
+
+def check_record(record: object) -> Record:
+    """`record` if it is a well-formed change, else InputError saying what is wrong."""
+    if not isinstance(record, dict):
+        raise InputError("a record must be a JSON object")
+    kind = record.get("kind")
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        raise InputError(f"unknown record kind {kind!r}")
+    for name, check in fields.items():
+        if name not in record:
+            raise InputError(f"{kind} record without {name!r}")
+        try:
+            ok = check(record[name])
+        except (TypeError, ValueError, InputError):
+            ok = False
+        if not ok:
+            raise InputError(f"{kind} record with a bad {name!r}: {str(record[name])[:40]!r}")
+    if kind == "message" and record["conversation_uid"] != conversation_uid(record["conversation"]):
+        raise InputError("message record whose conversation_uid does not match its name")
+    return record
+
+
+def _is_uuid(value: object) -> bool:
+    return isinstance(value, str) and str(uuid.UUID(value)) == value
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, str) and timestamp(value) is not None
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str) and check_text(value) == value
+
+
+def _is_name(value: object) -> bool:
+    return _is_text(value) and bool(value.strip())
+
+
+_FIELDS = {
+    "message": {
+        "uid": _is_uuid,
+        "conversation": _is_name,
+        "conversation_uid": _is_uuid,
+        "role": lambda v: v in ROLES,
+        "text": _is_text,
+        "created_at": _is_time,
+        "device": _is_uuid,
+        "interrupted": lambda v: isinstance(v, bool),
+    },
+    "fact": {
+        "uid": _is_uuid,
+        "text": _is_name,
+        "source": lambda v: v in SOURCES,
+        "created_at": _is_time,
+        "updated_at": _is_time,
+        "device": _is_uuid,
+        "message_uid": lambda v: v is None or _is_uuid(v),
+    },
+    "tombstone": {
+        "uid": _is_uuid,
+        "of": lambda v: v in TOMBSTONE_KINDS,
+        "deleted_at": _is_time,
+        "device": _is_uuid,
+    },
+}

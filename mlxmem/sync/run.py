@@ -1,0 +1,225 @@
+"""`mlxmem sync`: merge the other devices' changes from the sync folder, then write this
+device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.sync.merge for the
+rules; README "Sync" for what it means for the person.
+
+A sync, in order (each step can be cut short; the next sync finishes it):
+1. read the other devices' streams (a file that cannot be read whole is skipped this time);
+2. merge them into the store: tombstones (through the erase path), messages, facts;
+3. erase in the folder: rewrite this device's files without the records that are no longer
+   live here (a deleted turn or fact, a fact's superseded version);
+4. write what the folder lacks of this device's changes into one new file;
+5. record the sync time in this device's device.json.
+Only step 4's file adds anything, and it holds only what no file held, so a second sync finds
+nothing to merge and nothing to write.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxmem.errors import InputError, StoreError
+from mlxmem.memory.db import crash_point
+from mlxmem.memory.store import Store
+from mlxmem.sync.crypto import Cipher
+from mlxmem.sync.folder import ChangeFile, DeviceFolder, device_folders
+from mlxmem.sync.merge import MergeResult, merge
+from mlxmem.sync.records import Record, device_of, iso, local_records, version
+from mlxmem.text import to_db, utc_now
+
+SYNC_DIR_KEY = "sync_dir"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class SyncReport:
+    folder: str
+    device: str
+    devices: int  # other devices read
+    merged: MergeResult
+    written: int  # records written to a new file
+    rewritten: int  # own files rewritten to erase records
+    skipped: list[str] = field(default_factory=list)  # files that could not be read whole
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What this device would write: files to rewrite (with the records they keep) and the
+    records that go into a new file."""
+
+    rewrites: dict[Path, tuple[ChangeFile, list[Record]]]
+    new: list[Record]
+
+
+def sync(
+    store: Store,
+    root: Path | None = None,
+    passphrase: str | None = None,
+    progress: Progress = lambda _: None,
+) -> SyncReport:
+    """One sync of `store` with the folder `root` (default: the last one used)."""
+    root = sync_root(store, root)
+    device, name = _device(store)
+    with _sync_lock(store):
+        mine = DeviceFolder(root, device)
+        cipher = _own_cipher(mine, name, passphrase)
+        mine.remove_temp_files()
+        others = [f for f in device_folders(root) if f.device != device]
+        progress(f"Reading {len(others)} other device(s) in {root}")
+        records, skipped = read_streams(others, passphrase)
+        crash_point("sync:read")
+        progress(f"Merging {len(records)} record(s)")
+        merged = merge(store, records, device)
+        plan = plan_writes(store, mine, cipher, {f.device for f in others})
+        for file, keep in plan.rewrites.values():
+            mine.write(file.number, keep, cipher)
+            if file.encrypted != (cipher is not None):
+                file.path.unlink(missing_ok=True)  # replaced by the other kind's name
+        crash_point("sync:rewritten")
+        if plan.new:
+            progress(f"Writing {len(plan.new)} change(s)")
+            mine.write(_next_number(mine), plan.new, cipher)
+        crash_point("sync:written")
+        _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
+        with store.connect() as con:
+            con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [SYNC_DIR_KEY, str(root)])
+    return SyncReport(
+        str(root), device, len(others), merged, len(plan.new), len(plan.rewrites), skipped
+    )
+
+
+def status(store: Store, root: Path | None = None, passphrase: str | None = None) -> dict:
+    """The devices seen in the folder, their last sync, and this device's pending changes."""
+    root = sync_root(store, root)
+    device, name = _device(store)
+    mine = DeviceFolder(root, device)
+    folders = device_folders(root)
+    if mine.path.is_dir() and device not in [f.device for f in folders]:
+        folders.append(mine)
+    plan = plan_writes(
+        store, mine, mine.cipher(passphrase), {f.device for f in folders if f.device != device}
+    )
+    devices = []
+    for folder in folders:
+        info = folder.info()
+        devices.append(
+            {
+                "device": folder.device,
+                "name": info.get("name", "?"),
+                "this_device": folder.device == device,
+                "last_sync": info.get("last_sync"),
+                "files": len(folder.files()),
+                "encrypted": bool(info.get("encryption")),
+            }
+        )
+    kinds = [r["kind"] for r in plan.new]
+    return {
+        "folder": str(root),
+        "device": {"device": device, "name": name},
+        "devices": devices,
+        "pending": {
+            "messages": kinds.count("message"),
+            "facts": kinds.count("fact"),
+            "tombstones": kinds.count("tombstone"),
+            "files_to_rewrite": len(plan.rewrites),
+        },
+    }
+
+
+def read_streams(
+    folders: list[DeviceFolder], passphrase: str | None
+) -> tuple[list[Record], list[str]]:
+    """All records of these device streams, and the files skipped as unreadable."""
+    records: list[Record] = []
+    skipped = []
+    for folder in folders:
+        files = folder.files()
+        cipher = folder.cipher(passphrase) if any(f.encrypted for f in files) else None
+        for file in files:
+            found = folder.read(file, cipher)
+            if found is None:
+                skipped.append(str(file.path))
+            else:
+                records += found
+    return records, skipped
+
+
+def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
+    """Compare this device's files with the store. A record stays in a file while it is live
+    here (the turn is still in the log, the fact still has that version, or it is a
+    tombstone); the store's records that no file holds yet, and that are this device's to
+    write, are new. A device writes its own changes, and those whose device has no stream in
+    the folder (imported from an export, or from a device whose folder was removed)."""
+    with store.connect() as con:
+        device, _ = device_of(con)
+        local = local_records(con, device)
+    live = {version(r) for r in local}
+    held: set = set()
+    rewrites = {}
+    for file in mine.files():
+        records = mine.read(file, cipher if file.encrypted else None)
+        keep = [r for r in records or () if version(r) in live and version(r) not in held]
+        held |= {version(r) for r in keep}
+        if records is None or len(keep) != len(records) or file.encrypted != (cipher is not None):
+            rewrites[file.path] = (file, keep)
+    ours = [r for r in local if r["device"] == device or r["device"] not in others]
+    new = [r for r in ours if version(r) not in held]
+    return Plan(rewrites, new)
+
+
+def sync_root(store: Store, root: Path | None) -> Path:
+    """The sync folder given, else the one the last sync used."""
+    if root is None:
+        with store.connect() as con:
+            row = con.execute("SELECT value FROM state WHERE key = ?", [SYNC_DIR_KEY]).fetchone()
+        if row is None:
+            raise InputError("no sync folder yet: name one, e.g. `mlxmem sync ~/Dropbox/mlxmem`")
+        root = Path(row[0])
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise InputError(f"the sync folder {root} does not exist (is the drive mounted?)")
+    return root
+
+
+def _device(store: Store) -> tuple[str, str]:
+    with store.connect() as con:
+        return device_of(con)
+
+
+def _own_cipher(mine: DeviceFolder, name: str, passphrase: str | None) -> Cipher | None:
+    """This device's key: the one its device.json describes, a new one if a passphrase is
+    given for a plaintext stream (its files are then rewritten sealed), or None."""
+    cipher = mine.cipher(passphrase)
+    if cipher is None and passphrase:
+        cipher = Cipher.new(passphrase)
+        _write_info(mine, name, cipher, last_sync=mine.info().get("last_sync"))
+    return cipher
+
+
+def _write_info(mine: DeviceFolder, name: str, cipher: Cipher | None, last_sync) -> None:
+    info = {"format": 1, "device": mine.device, "name": name, "last_sync": last_sync}
+    if cipher is not None:
+        info["encryption"] = cipher.describe(mine.device)
+    mine.write_info(info)
+
+
+def _next_number(mine: DeviceFolder) -> int:
+    return max((f.number for f in mine.files()), default=0) + 1
+
+
+@contextmanager
+def _sync_lock(store: Store) -> Iterator[None]:
+    """One sync at a time per data directory (its own-file numbering depends on it)."""
+    fd = os.open(f"{store.path}.sync-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError("another mlxmem sync is running for this data directory") from None
+        yield
+    finally:
+        os.close(fd)
