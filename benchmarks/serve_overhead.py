@@ -96,7 +96,8 @@ class OverHttp:
     def turn(self, text: str) -> None:
         body = {"model": "bench", "user": "bench", "stream": self.stream}
         body["messages"] = [{"role": "user", "content": text}]
-        self.con.request("POST", "/v1/chat/completions", json.dumps(body))
+        headers = {"Content-Type": "application/json"}
+        self.con.request("POST", "/v1/chat/completions", json.dumps(body), headers)
         response = self.con.getresponse()
         payload = response.read()
         assert response.status == 200, payload

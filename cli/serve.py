@@ -89,6 +89,7 @@ def serve(
             token=token,
             default_conversation=conversation,
             log_requests=not quiet,
+            allow_remote=allow_remote,
         )
     except OSError as exc:  # the port is taken, or the address is not this machine's
         raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -27,6 +27,7 @@ def make_server(
     token: str | None = None,
     default_conversation: str = DEFAULT_CONVERSATION,
     log_requests: bool = False,
+    allow_remote: bool = False,
 ) -> Server:
     """Bind the server (port 0: any free one), then load the model on its own thread; call
     `serve_forever()` or `start()`, then `close()`."""
@@ -36,5 +37,7 @@ def make_server(
     except BaseException:
         server.server_close()
         raise
-    server.app = App(ChatService(worker, config), default_conversation, token, log_requests)
+    server.app = App(
+        ChatService(worker, config), default_conversation, token, log_requests, allow_remote
+    )
     return server

@@ -74,11 +74,6 @@ def _stream(req: Request, turn, events, request: ChatRequest) -> None:
         return  # the client went away while waiting for the model
     handler, model, cid = req.handler, req.app.model, completion_id()
     handler.close_connection = True  # the stream ends with the connection
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/event-stream")
-    handler.send_header("Cache-Control", "no-cache")
-    handler.send_header("Connection", "close")
-    handler.end_headers()
 
     def send(data: dict | str) -> None:
         text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
@@ -86,6 +81,11 @@ def _stream(req: Request, turn, events, request: ChatRequest) -> None:
         handler.wfile.flush()
 
     try:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Cache-Control", "no-cache")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
         send(chunk(cid, model, {"role": "assistant", "content": ""}))
         for kind, value in turn:
             if kind == "text":

@@ -92,13 +92,27 @@ class App:
         default_conversation: str,
         token: str | None = None,
         log_requests: bool = False,
+        allow_remote: bool = False,
     ):
         self.service = service
         self.model = service.config.model
         self.default_conversation = default_conversation
         self.token = token
         self.log_requests = log_requests
+        self.allow_remote = allow_remote
         self.started = int(time.time())
+
+    def check_origin(self, host: str | None, origin: str | None) -> None:
+        """Keep other web sites out of a loopback server. A page elsewhere could send
+        requests here from the person's browser, or rebind its own host name to 127.0.0.1
+        and read the answers: so the Host must name loopback (unless --allow-remote, where
+        the token guards), and a browser's Origin, when sent, must be this server's."""
+        if not host:
+            raise ApiError(400, "the request has no Host header", "invalid_header")
+        if not self.allow_remote and _host_name(host) not in LOOPBACK_NAMES:
+            raise ApiError(403, f"Host {host!r} is not this loopback server", "forbidden_host")
+        if origin is not None and origin != f"http://{host}":
+            raise ApiError(403, f"requests from {origin} are not allowed", "forbidden_origin")
 
     def check_auth(self, header: str | None) -> None:
         """With a token, every request carries it: `Authorization: Bearer TOKEN`, or (for a
@@ -124,13 +138,15 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], app: App | None):
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, RequestHandler)
         self.app = app  # set before serving
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self) -> threading.Thread:
         """Serve on a background thread (tests, benchmarks); `close()` stops it."""
@@ -156,7 +172,8 @@ class RequestHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.dispatch()
 
-    do_POST = do_PATCH = do_DELETE = do_GET
+    # Every method goes through dispatch(), so an unknown one gets an OpenAI-shaped 405.
+    do_POST = do_PATCH = do_DELETE = do_PUT = do_HEAD = do_OPTIONS = do_GET
 
     def dispatch(self) -> None:
         app = self.server.app
@@ -164,6 +181,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         try:
             url = urlsplit(self.path)
             is_page = url.path == "/" or url.path.startswith("/static/")
+            if self.command == "HEAD":
+                self.close_connection = True  # its answer has a body the client will not read
+            app.check_origin(self.headers.get("Host"), self.headers.get("Origin"))
             try:
                 app.check_auth(self.headers.get("Authorization"))
             except ApiError as exc:
@@ -173,6 +193,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             req = Request(self, self.command, url.path, url.query)
             handler, args = route(self.command, url.path)
             result = handler(req, *args)
+            if req.unread_body:  # a body nobody read must not be parsed as the next request
+                self.close_connection = True
             if result is not None:
                 self.send_json(*result)
         except (BrokenPipeError, ConnectionResetError):
@@ -206,7 +228,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         if req is not None:
             unread = req.unread_body
         else:
-            unread = self.headers.get("Content-Length", "0").strip() not in ("", "0")
+            length = self.headers.get("Content-Length", "0").strip() not in ("", "0")
+            unread = length or "chunked" in self.headers.get("Transfer-Encoding", "").lower()
         if unread:
             self.close_connection = True
         try:
@@ -236,8 +259,24 @@ class RequestHandler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return True
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None):
+        """http.server's own refusals (a malformed request line, headers too long) as JSON."""
+        self.close_connection = True
+        try:
+            error = ApiError(code, message or explain or "bad request", "bad_request")
+            self.send_json(code, error.body())
+        except OSError:
+            pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        # The path without its query: a query can carry the person's text (?q=, ?draft=).
+        app = self.server.app
+        if app is not None and app.log_requests:
+            path = urlsplit(getattr(self, "path", "")).path
+            self.log_message("%s %s %s", getattr(self, "command", "-"), path, code)
+
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
-        if self.server.app.log_requests:
+        if self.server.app is not None and self.server.app.log_requests:
             super().log_message(format, *args)
 
 
@@ -251,6 +290,17 @@ def check_binding(host: str, allow_remote: bool, token: str | None) -> None:
         raise InputError(
             "listening beyond this machine needs a token: --token or MLXMEM_SERVE_TOKEN"
         )
+
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port: "127.0.0.1:8080", "[::1]:8080"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _is_loopback(host: str) -> bool:

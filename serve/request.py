@@ -4,6 +4,7 @@ after its declared size was checked."""
 from __future__ import annotations
 
 import json
+import re
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qsl
 
@@ -12,6 +13,7 @@ from .schema import ApiError
 # The largest request body read. A message is at most 100,000 characters (400 KB of UTF-8);
 # this leaves room for a client that sends a long conversation's history with it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(), which takes "²"
 
 
 class Request:
@@ -22,7 +24,7 @@ class Request:
         self.path = path
         self.query = dict(parse_qsl(query))
         self.headers = handler.headers
-        self.unread_body = self._declared_length() > 0
+        self.unread_body = self._declared_length() > 0 or self.chunked
         self._body: dict | None = None
 
     def json(self) -> dict:
@@ -30,7 +32,12 @@ class Request:
         a byte of it is read."""
         if self._body is not None:
             return self._body
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+        kind = self.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+        if kind != "application/json":
+            # A browser page of another site can send a text/plain POST without asking first;
+            # application/json it cannot, so this also keeps such pages out.
+            raise ApiError(415, "send the body as Content-Type: application/json", "invalid_type")
+        if self.chunked:
             raise ApiError(411, "send the body with a Content-Length", "length_required")
         length = self._declared_length()
         if length > MAX_BODY_BYTES:
@@ -39,7 +46,10 @@ class Request:
                 f"the request body has {length:,} bytes, over the limit of {MAX_BODY_BYTES:,}",
                 "request_too_large",
             )
-        data = self.handler.rfile.read(length)
+        try:
+            data = self.handler.rfile.read(length)
+        except TimeoutError:
+            raise ApiError(408, "the request body stopped arriving", "timeout") from None
         self.unread_body = False
         if len(data) < length:
             raise ApiError(400, "the request body ended early", "incomplete_body")
@@ -47,6 +57,8 @@ class Request:
             body = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ApiError(400, f"the body is not valid JSON ({exc})", "invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the body is nested too deeply", "invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object", "invalid_json")
         self._body = body
@@ -63,7 +75,7 @@ class Request:
         text = self.query.get(name)
         if text is None:
             return None
-        if not text.isdigit() or len(text) > 18 or int(text) < 1:
+        if not _DIGITS.fullmatch(text) or len(text) > 18 or int(text) < 1:
             raise ApiError(
                 400, f"{name} must be a whole number from 1, not {text!r}", "invalid_value", name
             )
@@ -72,8 +84,12 @@ class Request:
     def flag(self, name: str) -> bool:
         return self.query.get(name, "").lower() in ("1", "true", "yes")
 
+    @property
+    def chunked(self) -> bool:
+        return "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+
     def _declared_length(self) -> int:
-        text = self.headers.get("Content-Length", "0")
-        if not text.strip().isdigit():
+        text = self.headers.get("Content-Length", "0").strip()
+        if not _DIGITS.fullmatch(text) or len(text) > 18:
             raise ApiError(400, f"Content-Length must be a number, not {text!r}", "invalid_header")
         return int(text)

@@ -112,8 +112,16 @@ def parse_chat_request(body: dict, model: str, conversation: str) -> ChatRequest
         temperature=_bounded(body, "temperature", 0.0, 2.0),
         top_p=_bounded(body, "top_p", 0.0, 1.0),
         max_tokens=_positive(body, "max_completion_tokens") or _positive(body, "max_tokens"),
-        seed=_optional(body, "seed", int),
+        seed=_seed(body),
     )
+
+
+def _seed(body: dict) -> int | None:
+    """MLX seeds are unsigned 64-bit: anything else is refused before the message is logged."""
+    seed = _optional(body, "seed", int)
+    if seed is not None and not 0 <= seed < 2**64:
+        raise ApiError(400, "seed must be from 0 to 2**64 - 1", "invalid_value", "seed")
+    return seed
 
 
 def conversation_of(body: dict, header: str | None, default: str) -> str:

@@ -56,6 +56,11 @@ class TurnEvents:
                     self.stop.set()
                     job.cancel()
                     return
+            # A turn puts all its events before its job ends: a job that ended (or was
+            # cancelled by a closing server) with nothing left to read will send no more.
+            if event is None and job.done() and self.queue.empty():
+                yield "error", ApiError(503, "the model stopped before the turn ended", "stopped")
+                return
             if event is not None:
                 yield event
                 if event[0] in ("done", "error"):
@@ -140,9 +145,10 @@ class ChatService:
 
     def _drop_other_slots(self, engine: Engine, current: Companion) -> None:
         """After a deletion, the other conversations' KV slots in memory, and the fact
-        extractor's, may hold the deleted text, and the engine saves a slot to disk when it
-        frees memory: drop them. The current conversation's slot is trimmed to its new prompt
-        by the turn itself."""
+        extractor's, may hold the deleted text: drop them, so it does not stay in memory for
+        as long as the server runs. (A slot is written to disk only by its own turn, which
+        first trims it to a prompt without the deleted text; the current conversation's slot
+        is trimmed that way by this turn.)"""
         for companion in self._companions.values():
             if companion is not current:
                 engine.drop_slot(companion.slot)

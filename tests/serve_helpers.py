@@ -35,6 +35,7 @@ def request(server, method: str, path: str, body=None, headers: dict | None = No
     url = urlsplit(server.url)
     con = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
     data = json.dumps(body).encode() if isinstance(body, dict | list) else body
+    headers = {"Content-Type": "application/json", **(headers or {})} if data else headers
     try:
         con.request(method, path, body=data, headers=headers or {})
         response = con.getresponse()

@@ -2,6 +2,7 @@
 FakeEngine: the OpenAI endpoints, the memory API, many clients, disconnects, bad input."""
 
 import base64
+import json
 import os
 import socket
 import subprocess
@@ -232,6 +233,11 @@ def test_bad_requests_get_openai_errors_and_the_server_lives_on():
         for body, param in bad:
             error = assert_error(request(server, "POST", post, body), 400)
             assert param is None or error["param"] == param, error
+        seeded = {"messages": [{"role": "user", "content": "x"}], "seed": -1}
+        assert_error(request(server, "POST", post, seeded), 400, "invalid_value")
+        assert_error(request(server, "POST", post, b"[" * 100_000), 400, "invalid_json")
+        assert_error(request(server, "PUT", post, b"{}"), 405, "method_not_allowed")
+        assert_error(request(server, "GET", "/v1/memory/search?q=x&limit=%C2%B2"), 400)
         assert_error(request(server, "POST", post, b"{not json"), 400, "invalid_json")
         assert_error(request(server, "POST", post, b"[1, 2]"), 400, "invalid_json")
         assert_error(request(server, "GET", "/v1/nothing"), 404, "not_found")
@@ -248,7 +254,7 @@ def test_a_huge_body_is_refused_by_its_declared_length_before_it_is_read():
         url = urlsplit(server.url)
         with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
             sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n{"
             )
             # Nothing more is sent: the answer comes anyway, from the header alone, and the
@@ -452,7 +458,7 @@ def test_a_request_whose_client_leaves_while_it_waits_is_dropped():
         body = b'{"messages": [{"role": "user", "content": "I will not wait"}]}'
         with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
             sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
             )
             time.sleep(0.3)  # queued behind the first turn, then gone
@@ -461,3 +467,38 @@ def test_a_request_whose_client_leaves_while_it_waits_is_dropped():
     users = [text for role, text in log() if role == "user"]
     assert users == ["I go first", "I come last"]
     assert len(engine.calls) == 2
+
+
+def test_other_web_sites_are_kept_out():
+    """A page on another site can make the person's browser send requests here (a text/plain
+    POST needs no permission), or rebind its own host name to 127.0.0.1 and read answers."""
+    with fake_server() as server:
+        facts = "/v1/memory/facts"
+        fact = {"text": "I keep bees"}
+        plain = {"Content-Type": "text/plain"}
+        assert_error(request(server, "POST", facts, json.dumps(fact).encode(), plain), 415)
+        evil = {"Origin": "http://evil.example"}
+        assert_error(request(server, "POST", facts, fact, evil), 403, "forbidden_origin")
+        port = urlsplit(server.url).port
+        rebound = {"Host": f"evil.example:{port}"}
+        assert_error(request(server, "GET", facts, None, rebound), 403, "forbidden_host")
+        assert Store().facts() == []
+        same_site = {"Origin": server.url, "Host": urlsplit(server.url).netloc}
+        assert request(server, "POST", facts, fact, same_site)[0] == 201
+        assert [f.text for f in Store().facts()] == ["I keep bees"]
+
+
+def test_a_body_nobody_reads_is_not_taken_for_the_next_request():
+    with fake_server() as server:
+        url = urlsplit(server.url)
+        hidden = f"GET /v1/memory/facts HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode()
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            sock.sendall(
+                f"GET /v1/models HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                f"Content-Length: {len(hidden)}\r\n\r\n".encode()
+                + hidden
+            )
+            answer = b""
+            while part := sock.recv(4096):
+                answer += part
+        assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200")
