@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import duckdb
 import pytest
@@ -576,3 +577,91 @@ def test_one_sync_at_a_time_per_data_directory(devices):
     os.environ["MLXMEM_HOME"] = str(a)
     with _sync_lock(Store()):
         assert "another mlxmem sync is running" in on(a, "sync", str(folder), code=1).output
+
+
+# -- from a review: injection, clock skew, a fact of a deleted turn, a crash while sealing -------
+
+
+def test_with_a_passphrase_unsealed_changes_are_refused_not_merged(devices, monkeypatch):
+    a, b, folder = devices
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", "passphrase")
+    on(a, "memory", "add", "I keep bees")
+    on(a, "sync", str(folder))
+    # Someone who can write to the folder drops a plain file into A's stream.
+    stream = next(p.parent for p in change_files(folder))
+    planted = json.loads(json.dumps(export_fact_record(a)))
+    planted.update(uid="00000000-0000-4000-8000-000000000001", text=f"Obey {MARKER}")
+    (stream / "000099.jsonl").write_text(json.dumps(planted) + "\n")
+    assert "unencrypted" in on(b, "sync", str(folder), code=1).output
+    assert facts(b) == []
+
+
+def export_fact_record(home):
+    """One fact record as this device writes it (from an export)."""
+    path = home.parent / f"{home.name}-export.json"
+    on(home, "export", str(path))
+    return next(r for r in json.loads(path.read_text())["records"] if r["kind"] == "fact")
+
+
+def test_a_device_with_a_fast_clock_still_sees_the_same_order(devices, monkeypatch):
+    a, b, folder = devices
+    chat(a, "default", "a1")
+    on(a, "sync", str(folder))
+    on(b, "sync", str(folder))
+    import mlxmem.memory.turns as turns
+
+    real = turns.utc_now
+    monkeypatch.setattr(turns, "utc_now", lambda: real() + timedelta(hours=1))
+    chat(b, "default", "b1")  # B's clock is an hour fast
+    monkeypatch.setattr(turns, "utc_now", real)
+    chat(a, "default", "a2")  # later in real time, earlier by the clocks
+    chat(b, "default", "b2")  # after b1 on B, whatever its clock
+    for home in (a, b, a):
+        on(home, "sync")
+    assert log(a) == log(b)
+    users = [text for role, text in log(a) if role == "user"]
+    assert users.index("b1") < users.index("b2") and users.index("a1") < users.index("a2")
+
+
+def test_a_fact_arriving_after_its_turn_was_deleted_stays_deleted(devices):
+    a, b, folder = devices
+    chat(a, "default", f"My PIN is {MARKER}")
+    on(a, "sync", str(folder))
+    on(b, "sync", str(folder))
+    turn_on_b = json.loads(on(b, "history", "show", "--json").stdout)[0]["id"]
+    on(b, "history", "rm", str(turn_on_b))
+    # Meanwhile A, which has not seen the deletion, notes a fact taken from that turn.
+    os.environ["MLXMEM_HOME"] = str(a)
+    turn = Store().turns("default")[0]
+    Store().add_fact(f"The user's PIN is {MARKER}.", source="automatic", message_id=turn.id)
+    on(a, "sync")
+    on(b, "sync")
+    assert facts(b) == []  # deleting a turn deletes the facts taken from it, late ones too
+    on(a, "sync")
+    on(b, "sync")
+    assert facts(a) == [] and log(a) == log(b)
+    assert files_containing(folder.parent, MARKER) == []
+
+
+def test_a_crash_while_sealing_leaves_twins_and_the_next_sync_keeps_the_sealed_one(
+    devices, monkeypatch
+):
+    a, b, folder = devices
+    on(a, "memory", "add", f"Code {MARKER}")
+    on(a, "sync", str(folder))
+    plain = next(iter(change_files(folder)))
+    saved = plain.read_bytes()
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", "passphrase")
+    on(a, "sync")
+    plain.write_bytes(saved)  # as if killed between writing the sealed file and the unlink
+    before = None
+    for _ in range(2):
+        on(a, "sync")
+        files = change_files(folder)
+        assert (
+            all(p.name.endswith(".enc") for p in files) and files_containing(folder, MARKER) == []
+        )
+        assert before is None or files == before  # the second run changes nothing
+        before = files
+    on(b, "sync", str(folder))
+    assert facts(b) == [(f"Code {MARKER}", "manual")]

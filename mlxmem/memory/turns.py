@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import duckdb
 
@@ -132,6 +132,13 @@ def insert_turn(
     check_text(conversation, "conversation name", allow_empty=False)
     now = utc_now()
     cid = conversation_id(con, conversation, create=now if create else None)
+    # A turn is never older than the turns before it, whatever this device's clock says:
+    # devices order a conversation by time, so each device's own order must agree with it.
+    (latest,) = con.execute(
+        "SELECT max(created_at) FROM messages WHERE conversation_id = ?", [cid]
+    ).fetchone()
+    if latest is not None and as_utc(latest) >= now:
+        now = as_utc(latest) + timedelta(microseconds=1)
     (seq,) = con.execute(
         "UPDATE conversations SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", [cid]
     ).fetchone()

@@ -103,6 +103,16 @@ class DeviceFolder:
         for path in self.path.glob(f"{_TEMP_PREFIX}*") if self.path.is_dir() else ():
             path.unlink(missing_ok=True)
 
+    def remove_superseded(self, encrypted: bool) -> None:
+        """A file rewritten as the other kind (sealed, or plain) is written first and its old
+        twin removed after: a crash between the two leaves both. The twin that is not of the
+        kind now written goes; the other holds the same records."""
+        files = self.files()
+        current = {f.number for f in files if f.encrypted == encrypted}
+        for file in files:
+            if file.encrypted != encrypted and file.number in current:
+                file.path.unlink(missing_ok=True)
+
     def _write_atomic(self, name: str, data: bytes) -> Path:
         self.path.mkdir(parents=True, exist_ok=True)
         target = self.path / name

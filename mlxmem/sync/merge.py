@@ -25,6 +25,7 @@ from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.store import Store, Tombstone
 from mlxmem.memory.turns import conversation_id
 from mlxmem.sync.records import Record, fact_key, timestamp, turn_key
+from mlxmem.text import to_db, utc_now
 
 
 @dataclass
@@ -148,6 +149,14 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
         }
         for uid, r in newest.items():
             if uid in dead:
+                continue
+            if uid not in local and r.get("message_uid") in dead:
+                # Taken from a turn deleted here before the fact arrived: deleting a turn
+                # deletes its automatic facts, so this one is deleted too, and that travels.
+                con.execute(
+                    "INSERT OR IGNORE INTO tombstones VALUES (?, 'fact', ?, NULL)",
+                    [uid, to_db(utc_now())],
+                )
                 continue
             if uid not in local:
                 _insert_fact(con, r, device)
