@@ -60,3 +60,12 @@ def cache_dir() -> Path:
 
 def models_dir() -> Path:
     return ensure_private_dir(data_dir() / MODELS_DIRNAME)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a folder's entries (after a rename into it), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -306,10 +306,10 @@ class Database:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
         paths.make_private(tmp)
-        _fsync(tmp)
+        paths.fsync_path(tmp)
         crash_point("erase:copied")
         os.replace(tmp, path)
-        _fsync(path.parent)
+        paths.fsync_path(path.parent)
 
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
@@ -370,11 +370,3 @@ def _sql_string(value: str) -> str:
 
 def _sql_ident(value: str) -> str:
     return '"' + value.replace('"', '""') + '"'
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

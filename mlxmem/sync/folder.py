@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.db import crash_point
+from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import PASSPHRASE_ENV, Cipher
 from mlxmem.sync.records import Record, check_record
 
@@ -120,7 +121,7 @@ class DeviceFolder:
         write_private(tmp, data)
         crash_point("sync:temp-written")
         os.replace(tmp, target)
-        _fsync_dir(self.path)
+        fsync_path(self.path)
         return target
 
     def _aad(self, number: int) -> str:
@@ -147,11 +148,3 @@ def write_private(path: Path, data: bytes) -> None:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
