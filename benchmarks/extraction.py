@@ -40,10 +40,8 @@ def main() -> None:
         if not should_extract(text):
             continue
         seen += 1
-        before = dict(extractor.outcomes)
         fact = extractor.extract(text, [k["fact"] for k in kept])
-        outcome = next(k for k, v in extractor.outcomes.items() if v != before.get(k, 0))
-        answers.append({"outcome": outcome, "answer": extractor.last_answer})
+        answers.append({"outcome": extractor.last_outcome, "answer": extractor.last_answer})
         if fact is not None:
             kept.append({"message": text, "fact": fact})
     print(

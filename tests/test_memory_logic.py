@@ -207,6 +207,7 @@ def test_extraction_outcomes_are_counted_by_the_filter_that_decided():
         companion.send(text)
     # The short message is never sent to the extractor; each other one has one outcome.
     assert companion.extractor.outcomes == {"kept": 1, "duplicate": 1, "none": 1, "markup": 1}
+    assert companion.extractor.last_outcome == "markup"
     assert [f.text for f in store.facts()] == [FACT]
 
 

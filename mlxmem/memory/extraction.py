@@ -125,6 +125,7 @@ class FactExtractor:
         self.budget = budget
         self.outcomes: Counter[str] = Counter()
         self.last_answer: str | None = None  # the model's answer to the last message asked
+        self.last_outcome: str | None = None  # and what became of it
 
     def prompt(self, message: str) -> list[int] | None:
         """The extraction prompt, with the message shortened so that the prompt plus the
@@ -144,6 +145,7 @@ class FactExtractor:
     def extract(self, message: str, existing: Iterable[str]) -> str | None:
         fact, outcome = self._extract(message, existing)
         self.outcomes[outcome] += 1
+        self.last_outcome = outcome
         return fact
 
     def _extract(self, message: str, existing: Iterable[str]) -> tuple[str | None, str]:
