@@ -25,7 +25,6 @@ def add_fact(req: Request) -> tuple[int, dict]:
 
 def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     fact = Store().edit_fact(int(fact_id), req.text_field("text"))
-    req.app.service.deleted.set()  # the old text is erased: caches in memory too
     return 200, as_record(fact)
 
 
@@ -90,9 +89,9 @@ def listing(items: list) -> dict:
 
 
 def deleted(req: Request, deletion: Deletion) -> dict:
-    """What a deletion removed, with the sentence the CLI prints; the model's thread drops
-    the KV slots it holds in memory before its next model call."""
-    req.app.service.deleted.set()
+    """What a deletion removed, with the sentence the CLI prints. (The deletion bumps the
+    store's forget epoch; the model's thread sees it at the next turn and drops the KV slots
+    it holds in memory.)"""
     return {
         "object": "mlxmem.deletion",
         "message": describe(deletion),

@@ -72,8 +72,6 @@ class ChatService:
         self.worker = worker
         self.config = config
         self.store = Store()
-        # Set by the memory API after each deletion or edit it makes (see _drop_other_slots).
-        self.deleted = threading.Event()
         # Touched only on the model's thread: the companions, and the forget epoch they saw.
         self._companions: dict[str, Companion] = {}
         self._epoch: int | None = None
@@ -106,12 +104,10 @@ class ChatService:
             companion = self._companion(engine, request.conversation)
             check_history(self.store, request.conversation, request.history)
             companion.settings = self._settings(request)
-            if self.deleted.is_set():  # before any model call, which may free memory
-                self.deleted.clear()
-                self._drop_other_slots(engine, companion)
             turn = companion.begin(request.text)
             epoch = turn.snapshot.forget_epoch
-            if self._epoch is not None and epoch != self._epoch:  # a deletion elsewhere (CLI)
+            # Any deletion since the last turn, through this server or the CLI, bumped it.
+            if self._epoch is not None and epoch != self._epoch:
                 self._drop_other_slots(engine, companion)
             self._epoch = epoch
             events.put("begun")

@@ -356,8 +356,7 @@ def test_a_deletion_drops_other_conversations_slots_before_the_next_turn():
         assert "c/chat" in engine.slots
         ask(server, "and next", user="b")
         assert "c/chat" not in engine.slots and "b/chat" in engine.slots
-    # The dropped slots held deleted text in memory; gone, the engine can never save them to
-    # disk when it frees memory.
+    # The dropped slots held deleted text in memory, for as long as the server ran.
 
 
 def test_a_memory_edit_from_the_cli_takes_effect_at_the_next_turn():
