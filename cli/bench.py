@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -410,8 +411,15 @@ def _model(model: str | None, arch: str | None, quantize: int | None, seed: int,
     return chosen
 
 
+PLAIN_PROGRESS_SECONDS = 30.0
+
+
 @contextlib.contextmanager
 def _progress(name: str) -> Iterator[OnProgress]:
+    """A live bar on a terminal; elsewhere (a log file, CI) a plain line every half minute."""
+    if not err.is_terminal:
+        yield _plain_progress(name, PLAIN_PROGRESS_SECONDS)
+        return
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -425,6 +433,22 @@ def _progress(name: str) -> Iterator[OnProgress]:
             bar.update(task, description=f"{name}: {description}", completed=done, total=total)
 
         yield update
+
+
+def _plain_progress(name: str, every: float) -> OnProgress:
+    start = time.monotonic()
+    last = -every
+
+    def update(description: str, done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic() - start
+        if now - last < every:
+            return
+        last = now
+        of = f"/{total}" if total else ""
+        err.print(f"{name}: {description} ({done}{of} done, {now / 60:.1f} min)")
+
+    return update
 
 
 def _print_json(run: bench.BenchRun) -> None:

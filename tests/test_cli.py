@@ -44,3 +44,21 @@ def test_every_command_has_help():
 def test_readme_documents_every_command():
     missing = [" ".join(p) for p in leaf_commands() if f"mlxmem {' '.join(p)}" not in README]
     assert missing == [], f"README.md never shows: {', '.join(missing)}"
+
+
+def test_progress_off_a_terminal_is_a_plain_line_now_and_then(capsys):
+    from mlxmem_cli import bench
+
+    with bench._progress("eval") as progress:  # pytest's stderr is not a terminal
+        progress("conv-1 replay 1/90", 0, 110)
+        progress("conv-1 replay 2/90", 1, 110)  # within the half minute: quiet
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["eval: conv-1 replay 1/90 (0/110 done, 0.0 min)"]
+
+    update = bench._plain_progress("turns", every=0.0)
+    update("turn 5", 5, 0)
+    update("turn 6", 6, 0)
+    assert capsys.readouterr().err.splitlines() == [
+        "turns: turn 5 (5 done, 0.0 min)",
+        "turns: turn 6 (6 done, 0.0 min)",
+    ]
