@@ -44,7 +44,8 @@ def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
 
 
 def list_conversations(req: Request) -> tuple[int, dict]:
-    return 200, listing(Store().conversations())
+    """The conversations, and which one a request that names none goes to (`--conversation`)."""
+    return 200, {**listing(Store().conversations()), "default": req.app.default_conversation}
 
 
 def show_conversation(req: Request, name: str) -> tuple[int, dict]:

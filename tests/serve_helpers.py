@@ -17,12 +17,20 @@ MODEL = "fake"
 
 
 @contextmanager
-def fake_server(engine: FakeEngine | None = None, token: str | None = None, **settings):
+def fake_server(
+    engine: FakeEngine | None = None,
+    token: str | None = None,
+    default_conversation: str = "default",
+    **settings,
+):
     """A server on a free loopback port over `engine` (a FakeEngine), with a 1,024-token
     budget and fact extraction off unless `settings` say otherwise."""
     engine = engine or FakeEngine()
     chat = ChatSettings(**{"extract_facts": False, "temp": 0.0, **settings})
-    server = make_server(lambda: engine, ServeConfig(MODEL, 1024, 128, chat), token=token)
+    config = ServeConfig(MODEL, 1024, 128, chat)
+    server = make_server(
+        lambda: engine, config, token=token, default_conversation=default_conversation
+    )
     server.start()
     try:
         yield server

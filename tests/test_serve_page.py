@@ -114,6 +114,20 @@ def test_the_page_chats_and_shows_and_edits_the_memory(browser):
     assert SCREENSHOT.stat().st_size > 10_000
 
 
+def test_the_page_opens_on_the_servers_default_conversation(browser):
+    engine = FakeEngine(lambda prompt: "Noted.", delay_s=0.01)
+    with fake_server(engine, default_conversation="work") as server:
+        assert request(server, "GET", "/v1/memory/conversations")[1]["default"] == "work"
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        assert browser.find_element(By.ID, "conversation").get_attribute("value") == "work"
+        browser.find_element(By.ID, "input").send_keys("Standup moved to ten")
+        browser.find_element(By.ID, "send").click()
+        wait(browser, lambda: texts(browser, ".message.assistant .text") == ["Noted."])
+        assert [t.text for t in Store().turns("work")] == ["Standup moved to ten", "Noted."]
+        assert [c.name for c in Store().conversations()] == ["work"]
+
+
 def click(browser, css):
     """Click the first element matching `css` in one step on the page: a list may be
     re-rendered between finding an element and clicking it."""

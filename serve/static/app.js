@@ -17,8 +17,10 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+let defaultConversation = "default"; // the server's --conversation, read at start
+
 function conversation() {
-  return $("conversation").value.trim() || "default";
+  return $("conversation").value.trim() || defaultConversation;
 }
 
 function say(text, isError = false) {
@@ -271,6 +273,8 @@ $("conversation").addEventListener("change", refresh);
   try {
     model = (await api("GET", "/v1/models")).data[0].id;
     $("model").textContent = model;
+    defaultConversation = (await api("GET", "/v1/memory/conversations")).default;
+    $("conversation").value = defaultConversation;
   } catch (error) {
     say(error.message, true);
   }
