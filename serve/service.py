@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,10 @@ from .worker import ModelWorker
 
 # How often a request waiting for its turn checks whether its client is still there.
 POLL_S = 0.05
+# Companions kept between turns. One is cheap to rebuild from the store, so the least recently
+# used goes beyond this: a client inventing names cannot grow the server without bound. (The
+# KV slots have their own cap, in the engine's slot pool.)
+MAX_COMPANIONS = 64
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class ChatService:
         self.config = config
         self.store = Store()
         # Touched only on the model's thread: the companions, and the forget epoch they saw.
-        self._companions: dict[str, Companion] = {}
+        self._companions: OrderedDict[str, Companion] = OrderedDict()
         self._epoch: int | None = None
 
     def start_turn(self, request: ChatRequest) -> tuple[TurnEvents, Future]:
@@ -137,6 +142,9 @@ class ChatService:
                 engine, self.store, conversation, c.context_tokens, c.response_reserve, c.settings
             )
             self._companions[conversation] = companion
+            while len(self._companions) > MAX_COMPANIONS:
+                self._companions.popitem(last=False)
+        self._companions.move_to_end(conversation)
         return companion
 
     def _drop_other_slots(self, engine: Engine, current: Companion) -> None:
@@ -145,9 +153,10 @@ class ChatService:
         as long as the server runs. (A slot is written to disk only by its own turn, which
         first trims it to a prompt without the deleted text; the current conversation's slot
         is trimmed that way by this turn.)"""
-        for companion in self._companions.values():
+        for name, companion in list(self._companions.items()):
             if companion is not current:
                 engine.drop_slot(companion.slot)
+                del self._companions[name]  # and its copies of the log, rebuilt at its next turn
         engine.drop_slot(FACTS_SLOT)
 
 
