@@ -114,6 +114,14 @@ def _tables(results: dict, label: str) -> None:
             ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
             verdict = "beats" if d["beats"] else "does not beat (interval includes 0 or below)"
             err.print(f"{key}: F1 difference {d['mean']:+.3f}{ci}, n={d['n']}: {verdict}")
+    for group, ev_ in results["evicted_evidence"].items():
+        if ev_["questions"]:
+            d = ev_["recall_vs_mlxmem"]
+            err.print(
+                f"evidence out of the window ({group.replace('_', '-')}): recall brought it back "
+                f"for {ev_['evidence_recalled']}/{ev_['questions']} questions "
+                f"({ev_['share']:.0%}); F1 recall - mlxmem {d['mean']:+.3f}"
+            )
     for cid, layers in results["layers"].items():
         s, e = layers["summaries"], layers["entity_survival"]
         share = "-" if e["share"] is None else f"{e['share']:.0%}"

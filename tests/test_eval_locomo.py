@@ -116,6 +116,22 @@ def test_replay_and_probes_with_the_fake_engine(tmp_path):
     assert all(c.cached_tokens > 0 for c in memory[1:])
 
 
+def test_evidence_out_of_the_window_is_what_recall_is_scored_on(tmp_path):
+    data = write_dataset(tmp_path)
+    result = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 2200, 120).to_dict()
+    items = result["conversations"][0]["items"]
+    upto = items[0]["evicted_upto"]
+    assert [i["evidence_seqs"] for i in items] == [[1], [19], [37], [55], [73], [91], []]
+    assert 55 < upto < 73  # the first four sessions were folded; the last two are verbatim
+    # Out of the window: only recall finds them, and it does. In it: nothing to recall.
+    assert [i["recall"]["evidence_recalled"] for i in items] == [1, 1, 1, 1, 0, 0, 0]
+    assert [i["mlxmem"]["f1"] for i in items[:6]] == [0.0] * 4 + [1.0] * 2
+    out = result["evicted_evidence"]
+    assert out["overall"]["questions"] == out["single_hop"]["questions"] == 4
+    assert out["overall"]["evidence_recalled"] == 4 and out["overall"]["share"] == 1.0
+    assert out["single_hop"]["recall_vs_mlxmem"]["mean"] == 1.0
+
+
 @pytest.mark.skipif(not (LOCOMO / "qa").is_dir(), reason="LoCoMo data not present")
 def test_categories_in_the_real_files_are_what_the_eval_says():
     evidence: dict[int, list[int]] = {}

@@ -322,11 +322,19 @@ def ask(engine: Engine, tokens: list[int], slot: str) -> str:
     return lines[0] if lines else ""
 
 
-def probe(companion: Companion, conv: LocomoConversation, question: Question) -> dict:
+def probe(
+    companion: Companion,
+    conv: LocomoConversation,
+    question: Question,
+    log: LogView | None = None,
+) -> dict:
     """One question under every configuration; nothing is logged. `companion` holds the
     replayed conversation: a chat session over it, with recall on or off, assembles the
     prompt of configs mlxmem and recall (`Companion.context`, which reads the store and never
-    writes it)."""
+    writes it). `log` (from `log_view`, the same for every question) says where the evidence
+    turns sit: the item records whether they had left the verbatim window, and how many
+    the recall config brought back."""
+    log = log or log_view(companion, conv)
     engine, text = companion.engine, probe_text(conv, question)
     prompts = {
         "no_memory": companion.budget.assemble(
@@ -362,9 +370,60 @@ def probe(companion: Companion, conv: LocomoConversation, question: Question) ->
             "exact": exact,
             "prompt_tokens": len(prompt.tokens),
         }
-    item["recall"]["recalled"] = prompts["recall"].recalled
+    recalled = prompts["recall"].recalled
+    evidence = sorted(log.seq_of[e] for e in question.evidence if e in log.seq_of)
+    item["evidence_seqs"] = evidence
+    item["evicted_upto"] = log.evicted_upto
+    item["recall"]["recalled"] = recalled
     item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
+    recalled_seqs = {log.seq_of_id[i] for i in recalled if i in log.seq_of_id}
+    item["recall"]["evidence_recalled"] = len(recalled_seqs.intersection(evidence))
     return item
+
+
+@dataclass(frozen=True)
+class LogView:
+    seq_of: dict[str, int]  # LoCoMo dialogue id -> seq of the logged message holding it
+    seq_of_id: dict[int, int]  # logged message id -> its seq
+    evicted_upto: int  # the newest summary's last seq: turns up to it left the window
+
+
+def log_view(companion: Companion, conv: LocomoConversation) -> LogView:
+    summaries = companion.store.summaries(companion.conversation)
+    return LogView(
+        exchanges(conv)[1],
+        {t.id: t.seq for t in companion.store.turns(companion.conversation)},
+        summaries[-1].last_seq if summaries else 0,
+    )
+
+
+def evicted_evidence(items: Sequence[dict], seed: int = 0) -> dict:
+    """The questions recall is for: those (categories 1-4) with an evidence turn that had left
+    the verbatim window. How often recall put one of their evidence turns in the prompt (a
+    retrieval figure, the same for any model), and what that did to F1, recall minus mlxmem,
+    overall and on single-hop questions. Items from before these fields existed are left out."""
+
+    def left_window(item: dict) -> bool:
+        return any(s <= item["evicted_upto"] for s in item["evidence_seqs"])
+
+    chosen = [
+        i for i in items if i["category"] in SCORED and "evidence_seqs" in i and left_window(i)
+    ]
+
+    def summary(group: list[dict]) -> dict:
+        hits = [float(i["recall"]["evidence_recalled"] > 0) for i in group]
+        return {
+            "questions": len(group),
+            "evidence_recalled": int(sum(hits)),
+            "share": sum(hits) / len(hits) if hits else None,
+            "share_ci": bootstrap_ci(hits, seed),
+            "recall_vs_mlxmem": paired_difference(group, "recall", "mlxmem", seed),
+        }
+
+    return {
+        "overall": summary(chosen),
+        "single_hop": summary([i for i in chosen if i["category"] == 4]),
+    }
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -388,6 +447,7 @@ class EvalResult:
             **scores,
             "recall_vs_mlxmem": paired_difference(self.items, "recall", "mlxmem", seed),
             "oracle_vs_no_memory": paired_difference(self.items, "oracle", "no_memory", seed),
+            "evicted_evidence": evicted_evidence(self.items, seed),
             "per_conversation": {
                 c["id"]: {
                     config: aggregate(c["items"], seed)[config]["f1"]["overall"]
@@ -459,10 +519,10 @@ def _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progr
             progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
             added += replay_turn(companion, user, reply).fact_added is not None
         replay_s = time.perf_counter() - start
-        items = []
+        items, log = [], log_view(companion, conv)
         for j, question in enumerate(questions):
             progress(f"{conv.id} question {j + 1}/{len(questions)}", len(pairs) + j, total)
-            items.append(probe(companion, conv, question))
+            items.append(probe(companion, conv, question, log))
         layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added)
         for slot in (companion.slot, *(f"probe/{c}" for c in CONFIGS)):
             engine.drop_slot(slot)
