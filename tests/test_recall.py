@@ -34,6 +34,8 @@ def chat_with_old_secret(budget=600, recall=True, filler=30):
 
 def test_query_terms_and_cues():
     assert query_terms("What did I say about the greenhouse?") == ["greenhouse"]
+    # Words about the exchange itself are not searched for; endings are stripped.
+    assert query_terms("Which paintings? Answer in a few words.") == ["painting"]
     assert refers_to_past("Do you remember my greenhouse")
     assert refers_to_past("where is it?")
     assert not refers_to_past("I baked bread today.")
@@ -121,3 +123,13 @@ def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
         assert time.perf_counter() - start < 5  # generous: a smoke check, not a benchmark
     assert found[0].seq == 77
     assert len(found) == 4
+
+
+def test_a_word_meets_its_other_forms_in_the_log(tmp_path):
+    store = Store(tmp_path / "forms.duckdb")
+    for text in ["I was painting the shed all weekend.", "Lunch was soup.", "Rain again."]:
+        store.append_turn("c", "user", text)
+    with store.connect() as con:
+        found = search_before(con, "c", 3, query_terms("Which paints did I use?"))
+        assert [t.seq for t in found] == [1]
+        assert search_before(con, "c", 3, query_terms("The soups?"))[0].seq == 2

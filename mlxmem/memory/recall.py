@@ -23,10 +23,17 @@ RECALLED_TURN_TOKENS = 120  # a longer recalled turn shows its head and tail
 RECALL_HEADER = "From earlier conversations (recalled from the log):"
 RECALL_FOOTER = "(end of recalled turns)"
 BM25_K1 = 1.2
-BM25_B = 0.75
+# Length normalization at half strength: a long turn that tells a whole story is often the one
+# asked about (measured: benchmarks/recall_retrieval.py).
+BM25_B = 0.5
+# A light stemmer, the same in Python and in SQL: a word of more than four letters loses one
+# of these endings, so "paintings", "painted" and "painting" all meet "paint".
+STEM_MIN = 5
+STEM_SUFFIX = "(ing|ed|s)$"
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
-# Words that say nothing about which turn is meant.
+# Words that say nothing about which turn is meant, including those about the exchange itself
+# ("answer in a few words"): rare in a log, they would outrank the words that matter.
 STOPWORDS = frozenset(
     """a about above after again all also am an and any are as at be because been before being
     below between both but by can could did do does doing down during each few for from further
@@ -37,7 +44,9 @@ STOPWORDS = frozenset(
     which while who whom why will with would you your yours yourself yourselves ll ve re s t d m
     don didn doesn isn wasn weren won wouldn couldn shouldn hey hi oh yeah yes ok okay really
     like just got get know think remember recall said say tell told mention mentioned earlier
-    last time ago thing things something anything""".split()
+    last time ago thing things something anything
+    answer answers question questions word words few brief briefly short sentence reply
+    please""".split()
 )
 # Cues that a message reaches back in time (besides being a question).
 _PAST_RE = re.compile(
@@ -55,7 +64,11 @@ WITH scope AS (
 ),
 stats AS (SELECT count(*) AS n, avg(length(text)) AS avgdl FROM scope),
 docs AS (
-    SELECT id, length(text) AS dl, regexp_split_to_array(lower(text), '[^a-z0-9]+') AS toks
+    SELECT id, length(text) AS dl, list_transform(
+        regexp_split_to_array(lower(text), '[^a-z0-9]+'),
+        lambda w: CASE WHEN length(w) >= {STEM_MIN}
+            THEN regexp_replace(w, '{STEM_SUFFIX}', '') ELSE w END
+    ) AS toks
     FROM scope WHERE regexp_matches(lower(text), ?)
 ),
 hits AS (
@@ -73,10 +86,14 @@ GROUP BY tf.id ORDER BY score DESC, tf.id DESC LIMIT ?
 """
 
 
+def stem(word: str) -> str:
+    return re.sub(STEM_SUFFIX, "", word) if len(word) >= STEM_MIN else word
+
+
 def query_terms(text: str) -> list[str]:
-    """The words of `text` worth searching for: lowercased, no stopwords, each once."""
+    """The words of `text` worth searching for: lowercased, no stopwords, stemmed, each once."""
     words = _WORD_RE.findall(text.lower())
-    return list(dict.fromkeys(w for w in words if w not in STOPWORDS and len(w) > 1))
+    return list(dict.fromkeys(stem(w) for w in words if w not in STOPWORDS and len(w) > 1))
 
 
 def refers_to_past(text: str) -> bool:
