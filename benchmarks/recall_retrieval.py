@@ -1,0 +1,150 @@
+"""Does recall find the turn a question is about? Retrieval alone, no model: each development
+conversation of LoCoMo is logged into a scratch store as the eval replays it, and for each
+question (categories 1-4) whose evidence lies before the window, recall's search ranks the
+turns before the window against the question as the eval asks it.
+
+    python benchmarks/recall_retrieval.py [--window 60] [--data DIR] [--json] [--scale N]
+
+The window's edge is `--window` messages before the end (the eval's runs with a 4,096-token
+budget left 40 to 70 messages verbatim). A question counts as found at k when one of its
+evidence turns is among the first k results; k = 4 is what recall puts in the prompt.
+Figures are the same for any model: they bound what recall can give a 3B model. `--scale N`
+also times the search over one conversation of N messages (the first conversation's turns
+repeated): the median over its first 20 questions, connection open included, as a turn pays it.
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from mlxmem.bench.eval_locomo import (
+    CATEGORIES,
+    SCORED,
+    default_data_dir,
+    exchanges,
+    load_conversation,
+    probe_text,
+)
+from mlxmem.memory.recall import RECALL_TURNS, query_terms, search_before
+from mlxmem.memory.store import Store
+from mlxmem.memory.turns import insert_turn
+
+DEPTHS = (1, RECALL_TURNS, 10)
+SCALE_QUESTIONS = 20  # timed at --scale
+
+
+def conversation_ids(data: Path) -> list[str]:
+    return sorted(p.name.removesuffix(".qa.json") for p in (data / "qa").glob("*.qa.json"))
+
+
+def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
+    conv = load_conversation(data, cid)
+    pairs, seq_of = exchanges(conv)
+    store = Store(store_dir / f"{cid}.duckdb")
+    with store.connect() as con:  # one transaction: as append_turn would, without N opens
+        for user, reply in pairs:
+            insert_turn(con, cid, "user", user)
+            insert_turn(con, cid, "assistant", reply)
+    edge = 2 * len(pairs) - window
+    rows = []
+    with store.connect() as con:
+        seq_of_id = dict(con.execute("SELECT id, seq FROM messages").fetchall())
+        for q in conv.questions:
+            evidence = {seq_of[e] for e in q.evidence if e in seq_of}
+            if q.category not in SCORED or not evidence or min(evidence) > edge:
+                continue
+            terms = query_terms(probe_text(conv, q))
+            start = time.perf_counter()
+            found = search_before(con, cid, edge, terms, max(DEPTHS))
+            seconds = time.perf_counter() - start
+            ranks = [r for r, t in enumerate(found, 1) if seq_of_id[t.id] in evidence]
+            rows.append(
+                {
+                    "conversation": cid,
+                    "category": CATEGORIES[q.category],
+                    "rank": ranks[0] if ranks else None,
+                    "seconds": seconds,
+                }
+            )
+    return rows
+
+
+def time_at_scale(data: Path, cid: str, messages: int, store_dir: Path) -> float:
+    conv = load_conversation(data, cid)
+    pairs, _ = exchanges(conv)
+    texts = [text for pair in pairs for text in pair]
+    store = Store(store_dir / "scale.duckdb")
+    store.append_turn("big", "user", texts[0])  # creates the conversation
+    with store.connect() as con:
+        con.execute(
+            "INSERT INTO messages (conversation_id, seq, role, text, created_at) "
+            "SELECT m.conversation_id, i, CASE WHEN i % 2 = 1 THEN 'user' ELSE 'assistant' END, "
+            "list_extract(?, ((i - 1) % ?) + 1), now() FROM range(2, ? + 1) t(i), "
+            "(SELECT conversation_id FROM messages LIMIT 1) m",
+            [texts, len(texts), messages],
+        )
+    times = []
+    for q in conv.questions[:SCALE_QUESTIONS]:
+        start = time.perf_counter()
+        with store.connect() as con:
+            search_before(con, "big", messages, query_terms(probe_text(conv, q)))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def summarize(rows: list[dict]) -> dict:
+    groups = {"overall": rows} | {
+        name: [r for r in rows if r["category"] == name] for name in CATEGORIES.values()
+    }
+    out = {}
+    for name, group in groups.items():
+        if not group:
+            continue
+        out[name] = {"questions": len(group)} | {
+            f"found_at_{k}": sum(r["rank"] is not None and r["rank"] <= k for r in group)
+            / len(group)
+            for k in DEPTHS
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=int, default=60, help="Messages left verbatim.")
+    parser.add_argument("--data", type=Path, default=None)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--scale", type=int, default=0, help="Also time a log of N messages.")
+    args = parser.parse_args()
+    data = args.data or default_data_dir()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="mlxmem-recall-") as tmp:
+        for cid in conversation_ids(data):
+            rows += measure(data, cid, args.window, Path(tmp))
+        first = conversation_ids(data)[0]
+        at_scale = time_at_scale(data, first, args.scale, Path(tmp)) if args.scale else 0.0
+    result = {
+        "window": args.window,
+        "conversations": conversation_ids(data),
+        "by_category": summarize(rows),
+        "search_ms_mean": 1000 * sum(r["seconds"] for r in rows) / max(len(rows), 1),
+        "scale": {"messages": args.scale, "search_ms_median": 1000 * at_scale}
+        if args.scale
+        else None,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{len(rows)} questions with evidence before the window ({args.window} messages)")
+    for name, s in result["by_category"].items():
+        cells = "  ".join(f"@{k} {s[f'found_at_{k}']:.0%}" for k in DEPTHS)
+        print(f"{name:>12} n={s['questions']:<4} {cells}")
+    print(f"search: {result['search_ms_mean']:.1f} ms per question")
+    if args.scale:
+        print(f"at {args.scale:,} messages: {1000 * at_scale:.0f} ms (median, open included)")
+
+
+if __name__ == "__main__":
+    main()
