@@ -143,7 +143,8 @@ class ChatService:
             )
             self._companions[conversation] = companion
             while len(self._companions) > MAX_COMPANIONS:
-                self._companions.popitem(last=False)
+                _, gone = self._companions.popitem(last=False)
+                engine.drop_slot(gone.slot)  # else a later deletion would not reach it
         self._companions.move_to_end(conversation)
         return companion
 

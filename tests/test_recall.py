@@ -4,6 +4,9 @@ back."""
 
 import time
 
+import duckdb
+
+from mlxmem.memory import recall
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import RECALL_HEADER, query_terms, refers_to_past, search_before
 from mlxmem.memory.store import Store
@@ -35,7 +38,7 @@ def chat_with_old_secret(budget=600, recall=True, filler=30):
 def test_query_terms_and_cues():
     assert query_terms("What did I say about the greenhouse?") == ["greenhouse"]
     # Words about the exchange itself are not searched for; endings are stripped.
-    assert query_terms("Which paintings? Answer in a few words.") == ["painting"]
+    assert query_terms("Which paintings? Answer in a few words.") == ["paint"]
     assert refers_to_past("Do you remember my greenhouse")
     assert refers_to_past("where is it?")
     assert not refers_to_past("I baked bread today.")
@@ -123,6 +126,17 @@ def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
         assert time.perf_counter() - start < 5  # generous: a smoke check, not a benchmark
     assert found[0].seq == 77
     assert len(found) == 4
+
+
+def test_the_stemmer_is_the_same_in_python_and_in_sql():
+    words = "paintings painting painted paints paint bring things thing runs bus ss sss xyings"
+    words = words.split()
+    stems = [recall.stem(w) for w in words]
+    assert stems[:5] == ["paint"] * 5 and stems[5:9] == ["bring", "thing", "thing", "run"]
+    con = duckdb.connect()
+    sql = f"SELECT w, {recall._STEM_SQL} FROM (SELECT unnest(?) AS w)"
+    assert dict(con.execute(sql, [words]).fetchall()) == dict(zip(words, stems))
+    assert query_terms("What was answered? Did I remember?") == []  # stopwords, once stemmed
 
 
 def test_a_word_meets_its_other_forms_in_the_log(tmp_path):

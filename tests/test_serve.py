@@ -370,6 +370,7 @@ def test_conversations_kept_in_memory_are_capped_least_recently_used_first(monke
         for name in ("a", "b", "c"):
             ask(server, f"hello {name}", user=name)
         assert list(kept) == ["b", "c"]
+        assert "a/chat" not in engine.slots  # went with its companion: no deletion misses it
         ask(server, "back again", user="a")  # rebuilt from the log, history intact
         assert list(kept) == ["c", "a"]
         assert [text for _, text in log("a")] == ["hello a", "ok", "back again", "ok"]

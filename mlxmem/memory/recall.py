@@ -26,10 +26,21 @@ BM25_K1 = 1.2
 # Length normalization at half strength: a long turn that tells a whole story is often the one
 # asked about (measured: benchmarks/recall_retrieval.py).
 BM25_B = 0.5
-# A light stemmer, the same in Python and in SQL: a word of more than four letters loses one
-# of these endings, so "paintings", "painted" and "painting" all meet "paint".
-STEM_MIN = 5
-STEM_SUFFIX = "(ing|ed|s)$"
+# A light stemmer, the same rule in Python and in DuckDB's SQL: a word loses the longest of
+# these endings that leaves at least three letters, so "paintings", "painted", "painting" and
+# "paints" all meet "paint". (The stem is a prefix of the word: the SQL's prefilter still
+# finds it.)
+STEM_SUFFIXES = ("ings", "ing", "ed", "s")  # longest first
+STEM_MIN = 3
+_STEM_SQL = (
+    "CASE "
+    + " ".join(
+        f"WHEN length(w) >= {len(end) + STEM_MIN} AND ends_with(w, '{end}') "
+        f"THEN substr(w, 1, length(w) - {len(end)})"
+        for end in STEM_SUFFIXES
+    )
+    + " ELSE w END"
+)
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
 # Words that say nothing about which turn is meant, including those about the exchange itself
@@ -56,7 +67,8 @@ _PAST_RE = re.compile(
 )
 
 # Document length is counted in characters (the same ratio to the mean as words, near enough),
-# so that only the turns containing a query word are split into words at all.
+# so that only the turns containing a query word are split into words at all, and only the
+# words that are a query word plus a stem ending are stemmed.
 _BM25_SQL = f"""
 WITH scope AS (
     SELECT m.id, m.text FROM messages m JOIN conversations c ON c.id = m.conversation_id
@@ -64,16 +76,16 @@ WITH scope AS (
 ),
 stats AS (SELECT count(*) AS n, avg(length(text)) AS avgdl FROM scope),
 docs AS (
-    SELECT id, length(text) AS dl, list_transform(
-        regexp_split_to_array(lower(text), '[^a-z0-9]+'),
-        lambda w: CASE WHEN length(w) >= {STEM_MIN}
-            THEN regexp_replace(w, '{STEM_SUFFIX}', '') ELSE w END
-    ) AS toks
+    SELECT id, length(text) AS dl, regexp_split_to_array(lower(text), '[^a-z0-9]+') AS toks
     FROM scope WHERE regexp_matches(lower(text), ?)
 ),
+words AS (
+    SELECT id, dl, w FROM (SELECT id, dl, unnest(toks) AS w FROM docs)
+    WHERE regexp_full_match(w, ?)
+),
 hits AS (
-    SELECT id, tok AS term, dl FROM (SELECT id, dl, unnest(toks) AS tok FROM docs)
-    WHERE list_contains(?, tok)
+    SELECT id, term, dl FROM (SELECT id, dl, {_STEM_SQL} AS term FROM words)
+    WHERE list_contains(?, term)
 ),
 tf AS (SELECT id, term, dl, count(*) AS f FROM hits GROUP BY id, term, dl),
 df AS (SELECT term, count(*) AS df FROM tf GROUP BY term)
@@ -87,13 +99,17 @@ GROUP BY tf.id ORDER BY score DESC, tf.id DESC LIMIT ?
 
 
 def stem(word: str) -> str:
-    return re.sub(STEM_SUFFIX, "", word) if len(word) >= STEM_MIN else word
+    for end in STEM_SUFFIXES:
+        if word.endswith(end) and len(word) >= len(end) + STEM_MIN:
+            return word[: -len(end)]
+    return word
 
 
 def query_terms(text: str) -> list[str]:
     """The words of `text` worth searching for: lowercased, no stopwords, stemmed, each once."""
     words = _WORD_RE.findall(text.lower())
-    return list(dict.fromkeys(stem(w) for w in words if w not in STOPWORDS and len(w) > 1))
+    stems = (stem(w) for w in words if w not in STOPWORDS and len(w) > 1)
+    return list(dict.fromkeys(s for s in stems if s not in STOPWORDS))
 
 
 def refers_to_past(text: str) -> bool:
@@ -114,7 +130,8 @@ def search_before(
     if not terms or last_seq < 1 or limit < 1:
         return []
     pattern = "|".join(terms)  # words of [a-z0-9]: nothing to escape
-    params = [conversation, last_seq, pattern, list(terms), limit]
+    word = f"({pattern})({'|'.join(STEM_SUFFIXES)})?"  # a word that may stem to a term
+    params = [conversation, last_seq, pattern, word, list(terms), limit]
     ranked = con.execute(_BM25_SQL, params).fetchall()
     if not ranked:
         return []
