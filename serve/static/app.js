@@ -274,7 +274,7 @@ $("conversation").addEventListener("change", refresh);
     model = (await api("GET", "/v1/models")).data[0].id;
     $("model").textContent = model;
     defaultConversation = (await api("GET", "/v1/memory/conversations")).default;
-    $("conversation").value = defaultConversation;
+    if (!$("conversation").value.trim()) $("conversation").value = defaultConversation;
   } catch (error) {
     say(error.message, true);
   }
