@@ -51,7 +51,6 @@ def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
     edge = 2 * len(pairs) - window
     rows = []
     with store.connect() as con:
-        seq_of_id = dict(con.execute("SELECT id, seq FROM messages").fetchall())
         for q in conv.questions:
             evidence = {seq_of[e] for e in q.evidence if e in seq_of}
             if q.category not in SCORED or not evidence or min(evidence) > edge:
@@ -60,7 +59,7 @@ def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
             start = time.perf_counter()
             found = search_before(con, cid, edge, terms, max(DEPTHS))
             seconds = time.perf_counter() - start
-            ranks = [r for r, t in enumerate(found, 1) if seq_of_id[t.id] in evidence]
+            ranks = [r for r, t in enumerate(found, 1) if t.seq in evidence]
             rows.append(
                 {
                     "conversation": cid,

@@ -334,7 +334,7 @@ def probe(
     writes it). `log` (from `log_view`, the same for every question) says where the evidence
     turns sit: the item records whether they had left the verbatim window, and how many
     the recall config brought back."""
-    log = log or log_view(companion, conv)
+    log = log or log_view(companion, exchanges(conv)[1])
     engine, text = companion.engine, probe_text(conv, question)
     prompts = {
         "no_memory": companion.budget.assemble(
@@ -388,10 +388,10 @@ class LogView:
     evicted_upto: int  # the newest summary's last seq: turns up to it left the window
 
 
-def log_view(companion: Companion, conv: LocomoConversation) -> LogView:
+def log_view(companion: Companion, seq_of: dict[str, int]) -> LogView:
     summaries = companion.store.summaries(companion.conversation)
     return LogView(
-        exchanges(conv)[1],
+        seq_of,
         {t.id: t.seq for t in companion.store.turns(companion.conversation)},
         summaries[-1].last_seq if summaries else 0,
     )
@@ -519,7 +519,7 @@ def _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progr
             progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
             added += replay_turn(companion, user, reply).fact_added is not None
         replay_s = time.perf_counter() - start
-        items, log = [], log_view(companion, conv)
+        items, log = [], log_view(companion, seq_of)
         for j, question in enumerate(questions):
             progress(f"{conv.id} question {j + 1}/{len(questions)}", len(pairs) + j, total)
             items.append(probe(companion, conv, question, log))

@@ -166,9 +166,7 @@ class Store(TurnLog, SummaryLog, FactList):
             ]
             emptied = [n for n in names if not turns_after(con, n, None)]
             for name in emptied:
-                cid = conversation_id(con, name)
-                con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
-                con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+                _drop_conversation(con, conversation_id(con, name))
         return Deletion(
             turns.turns, turns.summaries + facts.summaries, emptied, turns.facts + facts.facts
         )
@@ -216,8 +214,7 @@ class Store(TurnLog, SummaryLog, FactList):
             rows = con.execute(f"{SELECT_TURNS} WHERE c.id = ? ORDER BY m.seq", [cid]).fetchall()
             deletion = _delete_turns(erasure, [turn_of(row) for row in rows])
             rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
-            con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
-            con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+            _drop_conversation(con, cid)
             con.execute(
                 "INSERT OR REPLACE INTO tombstones VALUES (?, 'conversation', ?, NULL)",
                 [conversation_uid(name), to_db(utc_now())],
@@ -291,3 +288,9 @@ def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> 
         for (name,) in con.execute("SELECT name FROM conversations ORDER BY id").fetchall():
             hit += summaries.delete_derived(con, name, fact_ids=fact_ids)
     return hit
+
+
+def _drop_conversation(con: duckdb.DuckDBPyConnection, cid: int) -> None:
+    """The conversation's row and its summaries (its turns are deleted first, by the caller)."""
+    con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
+    con.execute("DELETE FROM conversations WHERE id = ?", [cid])
