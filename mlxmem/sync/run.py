@@ -139,19 +139,17 @@ def read_streams(
     skipped = []
     for folder in folders:
         files = folder.files()
-        if (
-            passphrase
-            and files
-            and not (folder.info().get("encryption") and all(f.encrypted for f in files))
-        ):
-            # With a passphrase every change must be sealed: anyone who can write to the
-            # folder could otherwise slip in plain records, facts included.
-            name = folder.info().get("name", folder.device)
-            raise InputError(
-                f"device {name} has unencrypted changes in the sync folder; nothing was "
-                "merged. Sync that device with the passphrase first (it rewrites its files "
-                "sealed), or remove files you did not write."
-            )
+        # With a passphrase every change must be sealed: anyone who can write to the folder
+        # could otherwise slip in plain records, facts included.
+        if passphrase and files:
+            info = folder.info()
+            if not (info.get("encryption") and all(f.encrypted for f in files)):
+                name = info.get("name", folder.device)
+                raise InputError(
+                    f"device {name} has unencrypted changes in the sync folder; nothing was "
+                    "merged. Sync that device with the passphrase first (it rewrites its files "
+                    "sealed), or remove files you did not write."
+                )
         cipher = folder.cipher(passphrase) if any(f.encrypted for f in files) else None
         for file in files:
             found = folder.read(file, cipher)
