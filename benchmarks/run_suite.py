@@ -26,7 +26,7 @@ MAIN_LOCOMO = "conv-26"
 
 def bench(args: list[str], model_args: list[str], out: Path | None = None) -> dict:
     """Run one `mlxmem bench ... --json`; save its JSON to `out`; return it."""
-    cmd = [sys.executable, "-m", "mlxmem_cli", "bench", *args, *model_args, "--json"]
+    cmd = [sys.executable, "-m", "mlxmem.cli", "bench", *args, *model_args, "--json"]
     print("$ mlxmem bench " + " ".join([*args, *model_args]), flush=True)
     start = time.perf_counter()
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)

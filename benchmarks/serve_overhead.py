@@ -24,10 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mlxmem_serve import ServeConfig, make_server
-
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.serve import ServeConfig, make_server
 
 BUDGET, RESERVE = 1024, 128
 
@@ -44,7 +43,7 @@ def engine_factory(kind: str, workdir: Path) -> Callable:
 
         return FakeEngine
     from mlxmem.engine import MLXEngine
-    from mlxmem.tiny import make_tiny
+    from mlxmem.models.tiny import make_tiny
 
     model = make_tiny(workdir / "tiny", seed=0)
     return lambda: MLXEngine(model)

@@ -2,8 +2,9 @@ import os
 from pathlib import Path
 
 import pytest
-from mlxmem_cli.main import app
 from typer.testing import CliRunner
+
+from mlxmem.cli.main import app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

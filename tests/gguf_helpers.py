@@ -108,7 +108,7 @@ def f16_to_bf16(path: Path) -> None:
     """Rewrite every F16 tensor of `path` as BF16 (same size; mx.save_gguf cannot write it)."""
     import numpy as np
 
-    from mlxmem.gguf_file import read_header
+    from mlxmem.models.gguf_file import read_header
 
     header = read_header(path)
     data = bytearray(path.read_bytes())

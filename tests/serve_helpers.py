@@ -8,9 +8,8 @@ import json
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from mlxmem_serve import ServeConfig, make_server
-
 from mlxmem.memory.companion import ChatSettings
+from mlxmem.serve import ServeConfig, make_server
 from mlxmem.testing import FakeEngine
 
 MODEL = "fake"

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
 from mlxmem import bench
 from mlxmem.bench import synth
 from mlxmem.bench.common import resolve_arch
 from mlxmem.bench.turns import read_transcript, run_turns
+from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.errors import InputError
+from mlxmem.models.tiny import make_tiny
 from mlxmem.testing import FakeEngine
-from mlxmem.tiny import make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}

@@ -8,16 +8,16 @@ import sys
 
 import pytest
 from conftest import files_containing
-from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
 from mlxmem import paths
+from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.db import wipe_caches
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import summary_cap
-from mlxmem.tiny import make_tiny
+from mlxmem.models.tiny import make_tiny
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
 def mlxmem(*args, input=None, env=None):
     """Run the CLI in a new process, as a person would."""
     return subprocess.run(
-        [sys.executable, "-m", "mlxmem_cli", *args],
+        [sys.executable, "-m", "mlxmem.cli", *args],
         input=input,
         capture_output=True,
         text=True,
@@ -110,7 +110,7 @@ def test_bad_input_gets_a_clear_error_and_loses_nothing(tiny):
     out = mlxmem("chat", "--model", str(tiny), "-m", "   ")
     assert out.returncode == 1 and out.stderr.startswith("Error: empty message")
     raw = subprocess.run(
-        [sys.executable, "-m", "mlxmem_cli", "chat", "--model", str(tiny)],
+        [sys.executable, "-m", "mlxmem.cli", "chat", "--model", str(tiny)],
         input=b"caf\xe9 \xff\xfe",
         capture_output=True,
         env=os.environ.copy(),
@@ -204,7 +204,7 @@ def test_chat_and_memory_rm_in_two_processes_at_once(tiny):
         [
             sys.executable,
             "-m",
-            "mlxmem_cli",
+            "mlxmem.cli",
             "chat",
             "--model",
             str(tiny),
@@ -271,7 +271,7 @@ def test_a_killed_chat_loses_no_committed_turn(tmp_path):
 
     slow = make_tiny(tmp_path / "slow", seed=4, arch={"hidden_size": 256, "num_hidden_layers": 4})
     chat = subprocess.Popen(
-        [sys.executable, "-m", "mlxmem_cli", "chat", "--model", str(slow), "--max-tokens", "400",
+        [sys.executable, "-m", "mlxmem.cli", "chat", "--model", str(slow), "--max-tokens", "400",
          "-m", "Please write me a very long story about the sea."],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
     )  # fmt: skip

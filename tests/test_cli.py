@@ -3,7 +3,8 @@
 from pathlib import Path
 
 import typer.main
-from mlxmem_cli.main import app
+
+from mlxmem.cli.main import app
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 
@@ -47,7 +48,7 @@ def test_readme_documents_every_command():
 
 
 def test_progress_off_a_terminal_is_a_plain_line_now_and_then(capsys):
-    from mlxmem_cli import bench
+    from mlxmem.cli import bench
 
     with bench._progress("eval") as progress:  # pytest's stderr is not a terminal
         progress("conv-1 replay 1/90", 0, 110)

@@ -6,7 +6,7 @@ import pytest
 
 from mlxmem import cpu
 from mlxmem.engine import MLXEngine
-from mlxmem.tiny import make_tiny
+from mlxmem.models.tiny import make_tiny
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def fake_openblas(tmp_path, monkeypatch):
     lib.write_bytes(b"")
     monkeypatch.setattr(cpu, "OPENBLAS", lib)
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(sys, "orig_argv", ["python3", "-m", "mlxmem_cli", "chat", "-m", "hi"])
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-m", "mlxmem.cli", "chat", "-m", "hi"])
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.delenv(cpu.NO_OPENBLAS_ENV, raising=False)
     return lib
@@ -54,7 +54,7 @@ def fake_openblas(tmp_path, monkeypatch):
 def test_the_command_reruns_itself_once_with_openblas(fake_openblas):
     env, argv = cpu.openblas_argv()
     assert env["LD_PRELOAD"] == str(fake_openblas) and env[cpu.NO_OPENBLAS_ENV] == "1"
-    assert argv == [sys.executable, "-m", "mlxmem_cli", "chat", "-m", "hi"]
+    assert argv == [sys.executable, "-m", "mlxmem.cli", "chat", "-m", "hi"]
 
 
 def test_an_existing_preload_is_kept(fake_openblas, monkeypatch):

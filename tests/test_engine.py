@@ -8,7 +8,7 @@ import pytest
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.kvslots import KV_BLOCK_TOKENS, CacheWarning
 from mlxmem.memory.db import wipe_caches
-from mlxmem.tiny import make_tiny
+from mlxmem.models.tiny import make_tiny
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ STEPS = ("erase:committed", "erase:facts-written", "erase:caches-wiped", "erase:
 def mlxmem_killed_at(step: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLXMEM_CRASH_AT": step}
     return subprocess.run(
-        [sys.executable, "-m", "mlxmem_cli", *args], env=env, capture_output=True, timeout=120
+        [sys.executable, "-m", "mlxmem.cli", *args], env=env, capture_output=True, timeout=120
     )
 
 
@@ -81,7 +81,7 @@ def test_a_full_disk_fails_cleanly_and_the_next_command_finishes_the_erase(small
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
         f.write(b"\0" * max(0, free - store.path.stat().st_size // 8))
     result = subprocess.run(
-        [sys.executable, "-m", "mlxmem_cli", "history", "rm", str(turn.id)],
+        [sys.executable, "-m", "mlxmem.cli", "history", "rm", str(turn.id)],
         capture_output=True, text=True, env={**os.environ, "MLXMEM_NO_OPENBLAS": "1"},
     )  # fmt: skip
     assert result.returncode == 1 and result.stderr.startswith("Error:"), result.stderr

@@ -6,12 +6,19 @@ import zipfile
 
 import pytest
 from gguf_helpers import f16_to_bf16, retype_tensor, write_gguf
-from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
-from mlxmem import gguf, paths
-from mlxmem.gguf_file import GGUFError, read_header
-from mlxmem.models import ensure_local, is_downloaded, load_registry, register_local_model
+from mlxmem import paths
+from mlxmem.cli.main import app
+from mlxmem.models import (
+    ensure_local,
+    gguf,
+    import_gguf,
+    is_downloaded,
+    load_registry,
+    register_local_model,
+)
+from mlxmem.models.gguf_file import GGUFError, read_header
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
@@ -30,7 +37,7 @@ def leftovers():
 def test_import_gives_an_mlx_lm_model_and_an_alias(llama_gguf):
     from mlx_lm import load
 
-    result = gguf.import_gguf(llama_gguf, progress=False)
+    result = import_gguf(llama_gguf, progress=False)
     assert result.alias == "testmodel-1m" and result.arch == "llama"
     config = json.loads((result.path / "config.json").read_text())
     assert config["rope_traditional"] is True and config["tie_word_embeddings"] is True
@@ -50,7 +57,7 @@ def test_qwen2_keeps_its_attention_biases_and_rope_layout(tmp_path):
     from mlx_lm import load
 
     path = write_gguf(tmp_path / "q.gguf", arch="qwen2", tied=False)
-    result = gguf.import_gguf(path, alias="q", progress=False)
+    result = import_gguf(path, alias="q", progress=False)
     config = json.loads((result.path / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["rope_traditional"] is False
     assert config["tie_word_embeddings"] is False
@@ -85,15 +92,15 @@ def test_half_precision_tensors_keep_their_values(tmp_path, kind):
         f16_to_bf16(path)
         original = original.astype(mx.bfloat16).astype(mx.float32)
     assert {t.type_name for t in read_header(path).tensors} == {kind}
-    result = gguf.import_gguf(path, progress=False)
+    result = import_gguf(path, progress=False)
     weights = mx.load(str(result.path / "model.safetensors"))
     converted = weights["model.layers.0.self_attn.q_proj.weight"].astype(mx.float32)
     assert mx.array_equal(converted, original).item()
 
 
 def test_a_second_import_keeps_the_other_entries_of_the_user_registry(llama_gguf):
-    gguf.import_gguf(llama_gguf, alias="one", progress=False)
-    gguf.import_gguf(llama_gguf, alias="two", progress=False)
+    import_gguf(llama_gguf, alias="one", progress=False)
+    import_gguf(llama_gguf, alias="two", progress=False)
     registry = load_registry()
     assert {"one", "two"} <= set(registry) and registry["one"].path.name == "one"
 
@@ -126,14 +133,14 @@ def test_a_truncated_file_is_refused_and_leaves_nothing(llama_gguf, keep):
     data = llama_gguf.read_bytes()
     llama_gguf.write_bytes(data[: int(len(data) * keep)])
     with pytest.raises(GGUFError, match="truncated"):
-        gguf.import_gguf(llama_gguf, progress=False)
+        import_gguf(llama_gguf, progress=False)
     assert leftovers() == [] and "testmodel-1m" not in load_registry()
 
 
 def test_unsupported_architectures_name_the_supported_ones(tmp_path):
     path = write_gguf(tmp_path / "g.gguf", arch="gemma3")
     with pytest.raises(GGUFError, match=r"'gemma3' is not supported; mlxmem converts llama, qwen2"):
-        gguf.import_gguf(path, progress=False)
+        import_gguf(path, progress=False)
     assert leftovers() == []
 
 
@@ -149,7 +156,7 @@ def test_a_tensor_mlx_lm_has_no_place_for_is_refused(tmp_path):
 
     path = write_gguf(tmp_path / "r.gguf", extra_tensors={"token_types.weight": mx.ones((8,))})
     with pytest.raises(GGUFError, match="'token_types.weight' has no counterpart"):
-        gguf.import_gguf(path, progress=False)
+        import_gguf(path, progress=False)
 
 
 def test_llama3_rope_factors_become_mlx_lm_rope_scaling(tmp_path):
@@ -159,7 +166,7 @@ def test_llama3_rope_factors_become_mlx_lm_rope_scaling(tmp_path):
     factors = gguf.llama3_rope_factors(10000.0, 16, 32.0, **gguf.LLAMA3_ROPE)
     assert factors[0] == 1.0 and factors[-1] == 32.0  # head dim 16: all three regimes
     path = write_gguf(tmp_path / "l3.gguf", extra_tensors={"rope_freqs.weight": mx.array(factors)})
-    result = gguf.import_gguf(path, progress=False)
+    result = import_gguf(path, progress=False)
     scaling = json.loads((result.path / "config.json").read_text())["rope_scaling"]
     assert scaling == {"rope_type": "llama3", "factor": 32.0, **gguf.LLAMA3_ROPE}
     model, _ = load(str(result.path))
@@ -172,7 +179,7 @@ def test_rope_factors_of_another_kind_are_refused(tmp_path):
     odd = mx.linspace(1.0, 5.0, 8)
     path = write_gguf(tmp_path / "odd.gguf", extra_tensors={"rope_freqs.weight": odd})
     with pytest.raises(GGUFError, match="not Llama 3 RoPE scaling"):
-        gguf.import_gguf(path, progress=False)
+        import_gguf(path, progress=False)
     assert leftovers() == []
 
 
@@ -183,7 +190,7 @@ def test_an_interrupted_conversion_leaves_nothing(llama_gguf, monkeypatch):
 
     monkeypatch.setattr(gguf, "_check_loads", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        gguf.import_gguf(llama_gguf, progress=False)
+        import_gguf(llama_gguf, progress=False)
     assert leftovers() == []
 
 
@@ -193,12 +200,12 @@ def test_a_non_finite_tensor_is_refused(tmp_path):
     weights = {"blk.0.attn_norm.weight": mx.full((64,), float("inf"))}
     path = write_gguf(tmp_path / "inf.gguf", extra_tensors=weights)
     with pytest.raises(GGUFError, match="not finite"):
-        gguf.import_gguf(path, progress=False)
+        import_gguf(path, progress=False)
     assert leftovers() == []
 
 
 def test_a_wheel_model_is_converted_on_first_use(llama_gguf, tmp_path, monkeypatch):
-    from mlxmem import gguf_wheel
+    from mlxmem.models import wheels as gguf_wheel
 
     wheel = tmp_path / "dl" / "pkg-1.0-py3-none-any.whl"
     wheel.parent.mkdir()
@@ -223,8 +230,8 @@ def test_a_wheel_model_is_converted_on_first_use(llama_gguf, tmp_path, monkeypat
 
 
 def test_a_missing_member_of_the_wheel_is_a_clear_error(tmp_path, monkeypatch):
-    from mlxmem import gguf_wheel
     from mlxmem.errors import ModelNotFoundError
+    from mlxmem.models import wheels as gguf_wheel
 
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:

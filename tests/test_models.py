@@ -9,11 +9,11 @@ from huggingface_hub import constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 from typer.testing import CliRunner
 
-from mlxmem import models
 from mlxmem.defaults import DEFAULT_MODEL
 from mlxmem.errors import MlxmemError, ModelLoadError, ModelNotFoundError
 from mlxmem.models import ensure_local, is_downloaded, load_registry, resolve
-from mlxmem.tiny import is_tiny, list_archs
+from mlxmem.models import registry as models
+from mlxmem.models.tiny import is_tiny, list_archs
 
 runner = CliRunner()
 LLAMA_REPO = "mlx-community/Llama-3.2-3B-Instruct-4bit"

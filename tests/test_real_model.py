@@ -18,9 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from mlxmem_cli.main import app
 from typer.testing import CliRunner
 
+from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.errors import ModelNotFoundError
 from mlxmem.kvslots import common_prefix_len
@@ -285,7 +285,7 @@ def test_a_conversation_deleted_from_another_process_during_a_slow_reply_stays_g
     marker = "MARKER-ZX81-RACE"
     env = {**os.environ, "MLXMEM_NO_OPENBLAS": "1"}
     chat = subprocess.Popen(
-        [sys.executable, "-m", "mlxmem_cli", "chat", "--model", "smollm2-135m", "--temp", "0",
+        [sys.executable, "-m", "mlxmem.cli", "chat", "--model", "smollm2-135m", "--temp", "0",
          "--no-facts", "--max-tokens", "100",
          "-m", f"My locker code is {marker}. Write me a long story about the sea."],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

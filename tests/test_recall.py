@@ -135,7 +135,7 @@ def test_the_stemmer_is_the_same_in_python_and_in_sql():
     assert stems[:5] == ["paint"] * 5 and stems[5:9] == ["bring", "thing", "thing", "run"]
     con = duckdb.connect()
     sql = f"SELECT w, {recall._STEM_SQL} FROM (SELECT unnest(?) AS w)"
-    assert dict(con.execute(sql, [words]).fetchall()) == dict(zip(words, stems))
+    assert dict(con.execute(sql, [words]).fetchall()) == dict(zip(words, stems, strict=True))
     assert query_terms("What was answered? Did I remember?") == []  # stopwords, once stemmed
 
 

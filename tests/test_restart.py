@@ -7,8 +7,8 @@ import stat
 import pytest
 
 from mlxmem.engine import Message, MLXEngine
+from mlxmem.models.tiny import make_tiny
 from mlxmem.restart import PROFILE_FILENAME, RestartPolicy, RestartProfile
-from mlxmem.tiny import make_tiny
 
 
 @pytest.fixture(scope="module")

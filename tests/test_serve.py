@@ -14,12 +14,12 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 from conftest import cli, files_containing
-from mlxmem_serve import ServeConfig, check_binding, make_server
 from serve_helpers import MODEL, assert_error, fake_server, request
 
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import INSTRUCTIONS
 from mlxmem.memory.store import Store
+from mlxmem.serve import ServeConfig, check_binding, make_server
 from mlxmem.testing import FakeEngine
 
 LONG_REPLY = " ".join(f"word{i}" for i in range(200))
@@ -360,7 +360,7 @@ def test_a_deletion_drops_other_conversations_slots_before_the_next_turn():
 
 
 def test_conversations_kept_in_memory_are_capped_least_recently_used_first(monkeypatch):
-    from mlxmem_serve import service
+    from mlxmem.serve import service
 
     monkeypatch.setattr(service, "MAX_COMPANIONS", 2)
     prompts = []
@@ -386,7 +386,7 @@ def test_a_memory_edit_from_the_cli_takes_effect_at_the_next_turn():
 
     def mlxmem(*args):
         out = subprocess.run(
-            [sys.executable, "-m", "mlxmem_cli", *args],
+            [sys.executable, "-m", "mlxmem.cli", *args],
             capture_output=True,
             text=True,
             env=env,

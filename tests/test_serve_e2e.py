@@ -14,7 +14,7 @@ import openai
 import pytest
 from serve_helpers import request
 
-from mlxmem.tiny import make_tiny
+from mlxmem.models.tiny import make_tiny
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ class Running:
 def start(model: str, timeout: float = 180.0) -> Running:
     """Start `mlxmem serve` on a free port; its first line says where it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxmem_cli", "serve", "--model", model, "--port", "0", "-q"],
+        [sys.executable, "-m", "mlxmem.cli", "serve", "--model", model, "--port", "0", "-q"],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -56,7 +56,7 @@ def start(model: str, timeout: float = 180.0) -> Running:
 
 def mlxmem(*args) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "mlxmem_cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mlxmem.cli", *args], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -10,7 +10,7 @@ import mlx_lm
 import pytest
 
 from mlxmem.errors import MlxmemError
-from mlxmem.tiny import (
+from mlxmem.models.tiny import (
     BOS,
     EOT,
     SPECIAL_TOKENS,

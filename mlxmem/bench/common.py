@@ -27,7 +27,7 @@ Progress = Callable[[str, int, int], None]
 
 CPU_DEFAULT_ARCH = "tiny"
 GPU_DEFAULT_ARCH = "llama-3.2-3b"
-# Shapes by name besides the registry's real ones. "tiny" is mlxmem.tiny's default shape.
+# Shapes by name besides the registry's real ones. "tiny" is mlxmem.models.tiny's default shape.
 NAMED_SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "small": {
@@ -81,7 +81,7 @@ def default_arch() -> str:
 
 def resolve_arch(name: str) -> tuple[str, dict[str, Any]]:
     """A shape by name (tiny, small, a registry arch) or a config.json path -> (label, shape)."""
-    from mlxmem.tiny import list_archs, load_arch
+    from mlxmem.models.tiny import list_archs, load_arch
 
     if name in NAMED_SHAPES:
         return name, dict(NAMED_SHAPES[name])
@@ -128,7 +128,7 @@ def _real_model(model: str) -> BenchModel:
 
 
 def random_model(arch: str, quantize: int | None, seed: int) -> BenchModel:
-    from mlxmem.tiny import is_tiny, make_tiny
+    from mlxmem.models.tiny import is_tiny, make_tiny
 
     label, shape = resolve_arch(arch)
     # A registry shape is built as published: its quantization, and float16 activations and

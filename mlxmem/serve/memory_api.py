@@ -4,9 +4,8 @@ deletion here is the same durable erase, with the same guarantees."""
 
 from __future__ import annotations
 
-from mlxmem_cli.common import as_record, describe
-from mlxmem_cli.history import LAST_SEQ
-
+from mlxmem.cli.common import as_record, describe
+from mlxmem.cli.history import LAST_SEQ
 from mlxmem.memory.store import Deletion, Store
 from mlxmem.memory.turns import SEARCH_LIMIT
 

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from .errors import ModelNotFoundError
+from mlxmem.errors import ModelNotFoundError
+
 from .gguf import convert_gguf
 
 

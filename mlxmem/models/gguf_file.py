@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import ModelLoadError
+from mlxmem.errors import ModelLoadError
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -43,7 +43,7 @@ PAGE_FILES = {
 def page(req: Request, name: str = "index.html") -> None:
     if name not in PAGE_FILES:
         raise ApiError(404, f"no page file {name!r}", "not_found")
-    data = resources.files("mlxmem_serve").joinpath("static", name).read_bytes()
+    data = resources.files("mlxmem.serve").joinpath("static", name).read_bytes()
     req.handler.send_body(200, data, PAGE_FILES[name])
 
 

@@ -15,7 +15,7 @@ from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry,
 from .common import JSON, print_json
 
 app = typer.Typer(
-    help="The models mlxmem knows by name (mlxmem/models.toml, plus a models.toml in the data "
+    help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the data "
     "directory): list them, download one now, import a GGUF file, or write a tiny "
     "random-weight test model.",
     no_args_is_help=True,
@@ -88,7 +88,7 @@ def import_gguf(
     Supported: llama and qwen2 architectures with F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors and a
     byte-level BPE tokenizer. Anything else is refused, and nothing is left half-written.
     """
-    from mlxmem.gguf import import_gguf as convert
+    from mlxmem.models import import_gguf as convert
 
     result = convert(gguf, alias=name, progress=True, force=force)
     types = ", ".join(f"{n} x{c}" for n, c in sorted(result.tensor_types.items()))
@@ -117,7 +117,7 @@ def make_tiny(
     --model PATH, or load it with mlx_lm.load(PATH).
     """
 
-    from mlxmem.tiny import make_tiny as write_tiny
+    from mlxmem.models.tiny import make_tiny as write_tiny
 
     start = time.perf_counter()
     written = write_tiny(path, seed=seed, quantize=quantize)

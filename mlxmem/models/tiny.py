@@ -1,6 +1,6 @@
 """Tiny random-weight models in mlx-lm's format, for testing the machinery offline.
 
-A tiny model has the Llama architecture (or any shape from `mlxmem/archs/*.json`), random
+A tiny model has the Llama architecture (or any shape from `mlxmem/models/archs/*.json`), random
 weights drawn from a seed, and a small SentencePiece tokenizer trained on the spot from text
 written in this module. Its output is gibberish: it says nothing about quality and everything
 about token budgets, KV-cache reuse and speed ratios.
@@ -313,8 +313,8 @@ def _check_overwritable(path: Path) -> None:
 
 
 def list_archs() -> list[str]:
-    """Names of the real model configs shipped in `mlxmem/archs` (for `load_arch`)."""
-    files = resources.files("mlxmem.archs").iterdir()
+    """Names of the real model configs shipped in `mlxmem/models/archs` (for `load_arch`)."""
+    files = resources.files("mlxmem.models.archs").iterdir()
     return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
 
 
@@ -322,8 +322,8 @@ def load_arch(name: str) -> dict[str, Any]:
     """A real model's config.json (its shape) by name, e.g. `load_arch("llama-3.2-3b")`."""
     if name not in list_archs():
         raise MlxmemError(f"unknown arch {name!r}; known: {', '.join(list_archs())}")
-    text = resources.files("mlxmem.archs").joinpath(f"{name}.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    archs = resources.files("mlxmem.models.archs")
+    return json.loads(archs.joinpath(f"{name}.json").read_text(encoding="utf-8"))
 
 
 _SYMBOL_LINES = [

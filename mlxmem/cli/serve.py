@@ -71,7 +71,7 @@ def serve(
     request's `user` field; default: the chat's default conversation). mlxmem keeps the
     history: only the last user message is new; earlier messages must match the log.
     """
-    from mlxmem_serve import ServeConfig, check_binding, make_server
+    from mlxmem.serve import ServeConfig, check_binding, make_server
 
     check_binding(host, allow_remote, token)
     spec = resolve(model)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxmem import paths
+
 from .gguf_file import GGUFError, GGUFHeader, read_header
 from .gguf_tokenizer import check_tokenizer, write_tokenizer
 
@@ -66,6 +68,9 @@ class ImportResult:
     arch: str
     tensor_types: dict[str, int]  # GGUF type name -> tensor count
     seconds: float
+    context_tokens: int  # what the registry entry gets: the file's context, at most 4,096
+    description: str
+    license: str
 
 
 def check_supported(header: GGUFHeader) -> None:
@@ -296,13 +301,11 @@ def default_alias(header: GGUFHeader, gguf: Path) -> str:
     return re.sub(r"[^\w.-]+", "-", name).strip("-.").lower() or "gguf-model"
 
 
-def import_gguf(
+def convert_into_models(
     gguf: Path, alias: str | None = None, progress: bool = True, force: bool = False
 ) -> ImportResult:
-    """Convert `gguf` into the data directory's models folder and register it as `alias`."""
-    from . import paths
-    from .models import register_local_model
-
+    """Convert `gguf` into the data directory's models folder as `alias` (not registered:
+    `mlxmem.models.import_gguf` does both)."""
     start = time.perf_counter()
     header = read_header(Path(gguf))
     check_supported(header)
@@ -310,14 +313,16 @@ def import_gguf(
     if not _ALIAS.match(alias):
         raise GGUFError(f"alias {alias!r}: use letters, digits, '.', '_' and '-'")
     out = convert_gguf(Path(gguf), paths.models_dir() / alias, progress, force)
-    register_local_model(
+    types: dict[str, int] = {}
+    for tensor in header.tensors:
+        types[tensor.type_name] = types.get(tensor.type_name, 0) + 1
+    return ImportResult(
         alias,
         out,
+        header.arch,
+        types,
+        time.perf_counter() - start,
         context_tokens=min(int(header.arch_value("context_length", 4096)), 4096),
         description=f"{header.metadata.get('general.name', alias)}, imported from {Path(gguf)}",
         license=str(header.metadata.get("general.license", "")),
     )
-    types: dict[str, int] = {}
-    for tensor in header.tensors:
-        types[tensor.type_name] = types.get(tensor.type_name, 0) + 1
-    return ImportResult(alias, out, header.arch, types, time.perf_counter() - start)

