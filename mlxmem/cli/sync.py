@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mlxmem.memory.merge import MergeResult
 from mlxmem.memory.store import Store
 from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.crypto import PASSPHRASE_ENV
-from mlxmem.sync.merge import MergeResult
 from mlxmem.sync.run import status, sync
 
 from .common import JSON, err, plural, print_json

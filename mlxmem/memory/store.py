@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
-from mlxmem.memory.db import Erasure, FactEdit, forget_epoch
+from mlxmem.memory.db import Erasure, FactEdit, bump_forget_epoch, forget_epoch, wipe_caches
 from mlxmem.memory.facts import (
     SELECT_FACTS,
     SOURCES,
@@ -26,7 +25,9 @@ from mlxmem.memory.facts import (
     fact_of,
     get_fact,
 )
+from mlxmem.memory.merge import MergeResult, merge_records
 from mlxmem.memory.recall import RECALL_TURNS, search_before
+from mlxmem.memory.records import Record, Tombstone, device_of, local_records
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
     SEARCH_LIMIT,
@@ -36,6 +37,7 @@ from mlxmem.memory.turns import (
     TurnLog,
     conversation_id,
     conversation_uid,
+    delete_messages,
     get_turn,
     insert_turn,
     turn_of,
@@ -43,7 +45,9 @@ from mlxmem.memory.turns import (
 )
 from mlxmem.text import check_text, to_db, utc_now
 
-__all__ = ["Conversation", "Deletion", "Fact", "Snapshot", "Store", "Summary", "Turn"]
+SYNC_DIR_KEY = "sync_dir"
+
+__all__ = ["Conversation", "Deletion", "Fact", "Snapshot", "Store", "Summary", "Tombstone", "Turn"]
 
 
 @dataclass(frozen=True)
@@ -59,16 +63,6 @@ class Deletion:
 
 
 @dataclass(frozen=True)
-class Tombstone:
-    """A deletion as it travels between devices: what was deleted (a uid), and when."""
-
-    uid: str
-    kind: str  # message, fact or conversation
-    deleted_at: datetime
-    device_uid: str | None = None  # the device that deleted it (None: this one)
-
-
-@dataclass(frozen=True)
 class Snapshot:
     facts: list[Fact]
     summary: Summary | None
@@ -80,6 +74,43 @@ class Snapshot:
 class Store(TurnLog, SummaryLog, FactList):
     """The chat log, summaries and facts in the DuckDB file at `path` (default:
     paths.db_path()), with the KV cache folder its deletions wipe."""
+
+    _device: tuple[str, str] | None = None
+
+    def device(self) -> tuple[str, str]:
+        """This data directory's device id and name (fixed when the file was created)."""
+        if self._device is None:
+            with self.connect() as con:
+                self._device = device_of(con)
+        return self._device
+
+    def changes(self) -> list[Record]:
+        """Everything the store holds as sync records: every turn, every fact's current version
+        and every tombstone, the rows written here named as this device's."""
+        device, _ = self.device()
+        with self.connect() as con:
+            return local_records(con, device)
+
+    def merge(self, records: list[Record]) -> MergeResult:
+        """Merge another device's records (or an export's) by uid: see mlxmem.memory.merge."""
+        return merge_records(self, records, self.device()[0])
+
+    def invalidate(self, con: duckdb.DuckDBPyConnection) -> None:
+        """What the store held changed under every reader (turns renumbered): bump the forget
+        epoch in `con`'s transaction, so a running chat discards what it derived from before,
+        and wipe the KV caches, which may mirror the old order."""
+        bump_forget_epoch(con)
+        wipe_caches(self.cache_dir)
+
+    def sync_dir(self) -> str | None:
+        """The sync folder the last sync used, if any."""
+        with self.connect() as con:
+            row = con.execute("SELECT value FROM state WHERE key = ?", [SYNC_DIR_KEY]).fetchone()
+        return row and row[0]
+
+    def set_sync_dir(self, folder: str) -> None:
+        with self.connect() as con:
+            con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [SYNC_DIR_KEY, folder])
 
     def snapshot(
         self, conversation: str, recall_terms: Sequence[str] = (), recall_limit: int = RECALL_TURNS
@@ -256,7 +287,7 @@ def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
         hit += summaries.delete_derived(con, name, seqs=seqs)
     deletion = _delete_facts(erasure, taken)
     add_tombstones(con, "message", "messages", ids)
-    con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
+    delete_messages(con, ids)  # with their rows in recall's index
     return Deletion(victims, hit + deletion.summaries, names, taken)
 
 

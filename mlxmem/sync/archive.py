@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 from mlxmem.errors import InputError, MlxmemError
+from mlxmem.memory.merge import MergeResult
+from mlxmem.memory.records import Record, check_record, iso
 from mlxmem.memory.store import Store
 from mlxmem.sync.folder import write_private
-from mlxmem.sync.merge import MergeResult, merge
-from mlxmem.sync.records import Record, check_record, device_of, iso, local_records
 from mlxmem.text import to_db, utc_now
 
 EXPORT_FORMAT = "mlxmem-export"
@@ -21,9 +21,8 @@ EXPORT_VERSION = 1
 def export_to(store: Store, path: Path) -> list[Record]:
     """Write every turn, every fact and every tombstone (ids and times) to `path`, readable by
     its owner only; return the records written."""
-    with store.connect() as con:
-        device, name = device_of(con)
-        records = local_records(con, device)
+    device, name = store.device()
+    records = store.changes()
     document = {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
@@ -73,7 +72,4 @@ def read_export(path: Path) -> list[Record]:
 
 def import_from(store: Store, path: Path) -> MergeResult:
     """Merge an export file into the store by uid, as a sync merges another device's changes."""
-    records = read_export(path)
-    with store.connect() as con:
-        device, _ = device_of(con)
-    return merge(store, records, device)
+    return store.merge(read_export(path))

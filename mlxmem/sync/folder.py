@@ -20,9 +20,9 @@ from pathlib import Path
 
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.db import crash_point
+from mlxmem.memory.records import Record, check_record
 from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import PASSPHRASE_ENV, Cipher
-from mlxmem.sync.records import Record, check_record
 
 DEVICE_INFO = "device.json"
 _CHANGE_FILE = re.compile(r"^(\d{6,})\.jsonl(\.enc)?$")

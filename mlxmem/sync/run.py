@@ -1,5 +1,5 @@
 """`mlxmem sync`: merge the other devices' changes from the sync folder, then write this
-device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.sync.merge for the
+device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.memory.merge for the
 rules; README "Sync" for what it means for the person.
 
 A sync, in order (each step can be cut short; the next sync finishes it):
@@ -24,14 +24,13 @@ from pathlib import Path
 
 from mlxmem.errors import InputError, StoreError
 from mlxmem.memory.db import crash_point
+from mlxmem.memory.merge import MergeResult
+from mlxmem.memory.records import Record, iso, version
 from mlxmem.memory.store import Store
 from mlxmem.sync.crypto import Cipher
 from mlxmem.sync.folder import ChangeFile, DeviceFolder, device_folders
-from mlxmem.sync.merge import MergeResult, merge
-from mlxmem.sync.records import Record, device_of, iso, local_records, version
 from mlxmem.text import to_db, utc_now
 
-SYNC_DIR_KEY = "sync_dir"
 Progress = Callable[[str], None]
 
 
@@ -63,7 +62,7 @@ def sync(
 ) -> SyncReport:
     """One sync of `store` with the folder `root` (default: the last one used)."""
     root = sync_root(store, root)
-    device, name = _device(store)
+    device, name = store.device()
     with _sync_lock(store):
         mine = DeviceFolder(root, device)
         cipher = _own_cipher(mine, name, passphrase)
@@ -74,7 +73,7 @@ def sync(
         records, skipped = read_streams(others, passphrase)
         crash_point("sync:read")
         progress(f"Merging {len(records)} record(s)")
-        merged = merge(store, records, device)
+        merged = store.merge(records)
         plan = plan_writes(store, mine, cipher, {f.device for f in others})
         for file, keep in plan.rewrites.values():
             mine.write(file.number, keep, cipher)
@@ -86,8 +85,7 @@ def sync(
             mine.write(_next_number(mine), plan.new, cipher)
         crash_point("sync:written")
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
-        with store.connect() as con:
-            con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [SYNC_DIR_KEY, str(root)])
+        store.set_sync_dir(str(root))
     return SyncReport(
         str(root), device, len(others), merged, len(plan.new), len(plan.rewrites), skipped
     )
@@ -96,7 +94,7 @@ def sync(
 def status(store: Store, root: Path | None = None, passphrase: str | None = None) -> dict:
     """The devices seen in the folder, their last sync, and this device's pending changes."""
     root = sync_root(store, root)
-    device, name = _device(store)
+    device, name = store.device()
     mine = DeviceFolder(root, device)
     folders = device_folders(root)
     if mine.path.is_dir() and device not in [f.device for f in folders]:
@@ -166,9 +164,8 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
     tombstone); the store's records that no file holds yet, and that are this device's to
     write, are new. A device writes its own changes, and those whose device has no stream in
     the folder (imported from an export, or from a device whose folder was removed)."""
-    with store.connect() as con:
-        device, _ = device_of(con)
-        local = local_records(con, device)
+    device, _ = store.device()
+    local = store.changes()
     live = {version(r) for r in local}
     held: set = set()
     rewrites = {}
@@ -186,20 +183,13 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
 def sync_root(store: Store, root: Path | None) -> Path:
     """The sync folder given, else the one the last sync used."""
     if root is None:
-        with store.connect() as con:
-            row = con.execute("SELECT value FROM state WHERE key = ?", [SYNC_DIR_KEY]).fetchone()
-        if row is None:
+        root = store.sync_dir()
+        if root is None:
             raise InputError("no sync folder yet: name one, e.g. `mlxmem sync ~/Dropbox/mlxmem`")
-        root = Path(row[0])
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise InputError(f"the sync folder {root} does not exist (is the drive mounted?)")
     return root
-
-
-def _device(store: Store) -> tuple[str, str]:
-    with store.connect() as con:
-        return device_of(con)
 
 
 def _own_cipher(mine: DeviceFolder, name: str, passphrase: str | None) -> Cipher | None:

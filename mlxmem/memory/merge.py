@@ -1,4 +1,5 @@
-"""Merging records from other devices (or an export file) into the store, by uid.
+"""The store's side of a sync: merging records from other devices (or an export file) into
+the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is here.
 
 - Tombstones first: what they name is deleted through the store's erase path, and they are
   kept, so a change for a tombstoned uid is ignored, now and later.
@@ -16,16 +17,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from mlxmem.memory import summaries
-from mlxmem.memory.db import FactEdit, bump_forget_epoch, crash_point, wipe_caches
+from mlxmem.memory.db import FactEdit, crash_point
 from mlxmem.memory.facts import insert_fact
-from mlxmem.memory.store import Store, Tombstone
+from mlxmem.memory.records import Record, Tombstone, fact_key, timestamp, turn_key
 from mlxmem.memory.turns import conversation_id
-from mlxmem.sync.records import Record, fact_key, timestamp, turn_key
 from mlxmem.text import to_db, utc_now
+
+if TYPE_CHECKING:  # the Store calls merge_records; merging calls the Store's erase paths back
+    from mlxmem.memory.store import Store
 
 
 @dataclass
@@ -38,8 +42,9 @@ class MergeResult:
     renumbered: list[str] = field(default_factory=list)  # conversations whose turns moved
 
 
-def merge(store: Store, records: list[Record], device: str) -> MergeResult:
-    """Merge `records` into `store`, whose own device id is `device`."""
+def merge_records(store: Store, records: list[Record], device: str) -> MergeResult:
+    """Merge `records` into `store`, whose own device id is `device` (`Store.merge` calls
+    this)."""
     result = MergeResult()
     _merge_tombstones(store, [r for r in records if r["kind"] == "tombstone"], result)
     crash_point("sync:tombstones-merged")
@@ -77,8 +82,7 @@ def _merge_messages(store: Store, records: list[Record], device: str, result: Me
         if result.renumbered:
             # Turns moved under what a running chat read: it must not write a summary or a
             # cache from before; the caches may mirror the old order.
-            bump_forget_epoch(con)
-            wipe_caches(store.cache_dir)
+            store.invalidate(con)
         result.messages += len(new)
 
 

@@ -9,6 +9,7 @@ Three kinds, one JSON object each, every one naming the device that wrote it:
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -21,6 +22,16 @@ from mlxmem.text import ROLES, as_utc, check_text
 
 Record = dict[str, Any]
 TOMBSTONE_KINDS = ("message", "fact", "conversation")
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A deletion as it travels between devices: what was deleted (a uid), and when."""
+
+    uid: str
+    kind: str  # message, fact or conversation
+    deleted_at: datetime
+    device_uid: str | None = None  # the device that deleted it (None: this one)
 
 
 def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
