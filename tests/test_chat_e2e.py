@@ -33,6 +33,9 @@ def mlxmem(*args, input=None, env=None):
     return subprocess.run(
         [sys.executable, "-m", "mlxmem.cli", *args],
         input=input,
+        # chat reads whatever is piped in, even with a message (as llm does): give it nothing,
+        # not the test runner's stdin.
+        stdin=subprocess.DEVNULL if input is None else None,
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -135,6 +138,19 @@ def test_stdin_message_and_special_tokens_are_plain_text(tiny):
     )
     assert out.returncode == 0, out.stderr
     assert Store().turns("default")[0].text.startswith("<|eot_id|>")
+
+
+def test_prompt_is_positional_and_piped_text_joins_it(tiny):
+    args = ["chat", "--model", str(tiny), "--max-tokens", "4", "--temp", "0"]
+    result = runner.invoke(app, [*args[:1], "hello there", *args[1:], "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["reply"] == Store().turns("default")[1].text
+    piped = runner.invoke(app, [*args, "summarize", "--json"], input="line one\nline two\n")
+    assert piped.exit_code == 0, piped.output
+    assert Store().turns("default")[2].text == "summarize\n\nline one\nline two"
+    both = runner.invoke(app, [*args, "hi", "-m", "hello"])
+    assert both.exit_code == 1 and "not both" in both.output
+    assert len(Store().turns("default")) == 4
 
 
 def test_long_conversation_through_the_real_engine(tiny):

@@ -63,3 +63,11 @@ def test_progress_off_a_terminal_is_a_plain_line_now_and_then(capsys):
         "turns: turn 5 (5 done, 0.0 min)",
         "turns: turn 6 (6 done, 0.0 min)",
     ]
+
+
+def test_dash_m_with_a_model_name_is_refused_before_any_model_loads():
+    from conftest import cli
+
+    out = cli("chat", "-m", "tiny", code=1).output
+    assert "-M tiny" in out and "mlxmem chat 'tiny'" in out
+    assert cli("history", "list").output.strip() == "No conversations yet."

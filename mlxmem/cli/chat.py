@@ -1,4 +1,4 @@
-"""`mlxmem chat`: interactive, streaming, or one-shot with `-m` / stdin."""
+"""`mlxmem chat`: interactive, streaming, or one-shot with a PROMPT, `-m` or stdin."""
 
 from __future__ import annotations
 
@@ -41,12 +41,27 @@ def register(app: typer.Typer) -> None:
     app.command("chat")(chat)
 
 
+PROMPT = typer.Argument(
+    None,
+    metavar="[PROMPT]",
+    show_default=False,
+    help="Send one message, print the reply and exit.",
+)
+
+
 def chat(
+    prompt: str = PROMPT,
     message: str = typer.Option(
-        None, "--message", "-m", help="Send one message, print the reply and exit."
+        None,
+        "--message",
+        "-m",
+        help="The message, as an option (the same as PROMPT; kept for scripts).",
     ),
     model: str = typer.Option(
-        DEFAULT_MODEL, "--model", help="A registry alias (see `mlxmem models list`) or a path."
+        DEFAULT_MODEL,
+        "--model",
+        "-M",
+        help="A registry alias (see `mlxmem models list`) or a path.",
     ),
     conversation: str = typer.Option(
         DEFAULT_CONVERSATION, "--conversation", "-c", help="Which conversation to continue."
@@ -88,12 +103,27 @@ def chat(
     """Chat with a model that remembers.
 
     Every turn is saved to the chat log first; the model sees a rolling summary of older turns,
-    the newest turns verbatim and the facts listed by `mlxmem memory list`. Without -m and with
+    the newest turns verbatim and the facts listed by `mlxmem memory list`.
+
+    One message: `mlxmem chat "hello"`. Text piped in is sent too: `cat notes.txt | mlxmem
+    chat "summarize"` sends the prompt, a blank line, then the text. Without a prompt and with
     nothing piped in, starts an interactive session (type /help there).
+
+    -m is the message, not the model as in `llm`: the model is -M/--model. `-m NAME` where NAME
+    is a model's alias is refused as a likely mix-up; send that word as PROMPT instead.
     """
     _one_line_warnings()
-    if message is None and not interactive and not sys.stdin.isatty():
-        message = _read_stdin()
+    if prompt is not None and message is not None:
+        raise InputError("give the message once: as PROMPT or with -m, not both")
+    if message is not None and message in _aliases():
+        raise InputError(
+            f"-m sends a message, and {message!r} is the name of a model: for the model, use "
+            f"-M {message} (or --model {message}); to send the word, give it as PROMPT: "
+            f"mlxmem chat {message!r}"
+        )
+    message = prompt if message is None else message
+    if not interactive:
+        message = _with_piped_text(message)
     if message is not None and not message.strip():
         raise InputError("empty message")
     engine, spec = load_engine(model, cache_dir=paths.cache_dir())
@@ -246,6 +276,23 @@ class Terminal:
     def status(self, text: str) -> None:
         self.end_line()
         err.print(f"[dim]... {text}[/dim]")
+
+
+def _aliases() -> set[str]:
+    from mlxmem.models import load_registry
+
+    return set(load_registry())
+
+
+def _with_piped_text(message: str | None) -> str | None:
+    """The message with any text piped into stdin joined after it (a blank line between), or
+    the piped text alone; never drops what was piped."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return message
+    piped = _read_stdin()
+    if message is None:
+        return piped
+    return f"{message}\n\n{piped}" if piped.strip() else message
 
 
 def _read_stdin() -> str:
