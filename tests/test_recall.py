@@ -4,9 +4,9 @@ back."""
 
 import time
 
-import duckdb
+from conftest import files_containing
 
-from mlxmem.memory import recall
+from mlxmem.memory import terms
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import RECALL_HEADER, query_terms, refers_to_past, search_before
 from mlxmem.memory.store import Store
@@ -36,7 +36,7 @@ def chat_with_old_secret(budget=600, recall=True, filler=30):
 
 
 def test_query_terms_and_cues():
-    assert query_terms("What did I say about the greenhouse?") == ["greenhouse"]
+    assert query_terms("What did I say about the greenhouses?") == ["greenhous"]
     # Words about the exchange itself are not searched for; endings are stripped.
     assert query_terms("Which paintings? Answer in a few words.") == ["paint"]
     assert refers_to_past("Do you remember my greenhouse")
@@ -121,6 +121,7 @@ def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
         con.execute(
             "UPDATE messages SET text = 'the kohlrabi in the greenhouse is purple' WHERE seq = 77"
         )
+        assert terms.index_missing(con) == 2000  # a bulk load, indexed after the fact
         start = time.perf_counter()
         found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
         assert time.perf_counter() - start < 5  # generous: a smoke check, not a benchmark
@@ -128,15 +129,13 @@ def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
     assert len(found) == 4
 
 
-def test_the_stemmer_is_the_same_in_python_and_in_sql():
-    words = "paintings painting painted paints paint bring things thing runs bus ss sss xyings"
-    words = words.split()
-    stems = [recall.stem(w) for w in words]
-    assert stems[:5] == ["paint"] * 5 and stems[5:9] == ["bring", "thing", "thing", "run"]
-    con = duckdb.connect()
-    sql = f"SELECT w, {recall._STEM_SQL} FROM (SELECT unnest(?) AS w)"
-    assert dict(con.execute(sql, [words]).fetchall()) == dict(zip(words, stems, strict=True))
+def test_the_stemmer_is_snowball_english():
+    words = "paintings painting painted paints paint adopted adoption stories story runs".split()
+    stems = [terms.stem(w) for w in words]
+    assert stems[:5] == ["paint"] * 5
+    assert stems[5] == stems[6] and stems[7] == stems[8] and stems[9] == "run"
     assert query_terms("What was answered? Did I remember?") == []  # stopwords, once stemmed
+    assert terms.terms("Tromsø, Tromsø and the 2023 café!") == ["tromsø", "tromsø", "2023", "café"]
 
 
 def test_a_word_meets_its_other_forms_in_the_log(tmp_path):
@@ -147,3 +146,49 @@ def test_a_word_meets_its_other_forms_in_the_log(tmp_path):
         found = search_before(con, "c", 3, query_terms("Which paints did I use?"))
         assert [t.seq for t in found] == [1]
         assert search_before(con, "c", 3, query_terms("The soups?"))[0].seq == 2
+
+
+def index_rows(con, message_id: int) -> list[tuple]:
+    return con.execute(
+        "SELECT term FROM recall_terms WHERE message_id = ? UNION ALL"
+        " SELECT 'length' FROM recall_docs WHERE message_id = ?",
+        [message_id, message_id],
+    ).fetchall()
+
+
+def test_turns_are_indexed_at_insert_and_their_terms_erased_with_them(mlxmem_home):
+    store = Store()
+    for i in range(40):  # enough rows that the index lands in checkpointed blocks
+        store.append_turn("c", "user", f"Filler message number {i} about the weather.")
+    secret = store.append_turn("c", "user", "The zyxquorbitals glimmered over Vardø fjord.")
+    store.append_turn("c", "assistant", "How lovely.")
+    stem = terms.stem("zyxquorbitals")
+    assert stem != "zyxquorbitals"  # the index holds the stem, not the word
+    with store.connect() as con:
+        assert ("length",) in index_rows(con, secret.id)
+        assert (stem,) in index_rows(con, secret.id)
+        assert search_before(con, "c", 42, [stem])[0].id == secret.id
+    with store.connect() as con:
+        con.execute("CHECKPOINT")
+    assert files_containing(mlxmem_home, stem)  # not vacuous: the index is on disk
+
+    store.delete_turns([secret.id])
+    with store.connect() as con:
+        assert index_rows(con, secret.id) == []
+        assert con.execute("SELECT count(*) FROM recall_docs").fetchone() == (41,)
+        assert search_before(con, "c", 42, [stem]) == []
+    for word in (stem, "Vardø".lower(), "glimmer"):
+        assert files_containing(mlxmem_home, word) == [], word
+
+
+def test_a_whole_conversation_leaves_no_index_rows(mlxmem_home):
+    store = Store()
+    store.append_turn("diary", "user", "Qwertyplinths everywhere")
+    store.append_turn("other", "user", "Something else entirely")
+    store.delete_conversation("diary")
+    with store.connect() as con:
+        assert con.execute("SELECT count(*) FROM recall_docs").fetchone() == (1,)
+        assert con.execute(
+            "SELECT count(*) FROM recall_terms WHERE term LIKE 'qwerty%'"
+        ).fetchone() == (0,)
+    assert files_containing(mlxmem_home, "qwertyplinth") == []

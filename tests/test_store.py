@@ -52,6 +52,8 @@ SCHEMA = {
         ("created_at", "TIMESTAMP"),
         ("fact_ids", "BIGINT[]"),
     ],
+    "recall_docs": [("message_id", "BIGINT"), ("length", "INTEGER")],
+    "recall_terms": [("message_id", "BIGINT"), ("term", "VARCHAR"), ("tf", "INTEGER")],
     "tombstones": [
         ("uid", "VARCHAR"),
         ("kind", "VARCHAR"),
@@ -113,6 +115,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m005_provenance",),
             ("m006_facts_own_file",),
             ("m007_sync_ids",),
+            ("m008_recall_index",),
         ]
     assert store.path == paths.db_path()
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import duckdb
 
+from mlxmem.memory.terms import index_missing
+
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 MIGRATIONS: list[Migration] = []
 
@@ -229,7 +231,7 @@ def m006_facts_own_file(con: duckdb.DuckDBPyConnection) -> None:
 # Sync (issue 13): messages and facts get globally unique ids (random UUIDs, also the default
 # for rows inserted later) beside the local integer ids the CLI shows, and the device that wrote
 # them (NULL: this device). A conversation's uid is derived from its name (uuid5, see
-# mlxmem.sync.records), so it needs no column. The data directory gets a device id and name.
+# mlxmem.memory.records), so it needs no column. The data directory gets a device id and name.
 # Deletions leave tombstones: ids and a time, never text. A transaction writes to one file, so
 # the facts file is changed and committed first; IF NOT EXISTS makes a rerun after a crash safe.
 @migration
@@ -256,6 +258,19 @@ def m007_sync_ids(con: duckdb.DuckDBPyConnection) -> None:
             device_uid VARCHAR
         )"""
     )
+
+
+# Recall's index (issue 19): each message's stemmed terms and length, written at insert by the
+# store (mlxmem.memory.terms) and deleted with the message in the same erase. Messages already
+# in the log are indexed here, in the migration's transaction.
+@migration
+def m008_recall_index(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE recall_docs (message_id BIGINT NOT NULL, length INTEGER NOT NULL)")
+    con.execute(
+        "CREATE TABLE recall_terms (message_id BIGINT NOT NULL, term VARCHAR NOT NULL,"
+        " tf INTEGER NOT NULL)"
+    )
+    index_missing(con)
 
 
 FACTS_DB = "facts_db"

@@ -11,6 +11,7 @@ import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory.db import Database
+from mlxmem.memory.terms import index_messages, unindex
 from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
 
 SEARCH_LIMIT = 50
@@ -147,8 +148,15 @@ def insert_turn(
         " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         [cid, seq, role, text, to_db(now), token_count, interrupted, sampled_ids, sampled_by],
     ).fetchone()
+    index_messages(con, [(mid, text)])  # recall's index, in the same transaction
     ids = None if sampled_ids is None else tuple(sampled_ids)
     return Turn(mid, conversation, seq, role, text, now, token_count, interrupted, ids, sampled_by)
+
+
+def delete_messages(con: duckdb.DuckDBPyConnection, ids: list[int]) -> None:
+    """Delete messages and their rows in recall's index, inside the caller's erase."""
+    unindex(con, ids)
+    con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
 
 
 def turns_after(

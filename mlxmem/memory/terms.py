@@ -1,0 +1,118 @@
+"""Recall's index: the terms of every message, written when the message is, in the same file.
+
+A message's words are lowercased, stopwords dropped, and stemmed by Snowball's English stemmer
+(PyStemmer): a well-kept stemmer, where a hand-written suffix rule met "paintings" and "paint"
+but not "adopted" and "adoption", and left "stories" apart from "story". The index holds one
+row per (message, term) with the term's count, and one row per message with its length in
+indexed words, so BM25 (mlxmem.memory.recall) reads counts instead of splitting every turn's
+text in SQL on every query.
+
+The index is derived data, like a summary: it holds stems of a message's words, so deleting a
+message deletes its rows in the same transaction (`unindex`, called by the store's delete), and
+the erase that follows compacts them out of the file with the message (invariant 5). Every
+path that inserts messages indexes them (`index_messages`); a change to how terms are made
+needs a migration that rebuilds the index (`reindex`).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import duckdb
+import Stemmer
+
+TERMS_TABLE = "recall_terms"  # message_id, term, tf
+DOCS_TABLE = "recall_docs"  # message_id, length (indexed words)
+
+_WORD_RE = re.compile(r"[^\W_]+")  # letters and digits, any script
+# Words that say nothing about which turn is meant, including those about the exchange itself
+# ("answer in a few words"): rare in a log, they would outrank the words that matter.
+STOPWORDS = frozenset(
+    """a about above after again all also am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further
+    had has have having he her here hers herself him himself his how i if in into is it its
+    itself just me more most my myself no nor not now of off on once only or other our ours
+    out over own same she should so some such than that the their theirs them themselves then
+    there these they this those through to too under until up very was we were what when where
+    which while who whom why will with would you your yours yourself yourselves ll ve re s t d m
+    don didn doesn isn wasn weren won wouldn couldn shouldn hey hi oh yeah yes ok okay really
+    like just got get know think remember recall said say tell told mention mentioned earlier
+    last time ago thing things something anything
+    answer answers question questions word words few brief briefly short sentence reply
+    please""".split()
+)
+
+# PyStemmer's objects are not thread-safe (the server answers on threads): one per thread.
+_local = threading.local()
+
+
+def _stemmer() -> Stemmer.Stemmer:
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        stemmer = _local.stemmer = Stemmer.Stemmer("english")
+    return stemmer
+
+
+def stem(word: str) -> str:
+    return _stemmer().stemWord(word)
+
+
+_STOP_STEMS = frozenset(stem(w) for w in STOPWORDS)
+
+
+def terms(text: str) -> list[str]:
+    """The stems of `text`'s words worth searching by, in order, repeats kept."""
+    words = [w for w in _WORD_RE.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS]
+    return [s for s in _stemmer().stemWords(words) if s not in _STOP_STEMS]
+
+
+def index_messages(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str]]) -> None:
+    """Index messages (id, text) inside the caller's transaction: one statement per table,
+    whatever the number of messages."""
+    term_rows: list[tuple[int, str, int]] = []
+    doc_ids: list[int] = []
+    lengths: list[int] = []
+    for message_id, text in rows:
+        found = terms(text)
+        doc_ids.append(message_id)
+        lengths.append(len(found))
+        term_rows += [(message_id, term, n) for term, n in Counter(found).items()]
+    if not doc_ids:
+        return
+    con.execute(
+        f"INSERT INTO {DOCS_TABLE} SELECT unnest(?::BIGINT[]), unnest(?::INTEGER[])",
+        [doc_ids, lengths],
+    )
+    if term_rows:
+        ids, words, counts = zip(*term_rows, strict=True)
+        con.execute(
+            f"INSERT INTO {TERMS_TABLE} SELECT unnest(?::BIGINT[]), unnest(?::VARCHAR[]),"
+            " unnest(?::INTEGER[])",
+            [list(ids), list(words), list(counts)],
+        )
+
+
+def unindex(con: duckdb.DuckDBPyConnection, message_ids: Sequence[int]) -> None:
+    """Delete messages' index rows, in the transaction that deletes the messages."""
+    for table in (TERMS_TABLE, DOCS_TABLE):
+        con.execute(f"DELETE FROM {table} WHERE list_contains(?, message_id)", [list(message_ids)])
+
+
+def index_missing(con: duckdb.DuckDBPyConnection) -> int:
+    """Index the messages that have no index rows yet (those written before the index, or by
+    a bulk load); return how many."""
+    rows = con.execute(
+        f"SELECT id, text FROM messages WHERE id NOT IN (SELECT message_id FROM {DOCS_TABLE})"
+    ).fetchall()
+    index_messages(con, rows)
+    return len(rows)
+
+
+def reindex(con: duckdb.DuckDBPyConnection) -> int:
+    """Rebuild the whole index (after a change to how terms are made)."""
+    con.execute(f"DELETE FROM {TERMS_TABLE}")
+    con.execute(f"DELETE FROM {DOCS_TABLE}")
+    return index_missing(con)
