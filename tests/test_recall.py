@@ -192,3 +192,18 @@ def test_a_whole_conversation_leaves_no_index_rows(mlxmem_home):
             "SELECT count(*) FROM recall_terms WHERE term LIKE 'qwerty%'"
         ).fetchone() == (0,)
     assert files_containing(mlxmem_home, "qwertyplinth") == []
+
+
+def test_turns_merged_from_another_device_are_indexed_and_recalled(tmp_path):
+    here, there = Store(tmp_path / "a" / "mlxmem.duckdb"), Store(tmp_path / "b" / "mlxmem.duckdb")
+    there.append_turn("c", "user", "My aunt keeps alpacas near Arequipa.")
+    there.append_turn("c", "assistant", "Alpacas! How many?")
+    here.append_turn("c", "user", "Morning, just had coffee.")
+    assert here.merge(there.changes()).messages == 2
+    with here.connect() as con:
+        counts = con.execute(
+            "SELECT count(*) FROM messages UNION ALL SELECT count(*) FROM recall_docs"
+        )
+        assert [n for (n,) in counts.fetchall()] == [3, 3]
+        found = search_before(con, "c", 3, query_terms("Where are the alpacas?"))
+    assert {t.text for t in found} == {"Alpacas! How many?", "My aunt keeps alpacas near Arequipa."}

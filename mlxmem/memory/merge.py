@@ -25,7 +25,7 @@ from mlxmem.memory import summaries
 from mlxmem.memory.db import FactEdit, crash_point
 from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.records import Record, Tombstone, fact_key, timestamp, turn_key
-from mlxmem.memory.turns import conversation_id
+from mlxmem.memory.turns import conversation_id, insert_synced_turns
 from mlxmem.text import to_db, utc_now
 
 if TYPE_CHECKING:  # the Store calls merge_records; merging calls the Store's erase paths back
@@ -108,20 +108,22 @@ def _merge_turns(
     numbered = list(enumerate((item for _, item in merged), start=last_seq + 1))
     added = [(seq, r) for seq, r in numbered if isinstance(r, dict)]
     renumbered = [(seq, row[0]) for seq, row in numbered if not isinstance(row, dict)]
-    # One statement each for the new turns and the moved ones (row by row is ~4 ms a turn).
-    con.execute(
-        "INSERT INTO messages (conversation_id, seq, role, text, created_at, interrupted, uid,"
-        " device_uid) SELECT ?, unnest(?), unnest(?), unnest(?), unnest(?), unnest(?),"
-        " unnest(?), unnest(?::VARCHAR[])",
+    # One statement each for the new turns and the moved ones (row by row is ~4 ms a turn);
+    # the store's insert also indexes the new turns for recall.
+    insert_synced_turns(
+        con,
+        cid,
         [
-            cid,
-            [seq for seq, _ in added],
-            [r["role"] for _, r in added],
-            [r["text"] for _, r in added],
-            [timestamp(r["created_at"]) for _, r in added],
-            [r["interrupted"] for _, r in added],
-            [r["uid"] for _, r in added],
-            [_origin(r, device) for _, r in added],
+            (
+                seq,
+                r["role"],
+                r["text"],
+                timestamp(r["created_at"]),
+                r["interrupted"],
+                r["uid"],
+                _origin(r, device),
+            )
+            for seq, r in added
         ],
     )
     con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq + len(merged), cid])

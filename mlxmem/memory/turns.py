@@ -153,6 +153,27 @@ def insert_turn(
     return Turn(mid, conversation, seq, role, text, now, token_count, interrupted, ids, sampled_by)
 
 
+def insert_synced_turns(
+    con: duckdb.DuckDBPyConnection,
+    conversation_id: int,
+    rows: list[tuple[int, str, str, datetime, bool, str, str | None]],
+) -> None:
+    """Insert turns another device wrote, as they were written there: (seq, role, text,
+    created_at, interrupted, uid, device_uid) each, numbered by the caller (sync's merge), and
+    index them for recall, in the caller's transaction. One statement for all of them (row by
+    row is ~4 ms a turn)."""
+    if not rows:
+        return
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    inserted = con.execute(
+        "INSERT INTO messages (conversation_id, seq, role, text, created_at, interrupted, uid,"
+        " device_uid) SELECT ?, unnest(?), unnest(?), unnest(?), unnest(?), unnest(?),"
+        " unnest(?), unnest(?::VARCHAR[]) RETURNING id, text",
+        [conversation_id, *columns],
+    ).fetchall()
+    index_messages(con, inserted)
+
+
 def delete_messages(con: duckdb.DuckDBPyConnection, ids: list[int]) -> None:
     """Delete messages and their rows in recall's index, inside the caller's erase."""
     unindex(con, ids)
