@@ -153,6 +153,16 @@ def test_prompt_is_positional_and_piped_text_joins_it(tiny):
     assert len(Store().turns("default")) == 4
 
 
+def test_the_default_model_is_the_persons_choice(tiny, monkeypatch):
+    monkeypatch.delenv("MLXMEM_MODEL", raising=False)
+    assert runner.invoke(app, ["models", "default", str(tiny)]).exit_code == 0
+    result = runner.invoke(app, ["chat", "-m", "hi", "--json", "--max-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == str(tiny)
+    monkeypatch.setenv("MLXMEM_MODEL", "/nonexistent/model")
+    assert runner.invoke(app, ["chat", "hi"]).exit_code == 1  # the environment wins
+
+
 def test_long_conversation_through_the_real_engine(tiny):
     budget = 1536
     engine = MLXEngine(tiny)

@@ -1,5 +1,6 @@
 """The command line as a whole: every command explains itself, and README documents it."""
 
+import json
 from pathlib import Path
 
 import typer.main
@@ -71,3 +72,50 @@ def test_dash_m_with_a_model_name_is_refused_before_any_model_loads():
     out = cli("chat", "-m", "tiny", code=1).output
     assert "-M tiny" in out and "mlxmem chat 'tiny'" in out
     assert cli("history", "list").output.strip() == "No conversations yet."
+
+
+def test_models_default_is_kept_private_and_the_environment_wins(mlxmem_home, monkeypatch):
+    from conftest import cli
+
+    monkeypatch.delenv("MLXMEM_MODEL", raising=False)
+    assert cli("models", "default").stdout.strip() == "llama-3.2-3b"
+    assert cli("models", "default", "tiny").stdout.strip() == "tiny"
+    assert (mlxmem_home / "config.toml").stat().st_mode & 0o777 == 0o600
+    listed = {r["alias"]: r for r in json.loads(cli("models", "list", "--json").stdout)}
+    assert listed["tiny"]["default"] and not listed["llama-3.2-3b"]["default"]
+    assert "unknown model" in cli("models", "default", "nope", code=1).output
+    monkeypatch.setenv("MLXMEM_MODEL", "qwen2.5-3b")
+    assert cli("models", "default").stdout.strip() == "qwen2.5-3b"
+    monkeypatch.delenv("MLXMEM_MODEL")
+    assert cli("models", "default", "--unset").stdout.strip() == "llama-3.2-3b"
+
+
+def test_models_list_fits_80_columns_with_sizes(mlxmem_home):
+    from conftest import runner
+
+    model = mlxmem_home / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_bytes(b"x" * 2_500_000)
+    out = runner.invoke(app, ["models", "list"], env={"COLUMNS": "80"}).stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "2.5 MB" in out and "mlx-community/Llama-3.2-3B-Instruct-4bit" in out
+
+
+def test_models_rm_asks_first_and_frees_the_space(mlxmem_home, tmp_path, monkeypatch):
+    from conftest import cli
+    from huggingface_hub import constants
+
+    model = mlxmem_home / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert "--yes" in cli("models", "rm", "tiny", code=1).output  # no terminal here
+    assert model.is_dir()
+    assert "Deleted tiny" in cli("models", "rm", "tiny", "--yes").output
+    assert not model.exists()
+    assert "not on disk" in cli("models", "rm", "tiny").output
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--mlx-community--Llama-3.2-3B-Instruct-4bit" / "blobs"
+    repo.mkdir(parents=True)
+    (repo / "abc").write_bytes(b"x" * 1000)
+    assert "freed 1.0 kB" in cli("models", "rm", "llama-3.2-3b", "-y").output
+    assert not repo.exists()

@@ -14,7 +14,6 @@ from mlxmem import paths
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
-    DEFAULT_MODEL,
     DEFAULT_RECALL,
     DEFAULT_SEED,
     DEFAULT_TEMP,
@@ -25,7 +24,7 @@ from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store
 
-from .common import describe, err, print_json
+from .common import MODEL, err, model_or_default, print_json
 
 HELP = """\
 Commands:
@@ -57,12 +56,7 @@ def chat(
         "-m",
         help="The message, as an option (the same as PROMPT; kept for scripts).",
     ),
-    model: str = typer.Option(
-        DEFAULT_MODEL,
-        "--model",
-        "-M",
-        help="A registry alias (see `mlxmem models list`) or a path.",
-    ),
+    model: str = MODEL,
     conversation: str = typer.Option(
         DEFAULT_CONVERSATION, "--conversation", "-c", help="Which conversation to continue."
     ),
@@ -126,6 +120,7 @@ def chat(
         message = _with_piped_text(message)
     if message is not None and not message.strip():
         raise InputError("empty message")
+    model = model_or_default(model)
     engine, spec = load_engine(model, cache_dir=paths.cache_dir())
     companion = Companion(
         engine,
@@ -205,7 +200,7 @@ def _command(companion: Companion, line: str) -> bool:
             ids = [int(x) for x in arg.split()] if arg.strip() else []
             if not ids:
                 raise InputError("usage: /forget ID...")
-            err.print(describe(companion.forget(ids)))
+            err.print(companion.forget(ids).describe())
         elif name == "/context":
             _print_context(companion, arg.strip() or None)
         else:

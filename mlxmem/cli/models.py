@@ -6,24 +6,28 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry, resolve
+from mlxmem.models.choice import default_model, set_default_model
+from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
 
-from .common import JSON, print_json
+from .common import JSON, confirm, err, print_json
 
 app = typer.Typer(
     help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the "
-    "data directory): list them, download one now, import a GGUF file, or write a tiny "
-    "random-weight test model.",
+    "data directory): list them, choose the default, download one now, free its disk space, "
+    "import a GGUF file, or write a tiny random-weight test model.",
     no_args_is_help=True,
 )
 
 
-def spec_record(spec: ModelSpec) -> dict[str, Any]:
-    """A ModelSpec as a JSON-ready dict, plus whether it is on disk and is the default."""
+def spec_record(spec: ModelSpec, default: str, size: int) -> dict[str, Any]:
+    """A ModelSpec as a JSON-ready dict, plus whether it is on disk, its size there (bytes) and
+    whether it is the default."""
     return {
         "alias": spec.alias,
         "repo": spec.repo,
@@ -36,28 +40,75 @@ def spec_record(spec: ModelSpec) -> dict[str, Any]:
         "source": spec.origin,
         "license": spec.license,
         "downloaded": is_downloaded(spec),
-        "default": spec.is_default,
+        "size_bytes": size,
+        "default": spec.alias == default,
     }
 
 
 @app.command("list")
 def list_models(as_json: bool = JSON) -> None:
-    """List the model aliases, their token budgets and whether each is on disk."""
-    records = [spec_record(spec) for spec in load_registry().values()]
+    """List the model aliases, their token budgets, whether each is on disk and its size there.
+    The default is marked * (see `mlxmem models default`)."""
+    default = default_model()
+    records = [
+        spec_record(spec, default.name, size_on_disk(spec)) for spec in load_registry().values()
+    ]
     if as_json:
         print_json(records)
         return
-    table = Table(caption="* default")
+    # Four columns, the source folding within its own: readable on an 80-column terminal.
+    caption = f"* default ({default.chosen_by}: {default.name})"
+    table = Table(caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("alias", no_wrap=True)
-    for column in ("source", "license", "context", "reserve", "on disk"):
-        table.add_column(column)
+    table.add_column("on disk", justify="right", no_wrap=True)
+    table.add_column("context", justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold")
     for r in records:
         alias = f"{r['alias']} *" if r["default"] else r["alias"]
-        source = Text(r["source"], overflow="fold")
-        context, reserve = str(r["context_tokens"]), str(r["response_reserve"])
-        downloaded = "yes" if r["downloaded"] else "no"
-        table.add_row(alias, source, r["license"], context, reserve, downloaded)
+        size = human_size(r["size_bytes"]) if r["downloaded"] else "-"
+        context = f"{r['context_tokens']:,}"
+        table.add_row(alias, size, context, Text(r["source"], overflow="fold"))
     Console().print(table)
+
+
+@app.command("default")
+def default(
+    name: str = typer.Argument(
+        None, metavar="[NAME]", help="An alias, a model directory or a hub repo id."
+    ),
+    unset: bool = typer.Option(False, "--unset", help="Go back to the built-in default."),
+) -> None:
+    """Show the default model, or make NAME the default for chat and serve.
+
+    Kept in config.toml in the data directory. The MLXMEM_MODEL environment variable, when set,
+    wins over it; --model/-M wins over both."""
+    if name is not None or unset:
+        set_default_model(None if unset else name)
+    chosen = default_model()
+    typer.echo(chosen.name)
+    if chosen.chosen_by != "models default":
+        err.print(f"[dim]({chosen.chosen_by})[/dim]")
+
+
+@app.command("rm")
+def remove(
+    name: str = typer.Argument(..., metavar="NAME", help="An alias or a hub repo id."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed off a terminal."),
+) -> None:
+    """Free the disk space of a model: what mlxmem downloaded (the Hugging Face cache's folder
+    of the repo) or wrote (a converted or generated model in the data directory).
+
+    Asks first on a terminal; elsewhere needs --yes. The alias stays: a hub model downloads
+    again on next use, an imported GGUF file must be imported again."""
+    spec = resolve(name)
+    folder = model_files(spec)
+    if folder is None:
+        typer.echo(f"{name} is not on disk: nothing to delete.")
+        return
+    confirm(f"Delete {name} ({human_size(size_on_disk(spec))} in {folder})?", yes)
+    removed = remove_model(spec)
+    if removed is not None:
+        typer.echo(f"Deleted {name}: freed {human_size(removed[1])} ({removed[0]}).")
 
 
 @app.command("pull")

@@ -11,7 +11,6 @@ from mlxmem import paths
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
-    DEFAULT_MODEL,
     DEFAULT_RECALL,
 )
 from mlxmem.engine import MLXEngine
@@ -19,7 +18,7 @@ from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
 from mlxmem.models import ensure_local, resolve
 
-from .common import err
+from .common import MODEL, err, model_or_default
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -32,9 +31,7 @@ def register(app: typer.Typer) -> None:
 def serve(
     host: str = typer.Option(DEFAULT_HOST, help="Address to listen on (loopback by default)."),
     port: int = typer.Option(DEFAULT_PORT, min=0, max=65535, help="Port (0: any free one)."),
-    model: str = typer.Option(
-        DEFAULT_MODEL, "--model", help="A registry alias (see `mlxmem models list`) or a path."
-    ),
+    model: str = MODEL,
     allow_remote: bool = typer.Option(
         False, "--allow-remote", help="Allow a --host other than loopback (needs a token)."
     ),
@@ -74,6 +71,7 @@ def serve(
     from mlxmem.serve import ServeConfig, check_binding, make_server
 
     check_binding(host, allow_remote, token)
+    model = model_or_default(model)
     spec = resolve(model)
     path = ensure_local(spec)
     settings = ChatSettings(extract_facts=facts, recall=recall, max_message_chars=max_message_chars)

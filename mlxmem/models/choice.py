@@ -1,0 +1,84 @@
+"""Which model runs when a command names none: `$MLXMEM_MODEL`, else the default the person
+chose (`mlxmem models default NAME`, kept in the data directory), else DEFAULT_MODEL."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxmem import paths
+from mlxmem.defaults import DEFAULT_MODEL
+from mlxmem.errors import MlxmemError
+from mlxmem.models.registry import load_registry, resolve
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+MODEL_ENV = "MLXMEM_MODEL"
+# Its own small file: the data directory's models.toml is rewritten whole from its [models]
+# tables by `import-gguf`, which would drop a key kept beside them.
+CONFIG_FILENAME = "config.toml"
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """The model a command runs when it names none, and what chose it."""
+
+    name: str
+    chosen_by: str  # "MLXMEM_MODEL", "models default" or "built in"
+
+
+def default_model() -> DefaultModel:
+    """The default model: $MLXMEM_MODEL, else the one set with `set_default_model`, else
+    DEFAULT_MODEL."""
+    if os.environ.get(MODEL_ENV):
+        return DefaultModel(os.environ[MODEL_ENV], MODEL_ENV)
+    chosen = _read_config().get("default_model")
+    if isinstance(chosen, str) and chosen:
+        return DefaultModel(chosen, "models default")
+    return DefaultModel(DEFAULT_MODEL, "built in")
+
+
+def set_default_model(name: str | None) -> str | None:
+    """Make `name` (an alias, a model directory or a hub repo id) the default, or go back to
+    the built-in one with None; return what was stored. A directory is stored as an absolute
+    path, so that the default does not depend on the current directory."""
+    config = _read_config()
+    if name is None:
+        config.pop("default_model", None)
+    else:
+        spec = resolve(name)  # an unknown name is refused now, not at the next chat
+        if name not in load_registry() and spec.path is not None:
+            name = str(spec.path)
+        config["default_model"] = name
+    _write_config(config)
+    return config.get("default_model")
+
+
+def config_path() -> Path:
+    return paths.data_dir() / CONFIG_FILENAME
+
+
+def _read_config() -> dict:
+    path = config_path()
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise MlxmemError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _write_config(config: dict) -> None:
+    path = config_path()
+    lines = ["# mlxmem's settings (`mlxmem models default` writes default_model)."]
+    # JSON strings are valid TOML strings; only plain string values are kept here.
+    lines += [f"{key} = {json.dumps(value, ensure_ascii=False)}" for key, value in config.items()]
+    tmp = path.with_name(f".{CONFIG_FILENAME}.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    paths.make_private(tmp)
+    os.replace(tmp, path)
