@@ -1,8 +1,11 @@
-"""What every layer checks about text, and the one clock: timestamps are UTC."""
+"""What every layer checks about text, the one clock (timestamps are UTC), and records as
+every front end shows them."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime, timezone
+from typing import Any
 
 from mlxmem.errors import InputError
 
@@ -37,3 +40,21 @@ def as_utc(value: datetime) -> datetime:
 def to_db(value: datetime) -> datetime:
     """A timezone-aware timestamp as DuckDB's naive UTC TIMESTAMP."""
     return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+# Token ids kept for the model's KV cache: not for people or scripts reading the log.
+INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
+
+
+def as_record(value: Any) -> dict[str, Any]:
+    """A dataclass (a turn, a fact, ...) as a JSON-ready dict, with ISO 8601 timestamps and no
+    internal fields: what every front end shows."""
+    return {
+        key: item.isoformat() if isinstance(item, datetime) else item
+        for key, item in asdict(value).items()
+        if key not in INTERNAL_FIELDS
+    }
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"

@@ -7,10 +7,10 @@ from rich.text import Text
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
-from mlxmem.memory.store import Store, Turn
+from mlxmem.memory.store import LAST_SEQ, Store, Turn
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import JSON, as_record, describe, print_json
+from .common import JSON, as_record, print_json
 from .memory import local_time
 
 app = typer.Typer(
@@ -22,7 +22,6 @@ app = typer.Typer(
 MESSAGE_IDS = typer.Argument(
     None, metavar="ID", help="Ids of the turns to delete (see `history show`)."
 )
-LAST_SEQ = 2**31 - 1
 
 
 @app.command("list")
@@ -95,7 +94,7 @@ def remove(
         raise InputError(
             "say what to delete: ID..., or --conversation NAME with --from/--to or --all"
         )
-    typer.echo(describe(deletion))
+    typer.echo(deletion.describe())
 
 
 def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:

@@ -10,7 +10,7 @@ from rich.text import Text
 from mlxmem.errors import InputError
 from mlxmem.memory.store import Store
 
-from .common import JSON, as_record, describe, plural, print_json
+from .common import JSON, as_record, plural, print_json
 
 app = typer.Typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -73,14 +73,11 @@ def remove_facts(
 
     Turns of the chat log may still quote a fact (a reply that repeated it): they are listed,
     and --with-mentions deletes them too."""
-    store = Store()
-    facts = [store.get_fact(fid) for fid in fact_ids]
-    mentions = {t.id: t for f in facts for t in store.mentions(f)}
-    quoting = list(mentions) if with_mentions else []
-    typer.echo(describe(store.delete_facts(fact_ids, turn_ids=quoting)))
-    if mentions and not with_mentions:
-        typer.echo(f"{plural(len(mentions), 'turn')} of the log still quote it:")
-        for turn in mentions.values():
+    deletion = Store().delete_facts(fact_ids, with_mentions)
+    typer.echo(deletion.describe())
+    if deletion.mentions:
+        typer.echo(f"{plural(len(deletion.mentions), 'turn')} of the log still quote it:")
+        for turn in deletion.mentions:
             typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
         typer.echo("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
 
@@ -95,4 +92,4 @@ def clear_facts(
     """Delete every fact (or every fact from one source). Needs --yes."""
     if not yes:
         raise InputError("this deletes every fact for good; run it again with --yes to confirm")
-    typer.echo(describe(Store().clear_facts(source)))
+    typer.echo(Store().clear_facts(source).describe())

@@ -43,9 +43,10 @@ from mlxmem.memory.turns import (
     turn_of,
     turns_after,
 )
-from mlxmem.text import check_text, to_db, utc_now
+from mlxmem.text import as_record, check_text, plural, to_db, utc_now
 
 SYNC_DIR_KEY = "sync_dir"
+LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
 
 __all__ = ["Conversation", "Deletion", "Fact", "Snapshot", "Store", "Summary", "Tombstone", "Turn"]
 
@@ -54,12 +55,48 @@ __all__ = ["Conversation", "Deletion", "Fact", "Snapshot", "Store", "Summary", "
 class Deletion:
     """What a delete removed: the turns and facts asked for, the automatic facts taken from
     those turns, and the summaries that saw any of them (rebuilt from the remaining log before
-    the next reply)."""
+    the next reply). `mentions`: turns left in the log that still quote a deleted fact."""
 
     turns: list[Turn]
     summaries: list[Summary]
     conversations: list[str]
     facts: list[Fact] = field(default_factory=list)
+    mentions: list[Turn] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """What was removed, in a sentence the person can check (every front end prints it)."""
+        parts = []
+        if self.turns:
+            parts.append(plural(len(self.turns), "turn"))
+        if self.facts:
+            auto = [f for f in self.facts if self.turns and f.source == "automatic"]
+            asked = len(self.facts) - len(auto)
+            if asked:
+                parts.append(plural(asked, "fact"))
+            if auto:
+                quoted = "; ".join(f"[{f.id}] {f.text}" for f in auto)
+                parts.append(f"{plural(len(auto), 'automatic fact')} taken from them ({quoted})")
+        if self.summaries:
+            parts.append(plural(len(self.summaries), "summary", "summaries") + " that saw them")
+        if not parts:
+            return "Nothing to delete."
+        text = "Deleted " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
+        if self.summaries:
+            text += "; the older turns are summarized again, without it, before the next reply"
+        return text + "."
+
+    def to_record(self) -> dict:
+        """The deletion as JSON-ready data: ids and facts removed, the sentence, what still
+        quotes a deleted fact."""
+        return {
+            "object": "mlxmem.deletion",
+            "message": self.describe(),
+            "turns": [t.id for t in self.turns],
+            "facts": [as_record(f) for f in self.facts],
+            "summaries": len(self.summaries),
+            "conversations": self.conversations,
+            "mentions": [as_record(t) for t in self.mentions],
+        }
 
 
 @dataclass(frozen=True)
@@ -138,19 +175,21 @@ class Store(TurnLog, SummaryLog, FactList):
             turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
             return turn, _snapshot(con, conversation, recall_terms)
 
-    def delete_facts(self, ids: list[int], turn_ids: Sequence[int] = ()) -> Deletion:
+    def delete_facts(self, ids: list[int], with_mentions: bool = False) -> Deletion:
         """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
         summaries that had them in their prompt; their bytes are erased from the files and
-        every KV cache. `turn_ids` (turns that quote the facts) go in the same operation."""
+        every KV cache. Turns of the log that quote a fact (a reply that repeated it) are
+        deleted in the same operation `with_mentions`, else listed as the `mentions`."""
+        facts = [self.get_fact(fid) for fid in dict.fromkeys(ids)]
+        quoting = list({t.id: t for f in facts for t in self.mentions(f)}.values())
         with self.forgetting() as erasure:
             con = erasure.con
-            victims = [get_fact(con, fid) for fid in dict.fromkeys(ids)]
-            facts = _delete_facts(erasure, victims)
-            if not turn_ids:
-                return facts
-            turns = _delete_turns(erasure, [get_turn(con, tid) for tid in dict.fromkeys(turn_ids)])
-            hit = facts.summaries + turns.summaries
-            return Deletion(turns.turns, hit, turns.conversations, facts.facts + turns.facts)
+            deleted = _delete_facts(erasure, [get_fact(con, f.id) for f in facts])
+            if not with_mentions:
+                return replace(deleted, mentions=quoting)
+            turns = _delete_turns(erasure, [get_turn(con, t.id) for t in quoting])
+            hit = deleted.summaries + turns.summaries
+            return Deletion(turns.turns, hit, turns.conversations, deleted.facts + turns.facts)
 
     def clear_facts(self, source: str | None = None) -> Deletion:
         """Delete every fact (or every fact from `source`), as delete_facts does."""

@@ -4,10 +4,9 @@ deletion here is the same durable erase, with the same guarantees."""
 
 from __future__ import annotations
 
-from mlxmem.cli.common import as_record, describe
-from mlxmem.cli.history import LAST_SEQ
-from mlxmem.memory.store import Deletion, Store
+from mlxmem.memory.store import LAST_SEQ, Deletion, Store
 from mlxmem.memory.turns import SEARCH_LIMIT
+from mlxmem.text import as_record
 
 from .request import Request
 from .schema import ApiError
@@ -30,16 +29,7 @@ def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
 def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     """`?with_mentions=true` also deletes the turns that quote the fact (as `memory rm
     --with-mentions`); without it they are listed under `mentions`."""
-    store = Store()
-    fact = store.get_fact(int(fact_id))
-    mentions = store.mentions(fact)
-    with_mentions = req.flag("with_mentions")
-    deletion = store.delete_facts(
-        [fact.id], turn_ids=[t.id for t in mentions] if with_mentions else []
-    )
-    body = deleted(req, deletion)
-    body["mentions"] = [] if with_mentions else [as_record(t) for t in mentions]
-    return 200, body
+    return 200, deleted(req, Store().delete_facts([int(fact_id)], req.flag("with_mentions")))
 
 
 def list_conversations(req: Request) -> tuple[int, dict]:
@@ -92,11 +82,4 @@ def deleted(req: Request, deletion: Deletion) -> dict:
     """What a deletion removed, with the sentence the CLI prints. (The deletion bumps the
     store's forget epoch; the model's thread sees it at the next turn and drops the KV slots
     it holds in memory.)"""
-    return {
-        "object": "mlxmem.deletion",
-        "message": describe(deletion),
-        "turns": [t.id for t in deletion.turns],
-        "facts": [as_record(f) for f in deletion.facts],
-        "summaries": len(deletion.summaries),
-        "conversations": deletion.conversations,
-    }
+    return deletion.to_record()
