@@ -1,10 +1,12 @@
 """mlxmem: long memory for small on-device language models on MLX.
 
-from mlxmem import ChatSettings, Companion, Store, load_engine
+from mlxmem import open_companion
 
-engine, spec = load_engine("llama-3.2-3b")
-chat = Companion(engine, Store(), "default", spec.context_tokens, spec.response_reserve)
+chat = open_companion("llama-3.2-3b", "default")
 print(chat.send("I moved to Porto last week.").reply)
+
+`Companion(engine, store, conversation, context_tokens, response_reserve, settings)` builds one
+on an engine of your own (`load_engine`, or a fake one for tests).
 """
 
 import os
@@ -15,12 +17,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 __version__ = "0.1.0"
 
-__all__ = ["ChatSettings", "Companion", "Store", "load_engine"]
+__all__ = ["ChatSettings", "Companion", "Store", "load_engine", "open_companion"]
 
 
 def __getattr__(name: str):
     # The public way in, imported on first use so that `import mlxmem` stays light.
-    if name in ("Companion", "ChatSettings"):
+    if name in ("Companion", "ChatSettings", "open_companion"):
         from mlxmem.memory import companion
 
         return getattr(companion, name)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mlxmem.defaults import (
+    DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
     DEFAULT_RECALL,
     DEFAULT_SEED,
@@ -33,6 +34,26 @@ INSTRUCTIONS = (
 )
 
 
+def open_companion(
+    model: str,
+    conversation: str = DEFAULT_CONVERSATION,
+    settings: ChatSettings | None = None,
+    store: Store | None = None,
+) -> Companion:
+    """Load `model` (a registry alias or a model directory) with the data directory's KV
+    caches, and open `conversation` of `store` (default: the data directory's) on it, with the
+    model's budget unless `settings.context_tokens` sets one."""
+    from mlxmem import paths
+    from mlxmem.engine import load_engine
+
+    settings = settings or ChatSettings()
+    engine, spec = load_engine(model, cache_dir=paths.cache_dir())
+    budget = settings.context_tokens or spec.context_tokens
+    return Companion(
+        engine, store or Store(), conversation, budget, spec.response_reserve, settings
+    )
+
+
 class StaleWarning(UserWarning):
     """A result was discarded because something was deleted while it was computed."""
 
@@ -47,6 +68,7 @@ class ChatSettings:
     instructions: str = INSTRUCTIONS
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
     recall: bool = DEFAULT_RECALL  # recall old turns from the log into a message about the past
+    context_tokens: int | None = None  # the prompt's budget; None: the model's (models.toml)
 
 
 @dataclass(frozen=True)
