@@ -121,3 +121,67 @@ def f16_to_bf16(path: Path) -> None:
     path.write_bytes(bytes(data))
     for t in header.tensors:
         retype_tensor(path, t.name, 30)
+
+
+# Where each type keeps its float16 fields (d, m / dmin), by the block layouts of ggml-common.h;
+# every other byte of a block is codes or small scales, for which any value is valid.
+F16_FIELDS = {
+    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
+    "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0], "IQ4_XS": [0],
+}  # fmt: skip
+
+
+def make_blocks(kind: str, n_blocks: int, seed: int = 0, scale: float = 0.01):
+    """`n_blocks` blocks of GGUF type `kind`, built by hand: random codes and sub-block scales,
+    float16 scale fields of about `scale`, and some edge cases (a zero scale; for Q6_K, pairs of
+    sub-blocks with equal, opposite and zero scales)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    rng = np.random.default_rng(seed)
+    size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
+    blocks = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    for offset in F16_FIELDS.get(kind, []):
+        d = (rng.uniform(-1, 1, n_blocks) * scale).astype(np.float16)
+        d[0] = 0  # a block whose scale (or minimum) is zero
+        blocks[:, offset : offset + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    if kind == "Q6_K" and n_blocks > 1:
+        sc = blocks[1, 192:208].view(np.int8)
+        sc[0:2] = [17, 17]  # equal scales: exact
+        sc[2:4] = [-128, 127]
+        sc[4:6] = [40, -40]  # equal and opposite: the clipped extreme
+        sc[6:8] = [0, 0]
+        sc[8:10] = [0, -5]
+    return blocks
+
+
+def write_typed_gguf(src: Path, dest: Path, types: dict[str, str], seed: int = 0) -> Path:
+    """`src` (a float GGUF from write_gguf) rewritten with llama.cpp's GGUFWriter, the tensors
+    named in `types` replaced by hand-built blocks of that type (same shape, random codes)."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(dest, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub)
+    for i, t in enumerate(reader.tensors):
+        shape = [int(d) for d in reversed(t.shape.tolist())]  # rows, columns
+        if t.name in types:
+            kind = types[t.name]
+            qtype = gguf.GGMLQuantizationType[kind]
+            per_block = gguf.GGML_QUANT_SIZES[qtype][0]
+            n_blocks = shape[0] * shape[1] // per_block
+            blocks = make_blocks(kind, n_blocks, seed + i).reshape(shape[0], -1)
+            writer.add_tensor(t.name, blocks, raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, np.array(t.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dest)

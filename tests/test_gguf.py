@@ -5,7 +5,7 @@ import json
 import zipfile
 
 import pytest
-from gguf_helpers import f16_to_bf16, retype_tensor, write_gguf
+from gguf_helpers import f16_to_bf16, make_blocks, retype_tensor, write_gguf
 from typer.testing import CliRunner
 
 from mlxmem import paths
@@ -144,11 +144,187 @@ def test_unsupported_architectures_name_the_supported_ones(tmp_path):
     assert leftovers() == []
 
 
-@pytest.mark.parametrize("type_id, name", [(12, "Q4_K"), (14, "Q6_K"), (20, "IQ4_NL")])
-def test_k_and_i_quants_are_refused_by_name(llama_gguf, type_id, name):
+@pytest.mark.parametrize("type_id, name", [(9, "Q8_1"), (24, "I8"), (99, "type 99")])
+def test_types_llama_cpp_cannot_dequantize_are_refused_by_name(llama_gguf, type_id, name):
     retype_tensor(llama_gguf, "blk.0.ffn_up.weight", type_id)
     with pytest.raises(GGUFError, match=f"type {name}, which mlxmem cannot convert"):
         read_header(llama_gguf)
+
+
+def test_a_k_quant_row_must_be_whole_blocks(llama_gguf):
+    retype_tensor(llama_gguf, "blk.0.ffn_up.weight", 12)  # rows of 64, Q4_K blocks of 256
+    with pytest.raises(GGUFError, match="not whole Q4_K blocks of 256"):
+        read_header(llama_gguf)
+
+
+# -- every tensor type, block by block, against llama.cpp's own dequantization ----------------
+
+EXACT_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}
+
+
+def blocks_as_rows(kind, rows=4, columns=512):
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    per_block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    blocks = make_blocks(kind, rows * columns // per_block)
+    return blocks.reshape(rows, columns // per_block * size)
+
+
+def mlx_values(c):
+    """What MLX itself computes from the converted arrays, in float32."""
+    import mlx.core as mx
+    import numpy as np
+
+    if c.scales is None:
+        return np.array(mx.array(c.weight).astype(mx.float32))
+    scales, biases = (mx.array(a.astype(np.float32)) for a in (c.scales, c.biases))
+    return np.array(mx.dequantize(mx.array(c.weight), scales, biases, group_size=32, bits=c.bits))
+
+
+@pytest.mark.parametrize("kind", sorted(EXACT_TYPES))
+def test_affine_types_are_exact_in_mlx_quantization(kind):
+    """Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks hold the same numbers as MLX groups of 32 at the same
+    bits, with float16 scales and biases (as GGUF has them)."""
+    import numpy as np
+
+    from mlxmem.models import gguf_quant
+
+    raw = blocks_as_rows(kind)
+    expected = gguf_quant.dequantize(raw, kind)  # llama.cpp's reading
+    c = gguf_quant.convert(raw, kind, quantizable=True)
+    assert (c.bits, c.scales.dtype, c.weight.dtype) == (EXACT_TYPES[kind], np.float16, np.uint32)
+    assert c.weight.shape == (4, 512 * c.bits // 32) and c.scales.shape == (4, 512 // 32)
+    assert np.array_equal(gguf_quant.reconstruct(c), expected)
+    assert np.array_equal(mlx_values(c), expected)
+
+
+@pytest.mark.parametrize("kind, bits", [("Q4_K", 4), ("Q5_K", 5)])
+def test_k_quants_of_32_are_mlx_groups_within_float16_rounding(kind, bits):
+    """A Q4_K/Q5_K sub-block of 32 is one MLX group at the same bits: the integer codes are
+    the same; only the group's scale d*sc and bias -dmin*m are rounded to float16."""
+    import numpy as np
+
+    from mlxmem.models import gguf_quant
+
+    raw = blocks_as_rows(kind)
+    expected = gguf_quant.dequantize(raw, kind)
+    c = gguf_quant.convert(raw, kind, quantizable=True)
+    assert c.bits == bits and c.scales.dtype == np.float16
+    blocks = np.ascontiguousarray(raw).reshape(-1, raw.shape[1] // 2)
+    scale, bias = gguf_quant.group_params(blocks, kind)
+    scale, bias = scale.reshape(4, -1, 1), bias.reshape(4, -1, 1)
+    bound = (np.abs(scale) * (2**bits - 1) + np.abs(bias)) * 2.0**-11
+    error = np.abs(gguf_quant.reconstruct(c) - expected).reshape(4, -1, 32)
+    assert (error <= bound).all() and error.max() > 0
+    codes = np.rint((expected.reshape(4, -1, 32) - bias) / np.where(scale == 0, 1, scale))
+    ours = np.rint(
+        (gguf_quant.reconstruct(c).reshape(4, -1, 32) - bias) / np.where(scale == 0, 1, scale)
+    )
+    assert np.array_equal(np.where(scale == 0, 0, codes), np.where(scale == 0, 0, ours))
+    assert np.allclose(mlx_values(c), expected, rtol=0, atol=float(bound.max()) * 2)
+
+
+def test_q6_k_is_8_bit_groups_exact_for_the_larger_sub_block():
+    """Q6_K's sub-blocks of 16 pair up into MLX 8-bit groups of 32 whose step is a quarter of
+    the larger sub-block's: that one is exact (to float16 rounding of its scale), the other is
+    within an eighth of the larger step (a quarter at the clipped extreme)."""
+    import numpy as np
+
+    from mlxmem.models import gguf_quant
+
+    raw = blocks_as_rows("Q6_K", rows=2, columns=256)  # block 1 has the hand-made scale pairs
+    expected = gguf_quant.dequantize(raw, "Q6_K").reshape(-1, 16, 16)
+    c = gguf_quant.convert(raw, "Q6_K", quantizable=True)
+    assert c.bits == 8
+    got = gguf_quant.reconstruct(c).reshape(-1, 16, 16)
+    blocks = np.ascontiguousarray(raw).reshape(-1, 210)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = np.abs(d * blocks[:, 192:208].copy().view(np.int8).astype(np.float32))  # (blocks, 16)
+    larger = np.maximum(step[:, 0::2], step[:, 1::2]).repeat(2, axis=1)[..., None]
+    error = np.abs(got - expected)
+    rounding = np.abs(expected) * 2.0**-10 + 1e-12
+    assert (error <= larger / 4 + rounding).all()
+    is_larger = (step >= np.minimum(step, larger[..., 0]))[..., None] & (step[..., None] == larger)
+    assert (np.where(is_larger, error, 0) <= rounding).all()
+    pairs = error[1].reshape(8, 32)  # block 1: equal scales exact, opposite within a quarter
+    assert (pairs[0] <= rounding[1].reshape(8, 32)[0]).all() and pairs[3].max() == 0
+    assert np.allclose(mlx_values(c).reshape(got.shape), got, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "F16", "BF16", "F32"])
+def test_other_types_become_floats_within_float16_rounding(kind):
+    import numpy as np
+
+    from mlxmem.models import gguf_quant
+
+    if kind in ("F16", "BF16", "F32"):
+        values = np.random.default_rng(0).normal(size=(4, 512)).astype(np.float32)
+        raw = {"F16": values.astype(np.float16), "F32": values}.get(kind)
+        if raw is None:  # BF16: the top half of float32's bits
+            raw = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        raw = blocks_as_rows(kind)
+    expected = gguf_quant.dequantize(raw, kind)
+    c = gguf_quant.convert(raw, kind, quantizable=True)
+    assert c.scales is None
+    kept = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(kind, "float16")
+    assert c.dtype == kept
+    assert np.array_equal(
+        mlx_values(c) if kind != "BF16" else c.weight,
+        expected.astype(np.float16 if kept == "float16" else np.float32).astype(np.float32),
+    )
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+def test_packed_codes_are_what_mlx_unpacks(bits):
+    import mlx.core as mx
+    import numpy as np
+
+    from mlxmem.models import gguf_quant
+
+    codes = np.random.default_rng(bits).integers(0, 2**bits, (3, 64)).astype(np.uint8)
+    packed = gguf_quant.pack(codes, bits)
+    ones, zeros = mx.ones((3, 2)), mx.zeros((3, 2))
+    unpacked = mx.dequantize(mx.array(packed), ones, zeros, group_size=32, bits=bits)
+    assert np.array_equal(np.array(unpacked), codes.astype(np.float32))
+
+
+MIXED = {  # one tensor of each kind a Q4_K_M file mixes, and more
+    "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q5_0", "blk.0.attn_v.weight": "Q8_0",
+    "blk.0.attn_output.weight": "Q4_1", "blk.0.ffn_gate.weight": "Q5_K",
+    "blk.0.ffn_up.weight": "Q3_K", "blk.0.ffn_down.weight": "Q6_K", "token_embd.weight": "Q4_0",
+}  # fmt: skip
+
+
+def test_a_mixed_k_quant_model_converts_with_per_layer_bits(tmp_path):
+    """A model mixing types as Q4_K_M files do: each layer keeps its own bits in config.json,
+    mlx-lm loads it, and its logits match the float32 weights llama.cpp's reader gives."""
+    import mlx.core as mx
+    import numpy as np
+    from gguf_helpers import write_typed_gguf
+    from mlx_lm import load
+
+    src = write_gguf(tmp_path / "f.gguf", hidden=256, layers=1)
+    path = write_typed_gguf(src, tmp_path / "mixed.gguf", MIXED)
+    assert {t.type_name for t in read_header(path).tensors} >= set(MIXED.values())
+    result = import_gguf(path, alias="mixed", progress=False)
+    assert result.tensor_types["Q4_K"] == 1 and result.tensor_types["F32"] == 3
+    quant = json.loads((result.path / "config.json").read_text())["quantization"]
+    assert (quant["group_size"], quant["bits"]) == (32, 4)
+    assert quant["model.layers.0.self_attn.k_proj"] == {"group_size": 32, "bits": 5}
+    assert quant["model.layers.0.self_attn.v_proj"]["bits"] == 8
+    assert quant["model.layers.0.mlp.down_proj"]["bits"] == 8  # Q6_K
+    assert quant["model.layers.0.mlp.gate_proj"]["bits"] == 5  # Q5_K
+    assert "model.layers.0.mlp.up_proj" not in quant  # Q3_K: float16
+    model, _ = load(str(result.path))
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == mx.float16
+    reference = gguf.convert_gguf(path, tmp_path / "ref", progress=False, float32=True)
+    assert "quantization" not in json.loads((reference / "config.json").read_text())
+    ref_model, _ = load(str(reference))
+    tokens = mx.array([[1, 120, 40, 7, 200, 3]])
+    got = np.array(model(tokens).astype(mx.float32))
+    want = np.array(ref_model(tokens).astype(mx.float32))
+    assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
 
 
 def test_a_tensor_mlx_lm_has_no_place_for_is_refused(tmp_path):

@@ -1,8 +1,10 @@
 """Converting a GGUF file (llama.cpp, Ollama, LM Studio) into an mlx-lm model directory.
 
-MLX reads the weights (`mx.load`): Q4_0, Q4_1 and Q8_0 stay quantized in MLX's own layout
-(group size 32), F16/F32 stay as they are (BF16 comes back as F16). Tensors are renamed to
-mlx-lm's names, `config.json` comes from the metadata and the tokenizer is rebuilt from it.
+llama.cpp's own Python reader (the `gguf` package) reads the weights, every tensor type it
+knows; `gguf_quant` maps each onto MLX's quantization at the source's precision (Q4_K, Q5_0,
+Q8_0, ... stay quantized in groups of 32, with per-layer bits in config.json; see its
+docstring for each type). Tensors are renamed to mlx-lm's names, `config.json` comes from the
+metadata and the tokenizer is rebuilt from it.
 llama.cpp stores Llama's Q/K rows permuted for interleaved RoPE, which mlx-lm runs as
 `rope_traditional: true` without undoing the permutation.
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from mlxmem import paths
 
+from . import gguf_quant
 from .gguf_file import GGUFError, GGUFHeader, read_header
 from .gguf_tokenizer import check_tokenizer, write_tokenizer
 
@@ -99,8 +102,11 @@ def mlx_name(gguf_name: str) -> str:
     raise GGUFError(f"tensor {gguf_name!r} has no counterpart in mlx-lm's model; not converted")
 
 
-def model_config(header: GGUFHeader) -> dict[str, Any]:
-    """config.json for mlx-lm from the GGUF metadata."""
+def model_config(
+    header: GGUFHeader, layers: dict[str, dict[str, int]] | None = None
+) -> dict[str, Any]:
+    """config.json for mlx-lm from the GGUF metadata; `layers`: the quantized layers' group
+    size and bits, as the conversion wrote them."""
     arch, get = ARCHS[header.arch], header.arch_value
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     kv_heads = get("attention.head_count_kv", heads)
@@ -132,9 +138,20 @@ def model_config(header: GGUFHeader) -> dict[str, Any]:
     }
     if header.arch == "qwen2":
         del config["head_dim"]  # mlx-lm's qwen2 derives it
-    if any(t.type_name.startswith("Q") for t in header.tensors):
-        # mlx-lm infers bits per tensor from the shapes (Q8_0 among Q4 tensors is fine).
-        config["quantization"] = {"group_size": 32, "bits": 4}
+    if layers:
+        config["quantization"] = quantization_config(layers)
+    return config
+
+
+def quantization_config(layers: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """mlx-lm's `quantization`: the commonest bits as the default, and an entry for each layer
+    with other bits (mlx-lm's load_model reads `quantization[<layer path>]` first)."""
+    counts: dict[int, int] = {}
+    for params in layers.values():
+        counts[params["bits"]] = counts.get(params["bits"], 0) + 1
+    bits = max(sorted(counts), key=counts.__getitem__)
+    config: dict[str, Any] = {"group_size": gguf_quant.GROUP, "bits": bits}
+    config |= {path: p for path, p in sorted(layers.items()) if p["bits"] != bits}
     return config
 
 
@@ -190,16 +207,20 @@ def llama3_rope_factors(
     return factors
 
 
-def convert_gguf(gguf: Path, out: Path, progress: bool = True, force: bool = False) -> Path:
-    """Convert the GGUF file `gguf` into the mlx-lm model directory `out` (all or nothing)."""
+def convert_gguf(
+    gguf: Path, out: Path, progress: bool = True, force: bool = False, float32: bool = False
+) -> Path:
+    """Convert the GGUF file `gguf` into the mlx-lm model directory `out` (all or nothing).
+    `float32`: every tensor dequantized to float32 by llama.cpp's reader instead (a reference
+    for checking the conversion, e.g. benchmarks/gguf_perplexity.py)."""
     header = read_header(Path(gguf))
     check_supported(header)
     out = Path(out)
     _check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _staging(out) as tmp:
-        _write_weights(header, tmp, progress)
-        config = model_config(header)
+        layers = _write_weights(header, tmp, progress, float32)
+        config = model_config(header, layers)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         write_tokenizer(header.metadata, tmp, config["max_position_embeddings"])
         _check_loads(tmp)
@@ -227,37 +248,78 @@ def _staging(out: Path) -> Iterator[Path]:
         raise
 
 
-def _write_weights(header: GGUFHeader, out: Path, progress: bool) -> None:
-    import mlx.core as mx
+def open_reader(header: GGUFHeader):
+    """llama.cpp's reader over a file whose header `read_header` has already checked; it must
+    see the same tensors."""
+    from gguf import GGUFReader
 
     try:
-        raw = mx.load(str(header.path))
-    except Exception as exc:  # noqa: BLE001 - MLX raises RuntimeError/ValueError for bad files
-        raise GGUFError(f"{header.path}: MLX cannot read its tensors: {exc}") from None
-    raw.pop(ROPE_FREQS, None)  # now the config's rope_scaling
+        reader = GGUFReader(header.path)
+    except Exception as exc:  # noqa: BLE001 - ValueError, IndexError, KeyError, ...
+        raise GGUFError(f"{header.path}: llama.cpp's reader refuses it: {exc}") from None
+    seen = [(t.name, int(t.tensor_type), int(t.data_offset)) for t in reader.tensors]
+    expected = [(t.name, t.type_id, header.data_start + t.offset) for t in header.tensors]
+    if seen != expected:
+        raise GGUFError(f"{header.path}: its tensor table reads two different ways; not converted")
+    return reader
+
+
+def _write_weights(
+    header: GGUFHeader, out: Path, progress: bool, float32: bool = False
+) -> dict[str, dict[str, int]]:
+    """Write the weights as safetensors shards; return each quantized layer's group size and
+    bits (mlx-lm's per-layer quantization config)."""
+    reader = open_reader(header)
+    tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]  # now the config's rope_scaling
     shard: dict[str, Any] = {}
     shards: list[dict[str, Any]] = []
+    layers: dict[str, dict[str, int]] = {}
     size = 0
-    with _progress(progress, f"Converting {header.path.name}", len(raw)) as advance:
-        for name in sorted(raw):
-            array = _checked(name, raw.pop(name))
-            shard[mlx_name(name)] = array
-            size += array.nbytes
+    with _progress(progress, f"Converting {header.path.name}", len(tensors)) as advance:
+        for tensor in sorted(tensors, key=lambda t: t.name):
+            arrays, quantized = _convert_tensor(tensor, float32)
+            if quantized:
+                layers[quantized[0]] = {"group_size": gguf_quant.GROUP, "bits": quantized[1]}
+            for name, array in arrays.items():
+                shard[name] = array
+                size += array.nbytes
             advance(1)
             if size >= SHARD_BYTES:
                 shards.append(shard)
                 shard, size = {}, 0
     shards.append(shard)
     _save_shards(shards, out)
+    return layers
 
 
-def _checked(name: str, array):
+def _convert_tensor(tensor, float32: bool = False) -> tuple[dict[str, Any], tuple[str, int] | None]:
+    """One GGUF tensor as MLX arrays under mlx-lm's names, and (layer path, bits) when it
+    stays quantized."""
     import mlx.core as mx
+    import numpy as np
 
-    mx.eval(array)
-    if mx.issubdtype(array.dtype, mx.floating) and not mx.all(mx.isfinite(array)).item():
+    name, kind = tensor.name, tensor.tensor_type.name
+    target = mlx_name(name)
+    quantizable = tensor.data.ndim == 2 and target.endswith(".weight")
+    try:
+        if float32:
+            c = gguf_quant.Converted(gguf_quant.dequantize(tensor.data, kind), dtype="float32")
+        else:
+            c = gguf_quant.convert(tensor.data, kind, quantizable)
+    except (ValueError, IndexError) as exc:
+        raise GGUFError(f"tensor {name} ({kind}) cannot be read: {exc}") from None
+    parts = [c.weight] if c.scales is None else [c.scales, c.biases]
+    if not all(np.isfinite(p).all() for p in parts):
         raise GGUFError(f"tensor {name} has values that are not finite (inf or NaN) once read")
-    return array
+    weight = mx.array(c.weight)
+    if c.dtype == "bfloat16":
+        weight = weight.astype(mx.bfloat16)
+    if c.scales is None:
+        return {target: weight}, None
+    layer = target.removesuffix(".weight")
+    arrays = {target: weight, f"{layer}.scales": mx.array(c.scales)}
+    arrays[f"{layer}.biases"] = mx.array(c.biases)
+    return arrays, (layer, c.bits)
 
 
 def _save_shards(shards: list[dict[str, Any]], out: Path) -> None:

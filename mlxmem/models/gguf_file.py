@@ -1,11 +1,14 @@
 """Reading a GGUF file's header: metadata and tensor table, checked before any weight is read.
 
-MLX reads GGUF weights itself (`mx.load`); this module only parses the header, so that a
-foreign, truncated or unsupported file is refused with a clear message before conversion.
+llama.cpp's own reader (`gguf.GGUFReader`) reads the weights, but only after this parser has
+checked the header: GGUFReader trusts the file (a hostile count makes it loop for ages, nested
+arrays overflow the stack, a truncated file raises IndexError), so a foreign, truncated, hostile
+or unsupported file is refused here with a clear message before any conversion.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,28 +18,21 @@ from mlxmem.errors import ModelLoadError
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-
-# ggml tensor types MLX reads correctly: name, elements per block, bytes per block.
-SUPPORTED_TYPES = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    8: ("Q8_0", 32, 34),
-    30: ("BF16", 1, 2),
-}
-# The rest by name, for the error message.
-OTHER_TYPES = {
-    6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K",
-    14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
-    20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M", 34: "TQ1_0",
-    35: "TQ2_0",
-}  # fmt: skip
+MAX_ALIGNMENT = 1 << 16
+MAX_ARRAY_DEPTH = 4  # arrays of arrays: llama.cpp writes none; a hostile file nests thousands
 
 # Metadata value types: struct format for the scalar ones.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
             11: "<q", 12: "<d"}  # fmt: skip
 _STRING, _ARRAY = 8, 9
+
+
+def type_sizes() -> dict[int, tuple[str, int, int]]:
+    """Every ggml tensor type llama.cpp's Python package knows: id -> (name, elements per
+    block, bytes per block)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType}
 
 
 class GGUFError(ModelLoadError):
@@ -52,17 +48,17 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        if self.type_id in SUPPORTED_TYPES:
-            return SUPPORTED_TYPES[self.type_id][0]
-        return OTHER_TYPES.get(self.type_id, f"type {self.type_id}")
+        known = type_sizes().get(self.type_id)
+        return known[0] if known else f"type {self.type_id}"
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        _, per_block, block_bytes = SUPPORTED_TYPES[self.type_id]
-        elements = 1
-        for dim in self.shape:
-            elements *= dim
-        return elements // per_block * block_bytes
+        _, per_block, block_bytes = type_sizes()[self.type_id]
+        return self.elements // per_block * block_bytes
 
 
 @dataclass(frozen=True)
@@ -73,6 +69,7 @@ class GGUFHeader:
     tensors: list[TensorInfo]
     data_start: int
     file_size: int
+    alignment: int = DEFAULT_ALIGNMENT
 
     @property
     def arch(self) -> str:
@@ -99,15 +96,31 @@ def read_header(path: Path) -> GGUFHeader:
 
 
 def check_tensors(header: GGUFHeader) -> None:
-    """Every tensor of a supported type, and all of its bytes inside the file."""
-    unsupported = sorted({t.type_name for t in header.tensors if t.type_id not in SUPPORTED_TYPES})
+    """Every tensor of a type llama.cpp's reader dequantizes, whole blocks per row, and all of
+    its bytes inside the file."""
+    from .gguf_quant import supported_types
+
+    supported = supported_types()
+    known = type_sizes()
+    unsupported = sorted({t.type_name for t in header.tensors if t.type_name not in supported})
     if unsupported:
-        supported = ", ".join(name for name, _, _ in SUPPORTED_TYPES.values())
         raise GGUFError(
             f"{header.path.name} has tensors of type {', '.join(unsupported)}, which mlxmem cannot "
-            f"convert (MLX's GGUF reader dequantizes K-quants incorrectly and lacks the I-quants). "
-            f"Supported: {supported}. Use a Q4_0, Q4_1, Q8_0 or F16 file of the same model."
+            f"convert. Supported: {', '.join(sorted(supported))}."
         )
+    names = set()
+    for t in header.tensors:
+        per_block = known[t.type_id][1]
+        if t.name in names:
+            raise GGUFError(f"{header.path.name}: tensor {t.name!r} appears twice")
+        names.add(t.name)
+        if not t.shape or min(t.shape) < 1 or t.shape[0] % per_block:
+            raise GGUFError(
+                f"{header.path.name}: tensor {t.name!r} has shape {t.shape}, which is not whole "
+                f"{t.type_name} blocks of {per_block}"
+            )
+        if t.offset % header.alignment:
+            raise GGUFError(f"{header.path.name}: tensor {t.name!r} is not aligned")
     end = max((header.data_start + t.offset + t.nbytes for t in header.tensors), default=0)
     if end > header.file_size:
         raise GGUFError(
@@ -129,11 +142,21 @@ def _parse(f: BinaryIO, path: Path, size: int) -> GGUFHeader:
     metadata = {}
     for _ in range(n_kv):
         key = _read_string(f)
-        metadata[key] = _read_value(f, _read(f, "<I"))
+        if key in metadata:
+            raise GGUFError(f"{path}: metadata key {key!r} appears twice")
+        metadata[key] = _read_value(f, _read(f, "<I"), size)
     tensors = [_read_tensor_info(f) for _ in range(n_tensors)]
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if (
+        type(alignment) is not int
+        or not 0 < alignment <= MAX_ALIGNMENT
+        or alignment & (alignment - 1)
+    ):
+        raise GGUFError(
+            f"{path}: general.alignment {alignment!r} is not a power of two up to {MAX_ALIGNMENT}"
+        )
     data_start = -(-f.tell() // alignment) * alignment
-    return GGUFHeader(path, version, metadata, tensors, data_start, size)
+    return GGUFHeader(path, version, metadata, tensors, data_start, size, alignment)
 
 
 def _read(f: BinaryIO, fmt: str) -> Any:
@@ -146,22 +169,28 @@ def _read(f: BinaryIO, fmt: str) -> Any:
 
 def _read_string(f: BinaryIO) -> str:
     n = _read(f, "<Q")
+    if n > 1 << 31:  # beyond any real string, and beyond what read() should be asked for
+        raise EOFError
     data = f.read(n)
     if len(data) != n:
         raise EOFError
     return data.decode("utf-8")
 
 
-def _read_value(f: BinaryIO, kind: int) -> Any:
+def _read_value(f: BinaryIO, kind: int, size: int, depth: int = 0) -> Any:
     if kind in _SCALARS:
         return _read(f, _SCALARS[kind])
     if kind == _STRING:
         return _read_string(f)
     if kind == _ARRAY:
         item_kind, count = _read(f, "<I"), _read(f, "<Q")
+        if count > size:  # each item takes at least a byte
+            raise EOFError
         if item_kind in _SCALARS:
             return _read_scalars(f, _SCALARS[item_kind], count)
-        return [_read_value(f, item_kind) for _ in range(count)]
+        if item_kind == _ARRAY and depth >= MAX_ARRAY_DEPTH:
+            raise GGUFError(f"metadata arrays nested deeper than {MAX_ARRAY_DEPTH}")
+        return [_read_value(f, item_kind, size, depth + 1) for _ in range(count)]
     raise GGUFError(f"unknown GGUF metadata value type {kind}")
 
 
