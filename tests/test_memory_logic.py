@@ -9,7 +9,7 @@ from mlxmem.engine import Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.extraction import clean_fact, is_duplicate, judge, normalize
+from mlxmem.memory.extraction import is_duplicate, judge, normalize
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import (
     MIN_VERBATIM,
@@ -254,9 +254,9 @@ def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
         ("The user is a nurse working night shifts.", None, "ungrounded"),
     ],
 )
-def test_clean_fact_filters(raw, expected, reason):
+def test_judge_filters(raw, expected, reason):
     message = "I moved to St. Louis; my flat is near the river. Ana visits and we drink tea."
-    assert clean_fact(raw, ["<|eot_id|>"], message) == expected
+    assert judge(raw, ["<|eot_id|>"], message)[0] == expected
     assert judge(raw, ["<|eot_id|>"], message) == (expected, reason)
 
 

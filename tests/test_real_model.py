@@ -25,7 +25,7 @@ from mlxmem.engine import Message, MLXEngine
 from mlxmem.errors import ModelNotFoundError
 from mlxmem.kvslots import common_prefix_len
 from mlxmem.memory.budget import PromptBudget
-from mlxmem.memory.extraction import MAX_FACT_CHARS, FactExtractor, clean_fact
+from mlxmem.memory.extraction import MAX_FACT_CHARS, FactExtractor, judge
 from mlxmem.memory.store import Store
 from mlxmem.models import ensure_local, load_registry
 
@@ -258,7 +258,7 @@ def test_fact_extraction_filters_hold_on_real_output(engine):
     for message in MESSAGES:
         raw = engine.generate(extractor.prompt(message), slot="facts", max_tokens=48, temp=0.0).text
         fact = extractor.extract(message, existing=[])
-        assert fact == clean_fact(raw, engine.special_tokens, message) or fact is None
+        assert fact == judge(raw, engine.special_tokens, message)[0] or fact is None
         if fact is not None:
             assert "\n" not in fact and len(fact) <= MAX_FACT_CHARS
             assert not any(s in fact for s in engine.special_tokens)

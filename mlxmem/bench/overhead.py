@@ -25,7 +25,6 @@ from mlxmem.memory.store import Store
 from mlxmem.memory.turns import insert_turn
 
 OVERHEAD_CONVERSATION = "bench-overhead"
-OVERHEAD_SLOT = f"{OVERHEAD_CONVERSATION}/chat"
 # The phases reported, in the order a turn runs them.
 # store: every open of the database (log the message, read the window); assembly: the prompt
 # and its tokenization; engine_entry: the slot lookup before the engine's clock starts;

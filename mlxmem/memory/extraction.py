@@ -60,13 +60,6 @@ def is_duplicate(candidate: str, existing: Iterable[str]) -> bool:
     return False
 
 
-def clean_fact(
-    raw: str, special_tokens: Sequence[str] = (), message: str | None = None
-) -> str | None:
-    """The fact in the model's answer, or None if the answer must be rejected."""
-    return judge(raw, special_tokens, message)[0]
-
-
 def judge(
     raw: str, special_tokens: Sequence[str] = (), message: str | None = None
 ) -> tuple[str | None, str]:
