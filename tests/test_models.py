@@ -86,11 +86,17 @@ def test_data_dir_models_toml_overrides_fields_and_adds_entries(mlxmem_home, tmp
         ("[models.x\n", "invalid TOML"),
     ],
 )
-def test_a_bad_user_models_toml_is_a_clear_error(mlxmem_home, entry, message):
+def test_a_bad_user_models_toml_is_a_clear_error_that_stops_nothing_else(
+    mlxmem_home, entry, message
+):
     mlxmem_home.mkdir(parents=True, exist_ok=True)
     (mlxmem_home / "models.toml").write_text(entry)
     with pytest.raises(MlxmemError, match=message):
-        load_registry()
+        resolve("x")
+    assert "x" not in load_registry() and message.split()[-1] in " ".join(
+        models.registry_problems().values()
+    )
+    assert resolve("tiny").generated == "tiny" and "smollm2-135m" in load_registry()
 
 
 # -- resolve and ensure_local ----------------------------------------------------------------

