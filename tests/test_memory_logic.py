@@ -443,3 +443,15 @@ def test_a_message_over_the_size_limit_is_refused_before_it_is_logged():
     assert store.conversations() == []
     companion.send("y" * 1000)
     assert len(store.turns("default")) == 2
+
+
+def test_a_deletion_drops_the_fact_extractors_slot_at_the_next_turn():
+    engine, store, companion = make(budget=2000)
+    long = "I have a cat called Miso and she sleeps on the balcony every afternoon, all summer."
+    companion.send(long)
+    assert "facts" in engine.slots and long in engine.decode(engine.slots["facts"])
+    companion.send("Nice weather today.")  # nothing deleted: the extractor's prefix stays
+    assert "facts" in engine.slots
+    store.delete_turns([store.turns("default")[0].id])  # as `mlxmem history rm` would
+    companion.send("And how are you?")  # short: the extractor is not asked, its slot goes
+    assert "facts" not in engine.slots

@@ -359,25 +359,23 @@ def test_a_deletion_drops_other_conversations_slots_before_the_next_turn():
     # The dropped slots held deleted text in memory, for as long as the server ran.
 
 
-def test_conversations_kept_in_memory_are_capped_least_recently_used_first(monkeypatch):
-    from mlxmem.serve import service
-
-    monkeypatch.setattr(service, "MAX_COMPANIONS", 2)
+def test_conversations_kept_in_memory_are_capped_least_recently_used_first():
     prompts = []
     engine = FakeEngine(lambda prompt: prompts.append(prompt) or "ok")
     with fake_server(engine) as server:
-        kept = server.app.service._companions
+        sessions = server.app.service.sessions
+        sessions.limit = 2
         for name in ("a", "b", "c"):
             ask(server, f"hello {name}", user=name)
-        assert list(kept) == ["b", "c"]
+        assert sessions.names() == ["b", "c"]
         assert "a/chat" not in engine.slots  # went with its companion: no deletion misses it
         ask(server, "back again", user="a")  # rebuilt from the log, history intact
-        assert list(kept) == ["c", "a"]
+        assert sessions.names() == ["c", "a"]
         assert [text for _, text in log("a")] == ["hello a", "ok", "back again", "ok"]
         assert "hello a" in prompts[-1] and "back again" in prompts[-1]
         request(server, "DELETE", "/v1/memory/conversations/c")
         ask(server, "after the deletion", user="a")
-        assert list(kept) == ["a"]  # the others' copies of the log went with their slots
+        assert sessions.names() == ["a"]  # the others' copies of the log went with their slots
 
 
 def test_a_memory_edit_from_the_cli_takes_effect_at_the_next_turn():

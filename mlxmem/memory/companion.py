@@ -15,6 +15,7 @@ from mlxmem.defaults import (
     DEFAULT_SEED,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
+    FACTS_SLOT,
 )
 from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError, StaleError
@@ -145,6 +146,7 @@ class Companion:
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)
         self._auto_fact_ids = self._automatic_fact_ids()
+        self._epoch: int | None = None  # the forget epoch of the last turn
 
     def _check_budget(self) -> None:
         """Refuse a budget too small for the instructions, the facts share, the summary cap,
@@ -262,7 +264,16 @@ class Companion:
         collapses, snap, prompt = self._fold_while_over_budget(on_status, 0, terms, first)
         if not snap.turns or snap.turns[-1].id != user.id:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
+        self._after_deletions(snap.forget_epoch)
         return PendingTurn(user, snap, prompt, collapses)
+
+    def _after_deletions(self, epoch: int) -> None:
+        """A deletion since this Companion's last turn (through any front end) moved the
+        forget epoch: the fact extractor's slot in memory ends with an older message, which
+        may be the deleted one, so it goes. (The chat slot is trimmed to the new prompt.)"""
+        if self._epoch is not None and epoch != self._epoch:
+            self.engine.drop_slot(FACTS_SLOT)
+        self._epoch = epoch
 
     def finish(
         self,

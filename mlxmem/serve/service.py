@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine
-from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
+from mlxmem.memory.companion import ChatSettings, TurnResult
+from mlxmem.memory.sessions import Sessions
 from mlxmem.memory.store import Store
 
 from .schema import ApiError, ChatRequest
@@ -21,10 +20,6 @@ from .worker import ModelWorker
 
 # How often a request waiting for its turn checks whether its client is still there.
 POLL_S = 0.05
-# Companions kept between turns. One is cheap to rebuild from the store, so the least recently
-# used goes beyond this: a client inventing names cannot grow the server without bound. (The
-# KV slots have their own cap, in the engine's slot pool.)
-MAX_COMPANIONS = 64
 
 
 @dataclass(frozen=True)
@@ -77,9 +72,10 @@ class ChatService:
         self.worker = worker
         self.config = config
         self.store = Store()
-        # Touched only on the model's thread: the companions, and the forget epoch they saw.
-        self._companions: OrderedDict[str, Companion] = OrderedDict()
-        self._epoch: int | None = None
+        # Touched only on the model's thread.
+        self.sessions = Sessions(
+            self.store, config.context_tokens, config.response_reserve, config.settings
+        )
 
     def start_turn(self, request: ChatRequest) -> tuple[TurnEvents, Future]:
         """Queue one turn; returns its events and the queued job (cancel it if the client goes
@@ -92,7 +88,7 @@ class ChatService:
         """The context as the next turn would assemble it, by layer (`/context` in the chat)."""
 
         def job(engine: Engine) -> dict:
-            prompt = self._companion(engine, conversation).context(draft)
+            prompt = self.sessions.get(engine, conversation).context(draft)
             return {
                 "object": "mlxmem.context",
                 "conversation": conversation,
@@ -106,15 +102,12 @@ class ChatService:
 
     def _turn(self, engine: Engine, request: ChatRequest, events: TurnEvents) -> None:
         try:
-            companion = self._companion(engine, request.conversation)
+            companion = self.sessions.get(engine, request.conversation)
             check_history(self.store, request.conversation, request.history)
             companion.settings = self._settings(request)
             turn = companion.begin(request.text)
-            epoch = turn.snapshot.forget_epoch
-            # Any deletion since the last turn, through this server or the CLI, bumped it.
-            if self._epoch is not None and epoch != self._epoch:
-                self._drop_other_slots(engine, companion)
-            self._epoch = epoch
+            # Any deletion since the last turn, through this server or the CLI, moved it.
+            self.sessions.saw_epoch(engine, companion, turn.snapshot.forget_epoch)
             events.put("begun")
             result: TurnResult = companion.reply(
                 turn, on_text=lambda text: events.put("text", text), should_stop=events.stop.is_set
@@ -133,32 +126,6 @@ class ChatService:
             "seed": request.seed,
         }
         return replace(self.config.settings, **{k: v for k, v in wanted.items() if v is not None})
-
-    def _companion(self, engine: Engine, conversation: str) -> Companion:
-        companion = self._companions.get(conversation)
-        if companion is None:
-            c = self.config
-            companion = Companion(
-                engine, self.store, conversation, c.context_tokens, c.response_reserve, c.settings
-            )
-            self._companions[conversation] = companion
-            while len(self._companions) > MAX_COMPANIONS:
-                _, gone = self._companions.popitem(last=False)
-                engine.drop_slot(gone.slot)  # else a later deletion would not reach it
-        self._companions.move_to_end(conversation)
-        return companion
-
-    def _drop_other_slots(self, engine: Engine, current: Companion) -> None:
-        """After a deletion, the other conversations' KV slots in memory, and the fact
-        extractor's, may hold the deleted text: drop them, so it does not stay in memory for
-        as long as the server runs. (A slot is written to disk only by its own turn, which
-        first trims it to a prompt without the deleted text; the current conversation's slot
-        is trimmed that way by this turn.)"""
-        for name, companion in list(self._companions.items()):
-            if companion is not current:
-                engine.drop_slot(companion.slot)
-                del self._companions[name]  # and its copies of the log, rebuilt at its next turn
-        engine.drop_slot(FACTS_SLOT)
 
 
 def check_history(store: Store, conversation: str, history: list[tuple[str, str]]) -> None:
