@@ -37,7 +37,7 @@ def vocabulary() -> tuple[list[str], list[str], list[int]]:
 
 def write_gguf(
     path: Path, arch: str = "llama", hidden: int = 64, layers: int = 2, tied: bool = True,
-    dtype=mx.float32, extra_tensors: dict | None = None,
+    dtype=mx.float32, extra_tensors: dict | None = None, meta: dict | None = None,
 ) -> Path:  # fmt: skip
     """A random-weight model of `arch` as GGUF, with float tensors only."""
     tokens, merges, types = vocabulary()
@@ -67,7 +67,7 @@ def write_gguf(
     }
     weights |= extra_tensors or {}
     u32 = lambda v: mx.array(v, dtype=mx.uint32)  # noqa: E731
-    meta = {
+    metadata = {
         "general.architecture": arch,
         "general.name": "Test Model",
         "general.basename": "testmodel",
@@ -90,7 +90,8 @@ def write_gguf(
         "tokenizer.ggml.eos_token_id": u32(2),
         "tokenizer.chat_template": CHATML,
     }
-    mx.save_gguf(str(path), weights, meta)
+    metadata |= meta or {}
+    mx.save_gguf(str(path), weights, metadata)
     return Path(path)
 
 
@@ -185,3 +186,12 @@ def write_typed_gguf(src: Path, dest: Path, types: dict[str, str], seed: int = 0
     writer.write_tensors_to_file()
     writer.close()
     return Path(dest)
+
+
+def nested_arrays_gguf(path: Path, depth: int) -> Path:
+    """A GGUF header whose one metadata value is an array of arrays `depth` deep."""
+    key = b"general.nested"
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    data += struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * depth + struct.pack("<IQ", 0, 0)
+    path.write_bytes(data)
+    return Path(path)

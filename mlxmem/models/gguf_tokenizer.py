@@ -46,6 +46,14 @@ def check_tokenizer(metadata: dict[str, Any]) -> None:
         )
     if "tokenizer.ggml.merges" not in metadata or "tokenizer.ggml.tokens" not in metadata:
         raise GGUFError("the file has no tokenizer (tokens and merges missing from its metadata)")
+    tokens, merges = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.merges"]
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise GGUFError("tokenizer.ggml.tokens is not a list of strings")
+    if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+        raise GGUFError("tokenizer.ggml.merges is not a list of 'left right' strings")
+    types = metadata.get("tokenizer.ggml.token_type", [])
+    if not isinstance(types, list) or not all(type(t) is int for t in types):
+        raise GGUFError("tokenizer.ggml.token_type is not a list of integers")
 
 
 def write_tokenizer(metadata: dict[str, Any], out: Path, context_length: int) -> None:
