@@ -47,7 +47,7 @@ class FactList(Database):
         """Add a fact; `message_id` names the turn it was extracted from, if any. With
         `epoch`, refused (StaleError) if anything was deleted since that forget epoch."""
         text = check_text(text, "fact", allow_empty=False).strip()
-        _check_source(source)
+        check_source(source)
         now = utc_now()
         with self.guarded(epoch) as con:
             if message_id is not None:
@@ -90,6 +90,6 @@ def fact_of(row: tuple) -> Fact:
     return Fact(row[0], row[1], row[2], as_utc(row[3]), as_utc(row[4]), row[5])
 
 
-def _check_source(source: str) -> None:
+def check_source(source: str) -> None:
     if source not in SOURCES:
         raise InputError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")

@@ -18,10 +18,10 @@ from mlxmem.memory import summaries
 from mlxmem.memory.db import Erasure, FactEdit, bump_forget_epoch, forget_epoch, wipe_caches
 from mlxmem.memory.facts import (
     SELECT_FACTS,
-    SOURCES,
     Fact,
     FactList,
     all_facts,
+    check_source,
     fact_of,
     get_fact,
 )
@@ -193,8 +193,8 @@ class Store(TurnLog, SummaryLog, FactList):
 
     def clear_facts(self, source: str | None = None) -> Deletion:
         """Delete every fact (or every fact from `source`), as delete_facts does."""
-        if source is not None and source not in SOURCES:
-            raise InputError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+        if source is not None:
+            check_source(source)
         with self.forgetting() as erasure:
             victims = [f for f in all_facts(erasure.con) if source is None or f.source == source]
             return _delete_facts(erasure, victims)
