@@ -291,6 +291,74 @@ def test_interactive_session_with_slash_commands(tiny):
     assert Store().facts() == []
 
 
+def test_interactive_several_lines_and_new_conversations(tiny):
+    script = "\n".join(
+        [
+            '"""first line',
+            "second line",
+            'third line"""',
+            "/history",
+            "/clear",
+            "/model",
+            "/new trip",
+            "Hello trip!",
+            "/new default",
+            "/history 1",
+            "/quit",
+        ]
+    )
+    args = ["chat", "--model", str(tiny), "-i", "--max-tokens", "4", "--temp", "0"]
+    result = runner.invoke(app, args, input=script + "\n")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert Store().turns("default")[0].text == "first line\nsecond line\nthird line"
+    assert "#1 [1] user: first line" in out
+    assert "conversation 'chat-" in out and f"model {tiny}" in out
+    assert "conversation 'trip' (new)" in out and "conversation 'default' (2 turns)" in out
+    assert [t.role for t in Store().turns("trip")] == ["user", "assistant"]
+    assert "#2 [2] assistant:" in out  # /history 1 in the default conversation again
+
+
+def test_up_arrow_brings_back_a_message_on_a_terminal(tiny, mlxmem_home):
+    """Through a real pseudo-terminal, so that readline is on: the Up arrow recalls the last
+    message of the conversation, even one typed in an earlier session."""
+    import pty
+    import select
+    import time
+
+    one_shot(tiny, "remember the blue door")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the chat, on the terminal
+        args = ["chat", "--model", str(tiny), "--max-tokens", "4", "--temp", "0"]
+        try:
+            os.execv(sys.executable, [sys.executable, "-m", "mlxmem.cli", *args])
+        finally:
+            os._exit(1)  # never run the rest of pytest in the child
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float = 120) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while marker not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    break
+        assert marker in seen, seen.decode(errors="replace")
+
+    read_until(b">>> ")
+    os.write(fd, b"\x1b[A\r")  # Up, Enter: the message of the earlier session, again
+    seen = b""
+    read_until(b">>> ")
+    os.write(fd, b"/quit\r")
+    os.waitpid(pid, 0)
+    os.close(fd)
+    users = [t.text for t in Store().turns("default") if t.role == "user"]
+    assert users == ["remember the blue door", "remember the blue door"]
+    assert not list(mlxmem_home.glob("*history*"))  # no history file: the log is the history
+
+
 def test_a_killed_chat_loses_no_committed_turn(tmp_path):
     import signal
     import time

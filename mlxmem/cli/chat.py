@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
-from typing import TextIO
 
 import typer
-from rich.table import Table
 
-from mlxmem import paths
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
@@ -19,21 +15,12 @@ from mlxmem.defaults import (
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
 )
-from mlxmem.engine import load_engine
-from mlxmem.errors import InputError, MlxmemError
-from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
-from mlxmem.memory.store import Store
+from mlxmem.errors import InputError
+from mlxmem.memory.companion import ChatSettings, Companion, open_companion
 
 from .common import MODEL, err, model_or_default, print_json
-
-HELP = """\
-Commands:
-  /memory          what mlxmem remembers about you (id, source, text)
-  /remember TEXT   add a fact yourself
-  /forget ID...    delete facts for good
-  /context [TEXT]  how the context budget is spent right now (for TEXT, with what recall adds)
-  /help            this list
-  /quit            leave (Ctrl-D works too; Ctrl-C stops a reply)"""
+from .repl import Opener, Session
+from .terminal import Terminal, report_after
 
 
 def register(app: typer.Typer) -> None:
@@ -121,27 +108,40 @@ def chat(
     if message is not None and not message.strip():
         raise InputError("empty message")
     model = model_or_default(model)
-    engine, spec = load_engine(model, cache_dir=paths.cache_dir())
-    companion = Companion(
-        engine,
-        Store(),
-        conversation,
-        context_tokens or spec.context_tokens,
-        spec.response_reserve,
-        ChatSettings(
-            temp=temp,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            seed=seed,
-            extract_facts=facts,
-            recall=recall,
-            max_message_chars=max_message_chars,
-        ),
+    settings = ChatSettings(
+        temp=temp,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        seed=seed,
+        extract_facts=facts,
+        recall=recall,
+        max_message_chars=max_message_chars,
+        context_tokens=context_tokens,
     )
     if message is not None:
+        companion = open_companion(model, conversation, settings)
         _one_shot(companion, message, json_output, model, Terminal())
     else:
-        _interactive(companion, Terminal())
+        Session(_opener(settings), model, conversation, Terminal()).run()
+
+
+def _opener(settings: ChatSettings) -> Opener:
+    """Opens a conversation on a model; a new conversation on the same model reuses the model
+    already loaded (and its KV caches in memory)."""
+    last: list[tuple[str, Companion]] = []
+
+    def open_chat(model: str, conversation: str) -> Companion:
+        if last and last[0][0] == model:
+            prev = last[0][1]
+            budget, reserve = prev.budget.budget, prev.response_reserve
+            companion = Companion(prev.engine, prev.store, conversation, budget, reserve, settings)
+        else:
+            last.clear()  # one model in memory at a time
+            companion = open_companion(model, conversation, settings)
+        last[:] = [(model, companion)]
+        return companion
+
+    return open_chat
 
 
 def _one_shot(
@@ -153,124 +153,7 @@ def _one_shot(
         return
     result = companion.send(message, on_text=term.write)
     term.end_line()
-    _report_after(result)
-
-
-def _interactive(companion: Companion, term: Terminal) -> None:
-    err.print(f"[dim]conversation {companion.conversation!r} - /help for commands[/dim]")
-    while True:
-        try:
-            line = input(">>> ")
-        except (EOFError, KeyboardInterrupt):
-            term.write("\n")
-            return
-        if not line.strip():
-            continue
-        if line.startswith("/"):
-            if not _command(companion, line.strip()):
-                return
-            continue
-        try:
-            result = companion.send(line, on_text=term.write, on_status=term.status)
-        except MlxmemError as exc:
-            err.print(f"Error: {exc}")
-            continue
-        except KeyboardInterrupt:
-            term.end_line()
-            err.print("(interrupted)")
-            continue
-        term.end_line()
-        _report_after(result)
-
-
-def _command(companion: Companion, line: str) -> bool:
-    """Run a slash command; False means quit."""
-    name, _, arg = line.partition(" ")
-    try:
-        if name in ("/quit", "/exit"):
-            return False
-        if name == "/help":
-            err.print(HELP)
-        elif name == "/memory":
-            _print_facts(companion)
-        elif name == "/remember":
-            fact = companion.remember(arg)
-            err.print(f"remembered [{fact.id}] {fact.text}")
-        elif name == "/forget":
-            ids = [int(x) for x in arg.split()] if arg.strip() else []
-            if not ids:
-                raise InputError("usage: /forget ID...")
-            err.print(companion.forget(ids).describe())
-        elif name == "/context":
-            _print_context(companion, arg.strip() or None)
-        else:
-            err.print(f"unknown command {name}; /help lists them")
-    except ValueError:  # int() of an id
-        err.print("Error: IDs are numbers (see /memory)")
-    except MlxmemError as exc:
-        err.print(f"Error: {exc}")
-    return True
-
-
-def _print_facts(companion: Companion) -> None:
-    facts = companion.store.facts()
-    if not facts:
-        err.print("nothing remembered yet; /remember TEXT adds a fact")
-    for f in facts:
-        err.print(f"[{f.id}] ({f.source}) {f.text}")
-
-
-def _print_context(companion: Companion, draft: str | None = None) -> None:
-    prompt = companion.context(draft)
-    table = Table(title=f"context budget: {prompt.budget} tokens")
-    table.add_column("layer")
-    table.add_column("tokens", justify="right")
-    table.add_column("share", justify="right")
-    for layer, tokens in prompt.layers.to_dict().items():
-        table.add_row(layer, str(tokens), f"{100 * tokens / prompt.budget:.0f}%")
-    err.print(table)
-    if prompt.recalled:
-        err.print(f"recalled from the log: turn id(s) {', '.join(map(str, prompt.recalled))}")
-    if prompt.facts_left_out:
-        err.print(f"{prompt.facts_left_out} fact(s) left out: the facts share is full")
-
-
-def _report_after(result: TurnResult) -> None:
-    if result.interrupted:
-        err.print("[dim](reply interrupted; kept in the log as interrupted)[/dim]")
-    if result.fact_added is not None:
-        err.print(f"[dim]remembered [{result.fact_added.id}] {result.fact_added.text}[/dim]")
-
-
-class Terminal:
-    """Where the reply streams: stdout, remembering whether the reply's line is still open,
-    and going quiet if the reader goes away (`| head`): the turn is logged all the same."""
-
-    def __init__(self, stream: TextIO | None = None):
-        self.stream = stream or sys.stdout
-        self.line_open = False
-        self.gone = False
-
-    def write(self, text: str) -> None:
-        if not text or self.gone:
-            return
-        self.line_open = not text.endswith("\n")
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except BrokenPipeError:
-            # Python's advice: point the descriptor at /dev/null, so that the flush at exit
-            # does not fail again.
-            self.gone = True
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
-
-    def end_line(self) -> None:
-        if self.line_open:
-            self.write("\n")
-
-    def status(self, text: str) -> None:
-        self.end_line()
-        err.print(f"[dim]... {text}[/dim]")
+    report_after(result)
 
 
 def _aliases() -> set[str]:
