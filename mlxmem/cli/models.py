@@ -136,8 +136,9 @@ def import_gguf(
 ) -> None:
     """Convert a GGUF file into an MLX model and register an alias for it.
 
-    Supported: llama and qwen2 architectures with F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors and a
-    byte-level BPE tokenizer. Anything else is refused, and nothing is left half-written.
+    Supported: llama and qwen2 architectures, every tensor type llama.cpp's reader knows
+    (Q4_K_M, Q5_0, Q8_0, F16, ...: each kept at its own precision), and a byte-level BPE
+    tokenizer. Anything else is refused, and nothing is left half-written.
     """
     from mlxmem.models import import_gguf as convert
 
