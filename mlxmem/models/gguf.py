@@ -410,14 +410,21 @@ def _check_loads(path: Path) -> None:
 
 
 @contextmanager
-def _progress(enabled: bool, label: str, total: int):
+def _progress(enabled: bool, label: str, total: int, in_bytes: bool = False):
     if not enabled:
         yield lambda n: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TimeRemainingColumn,
+    )
 
-    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    count = DownloadColumn() if in_bytes else MofNCompleteColumn()
+    columns = ("{task.description}", BarColumn(), count, TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)

