@@ -144,7 +144,7 @@ def test_a_word_meets_its_other_forms_in_the_log(tmp_path):
         store.append_turn("c", "user", text)
     with store.connect() as con:
         found = search_before(con, "c", 3, query_terms("Which paints did I use?"))
-        assert [t.seq for t in found] == [1]
+        assert [t.seq for t in found] == [1, 2]  # the match, then the turn after it
         assert search_before(con, "c", 3, query_terms("The soups?"))[0].seq == 2
 
 
@@ -207,3 +207,37 @@ def test_turns_merged_from_another_device_are_indexed_and_recalled(tmp_path):
         assert [n for (n,) in counts.fetchall()] == [3, 3]
         found = search_before(con, "c", 3, query_terms("Where are the alpacas?"))
     assert {t.text for t in found} == {"Alpacas! How many?", "My aunt keeps alpacas near Arequipa."}
+
+
+def test_a_message_that_says_who_is_who_asks_for_a_speakers_turns():
+    probe = "(You are Melanie; I am Caroline.) Question: What did Caroline research?"
+    assert query_terms(probe) == ["research", "@user"]
+    assert query_terms("You're Mel and I'm Jo. What did Mel bake?") == ["bake", "@assistant"]
+    # Both named, or a name never said to be a speaker: plain words.
+    assert query_terms("(You are Mel; I am Jo.) What do Jo and Mel share?") == ["share"]
+    assert query_terms("I am tired. What did Anna say?") == ["tire", "anna"]
+
+
+def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
+    store = Store(tmp_path / "speakers.duckdb")
+    turns = [
+        ("user", "Which team did you sign with, Mel?"),
+        ("assistant", "The Lakers! I play as shooting guard."),
+        ("user", "I once watched a basketball team play in Lisbon."),
+        ("assistant", "My basketball team practices on Mondays."),
+    ]
+    for role, text in turns:
+        store.append_turn("c", role, text)
+    with store.connect() as con:
+        # The reply to the matching question comes right after it, though it has no query word.
+        found = search_before(con, "c", 4, query_terms("Which team did Mel sign with?"))
+        assert [t.seq for t in found][:2] == [1, 2]
+        # Asked about the assistant's team: the assistant's turn first, the user's after.
+        found = search_before(
+            con, "c", 4, query_terms("(You are Mel; I am Jo.) Mel's basketball team?")
+        )
+        assert [t.seq for t in found][:2] == [4, 3]
+        found = search_before(
+            con, "c", 4, query_terms("(You are Mel; I am Jo.) Jo's basketball team?")
+        )
+        assert found[0].seq == 3
