@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -57,13 +58,26 @@ def confirm(question: str, yes: bool) -> None:
     require --yes. A no, or no --yes, deletes nothing and exits 1."""
     if yes:
         return
-    if not sys.stdin.isatty():
+    if not on_terminal():
         raise InputError(f"{question} Not on a terminal: run it again with --yes to confirm.")
     if not typer.confirm(question, default=False, err=True):
         typer.echo("Nothing deleted.", err=True)
         raise typer.Exit(code=1)
 
 
+def on_terminal() -> bool:
+    """Whether a person can answer a question: stdin is a terminal."""
+    return sys.stdin.isatty()
+
+
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, ensure_ascii=False, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def nonempty_path(value: str) -> Path:
+    """A path argument's parser: an empty one (an unset "$DIR") would otherwise be taken for
+    the current directory."""
+    if not value.strip():
+        raise typer.BadParameter("the path is empty (an unset variable?)")
+    return Path(value)

@@ -16,17 +16,25 @@ from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.crypto import PASSPHRASE_ENV
 from mlxmem.sync.run import status, sync
 
-from .common import JSON, err, plural, print_json
+from .common import JSON, err, nonempty_path, plural, print_json
 
 # Module-level, as ruff's B008 asks for defaults of a type it cannot tell is immutable.
 SYNC_DIR = typer.Argument(
     None,
     metavar="DIR",
+    parser=nonempty_path,
     help="A folder your devices share (iCloud Drive, Dropbox, Syncthing, a network share, "
     "a USB stick). Remembered: later syncs may leave it out.",
 )
-EXPORT_FILE = typer.Argument(..., help="The JSON file to write (replaced if it exists).")
-IMPORT_FILE = typer.Argument(..., help="A file written by `mlxmem export`.")
+EXPORT_FILE = typer.Argument(
+    ...,
+    metavar="FILE",
+    parser=nonempty_path,
+    help="The JSON file to write (replaced if it exists).",
+)
+IMPORT_FILE = typer.Argument(
+    ..., metavar="FILE", parser=nonempty_path, help="A file written by `mlxmem export`."
+)
 
 
 def register(app: typer.Typer) -> None:

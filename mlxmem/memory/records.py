@@ -22,6 +22,9 @@ from mlxmem.text import ROLES, as_utc, check_text
 
 Record = dict[str, Any]
 TOMBSTONE_KINDS = ("message", "fact", "conversation")
+# The times a record may carry: wide enough for any real clock, even a badly skewed one.
+EARLIEST = datetime(1970, 1, 1)
+LATEST = datetime(2999, 12, 31)
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,17 @@ def iso(value: datetime) -> str:
 
 
 def timestamp(value: str) -> datetime:
-    """An ISO 8601 timestamp as the naive UTC datetime DuckDB stores."""
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    """An ISO 8601 timestamp as the naive UTC datetime DuckDB stores; InputError for one that
+    is not a time or lies outside EARLIEST..LATEST (a crafted 9999-12-31 would overflow every
+    later turn's clock)."""
+    try:
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is not None:
+            parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"not an ISO 8601 time: {str(value)[:40]!r}") from None
+    if not EARLIEST <= parsed <= LATEST:
+        raise InputError(f"time {str(value)[:40]!r} is outside {EARLIEST.year}..{LATEST.year}")
     return parsed
 
 

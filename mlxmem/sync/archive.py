@@ -52,6 +52,8 @@ def read_export(path: Path) -> list[Record]:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{path} is not an mlxmem export (not JSON: {exc})") from None
+    except RecursionError:  # json nests one Python call per level
+        raise InputError(f"{path} is not an mlxmem export (JSON nested too deep)") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
         raise InputError(f"{path} is not an mlxmem export (no 'format': '{EXPORT_FORMAT}')")
     if document.get("version") != EXPORT_VERSION:

@@ -84,7 +84,7 @@ class DeviceFolder:
         try:
             lines = data.decode("utf-8").splitlines()
             return [check_record(json.loads(line)) for line in lines if line.strip()]
-        except (UnicodeDecodeError, ValueError, MlxmemError):
+        except (UnicodeDecodeError, ValueError, RecursionError, MlxmemError):
             return None
 
     def write(self, number: int, records: list[Record], cipher: Cipher | None) -> Path:

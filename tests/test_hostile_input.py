@@ -1,0 +1,101 @@
+"""Hostile or mistaken input to sync, export and import gets a clear error and changes nothing:
+crafted timestamps, an empty path (an unset "$DIR"), JSON nested too deep."""
+
+import json
+import os
+
+import pytest
+from conftest import cli
+
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.store import Store
+from mlxmem.testing import FakeEngine
+
+
+def chat(engine: FakeEngine, text: str) -> None:
+    Companion(engine, Store(), "default", 600, 120, ChatSettings()).send(text)
+
+
+def export_with(tmp_path, edit, engine=None) -> str:
+    """An export of a one-turn log, with `edit(records)` applied to its records."""
+    chat(engine or FakeEngine(), "hello there")
+    path = tmp_path / "export.json"
+    cli("export", str(path))
+    document = json.loads(path.read_text())
+    edit(document["records"])
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("created_at", "9999-12-31T00:00:00+00:00"),
+        ("created_at", "9999-12-31T23:00:00-05:00"),  # overflows on the way to UTC
+        ("created_at", "0001-01-01T00:00:00+00:00"),
+        ("created_at", "yesterday"),
+    ],
+)
+def test_a_record_with_a_time_out_of_range_is_refused_whole(tmp_path, mlxmem_home, field, value):
+    def edit(records):
+        message = next(r for r in records if r["kind"] == "message")
+        records.append({**message, "uid": "00000000-0000-4000-8000-000000000001", field: value})
+
+    engine = FakeEngine()
+    path = export_with(tmp_path, edit, engine)
+    result = cli("import", path, code=1)
+    assert "Error:" in result.output and "nothing was imported" in result.output
+    assert len(Store().turns("default")) == 2  # the log as it was
+    chat(engine, "still fine")  # and the chat goes on
+
+
+def test_a_tombstone_with_a_crafted_deletion_time_is_refused(tmp_path, mlxmem_home):
+    def edit(records):
+        message = next(r for r in records if r["kind"] == "message")
+        records.append(
+            {
+                "kind": "tombstone",
+                "uid": message["uid"],
+                "of": "message",
+                "deleted_at": "9999-12-31T23:00:00-05:00",
+                "device": message["device"],
+            }
+        )
+
+    result = cli("import", export_with(tmp_path, edit), code=1)
+    assert "deleted_at" in result.output
+    assert len(Store().turns("default")) == 2
+
+
+def test_a_sync_folder_file_with_a_crafted_time_is_skipped_not_a_crash(tmp_path, mlxmem_home):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    stranger = folder / "0f6c6a0e-1f7e-4a43-9d0b-3b8f1f0a0c11"
+    stranger.mkdir()
+    record = {
+        "kind": "tombstone",
+        "uid": "00000000-0000-4000-8000-000000000002",
+        "of": "message",
+        "deleted_at": "9999-12-31T23:00:00-05:00",
+        "device": stranger.name,
+    }
+    (stranger / "000001.jsonl").write_text(json.dumps(record) + "\n")
+    cli("sync", str(folder))  # the file cannot be read whole: skipped, reported, no traceback
+    assert len(Store().turns("default")) == 0
+
+
+@pytest.mark.parametrize("command", [["sync", ""], ["export", ""], ["import", " "]])
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(
+    tmp_path, mlxmem_home, command
+):
+    os.chdir(tmp_path)
+    result = cli(*command, code=2)
+    assert "the path is empty" in result.output
+    assert [p for p in tmp_path.iterdir() if p != mlxmem_home] == []  # nothing written here
+
+
+def test_an_import_nested_too_deep_is_refused(tmp_path, mlxmem_home):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    result = cli("import", str(path), code=1)
+    assert "nested too deep" in result.output
