@@ -8,6 +8,7 @@ from conftest import cli
 from typer.testing import CliRunner
 
 from mlxmem import paths
+from mlxmem.cli.main import app
 from mlxmem.memory.store import Store
 
 runner = CliRunner()
@@ -135,16 +136,36 @@ def test_history_rm_one_turn(chat):
     )
     assert [m.seq for m in Store().turns("default")] == [1, 3, 4]
     assert Store().latest_summary("default") is None
-    assert "no message with id 2" in error("history", "rm", "2")
+    assert "no turn with id 2" in error("history", "rm", "2")
 
 
 def test_history_rm_range_and_conversation(chat):
-    out = mlxmem("history", "rm", "--conversation", "default", "--from", "3", "--to", "4").stdout
-    assert out == "Deleted 2 turns.\n"
+    range_args = ["history", "rm", "--conversation", "default", "--from", "3", "--to", "4"]
+    assert "--yes" in error(*range_args)  # a bulk deletion, and no terminal to ask on
+    assert mlxmem(*range_args, "--yes").stdout == "Deleted 2 turns.\n"
     assert [m.seq for m in Store().turns("default")] == [1, 2]
     assert Store().latest_summary("default") is not None  # covers 1-2 only: kept
-    assert mlxmem("history", "rm", "-c", "work", "--all").stdout == "Deleted 1 turn.\n"
+    assert "no turns 5.. in conversation" in error(
+        "history", "rm", "-c", "default", "--from", "5", "-y"
+    )
+    assert "--yes" in error("history", "rm", "-c", "work", "--all")
+    assert len(Store().turns("work")) == 1  # nothing deleted
+    assert mlxmem("history", "rm", "-c", "work", "--all", "--yes").stdout == "Deleted 1 turn.\n"
     assert [c.name for c in Store().conversations()] == ["default"]
+
+
+def test_bulk_deletions_ask_on_a_terminal(chat, monkeypatch):
+    from mlxmem.cli import common
+
+    monkeypatch.setattr(common, "on_terminal", lambda: True)
+    no = runner.invoke(app, ["history", "rm", "-c", "work", "--all"], input="n\n")
+    assert no.exit_code == 1 and "Delete conversation 'work' (1 turn) for good?" in no.output
+    assert "Nothing deleted." in no.output and len(Store().turns("work")) == 1
+    yes = runner.invoke(app, ["history", "rm", "-c", "work", "--all"], input="y\n")
+    assert yes.exit_code == 0 and "Deleted 1 turn." in yes.output
+    Store().add_fact("Likes tea.")
+    kept = runner.invoke(app, ["memory", "clear"], input="\n")  # the default answer is no
+    assert kept.exit_code == 1 and len(Store().facts()) == 1
 
 
 def test_history_rm_drops_kv_caches(chat):

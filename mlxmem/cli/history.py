@@ -10,7 +10,7 @@ from mlxmem.errors import InputError
 from mlxmem.memory.store import LAST_SEQ, Store, Turn
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import JSON, as_record, print_json
+from .common import JSON, as_record, confirm, plural, print_json
 from .memory import local_time
 
 app = typer.Typer(
@@ -75,20 +75,26 @@ def remove(
     from_seq: int = typer.Option(None, "--from", help="First turn number (#) of a range."),
     to_seq: int = typer.Option(None, "--to", help="Last turn number (#) of a range."),
     everything: bool = typer.Option(False, "--all", help="The whole conversation."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed off a terminal."),
 ) -> None:
     """Delete turns for good, and the summaries built from them.
 
     One or more turns: `rm ID...`; a range of turn numbers: `rm -c NAME --from 3 --to 8`;
-    a whole conversation: `rm -c NAME --all`.
+    a whole conversation: `rm -c NAME --all`. A range or a whole conversation is asked about
+    first on a terminal, and needs --yes elsewhere (as `memory clear` does).
     """
     store = Store()
     ranged = from_seq is not None or to_seq is not None
     if message_ids and conversation is None and not ranged and not everything:
         deletion = store.delete_turns(message_ids)
     elif conversation is not None and not message_ids and everything and not ranged:
+        turns = store.conversation(conversation).message_count  # an unknown name fails here
+        confirm(f"Delete conversation {conversation!r} ({plural(turns, 'turn')}) for good?", yes)
         deletion = store.delete_conversation(conversation)
     elif conversation is not None and not message_ids and ranged and not everything:
         first = 1 if from_seq is None else from_seq
+        span = f"{first}..{'' if to_seq is None else to_seq}"
+        confirm(f"Delete turns {span} of conversation {conversation!r} for good?", yes)
         deletion = store.delete_turn_range(conversation, first, to_seq or LAST_SEQ)
     else:
         raise InputError(

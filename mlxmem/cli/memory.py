@@ -7,10 +7,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mlxmem.errors import InputError
 from mlxmem.memory.store import Store
 
-from .common import JSON, as_record, plural, print_json
+from .common import JSON, as_record, confirm, plural, print_json
 
 app = typer.Typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -84,12 +83,13 @@ def remove_facts(
 
 @app.command("clear")
 def clear_facts(
-    yes: bool = typer.Option(False, "--yes", help="Confirm that every fact should go."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed off a terminal."),
     source: str = typer.Option(
         None, "--source", help="Only the facts from this source: manual or automatic."
     ),
 ) -> None:
-    """Delete every fact (or every fact from one source). Needs --yes."""
-    if not yes:
-        raise InputError("this deletes every fact for good; run it again with --yes to confirm")
+    """Delete every fact (or every fact from one source). Asks first on a terminal, and
+    needs --yes elsewhere."""
+    which = f"every {source} fact" if source else "every fact"
+    confirm(f"Delete {which} for good?", yes)
     typer.echo(Store().clear_facts(source).describe())

@@ -271,9 +271,8 @@ class Store(TurnLog, SummaryLog, FactList):
                 [conversation, first_seq, last_seq],
             ).fetchall()
             if not rows:
-                raise NotFoundError(
-                    f"no turns {first_seq}..{last_seq} in conversation {conversation!r}"
-                )
+                span = f"{first_seq}..{'' if last_seq == LAST_SEQ else last_seq}"
+                raise NotFoundError(f"no turns {span} in conversation {conversation!r}")
             return _delete_turns(erasure, [turn_of(row) for row in rows])
 
     def delete_conversation(self, name: str) -> Deletion:

@@ -213,7 +213,7 @@ def conversation_uid(name: str) -> str:
 def get_turn(con: duckdb.DuckDBPyConnection, turn_id: int) -> Turn:
     row = con.execute(f"{SELECT_TURNS} WHERE m.id = ?", [turn_id]).fetchone()
     if row is None:
-        raise NotFoundError(f"no message with id {turn_id}")
+        raise NotFoundError(f"no turn with id {turn_id}")
     return turn_of(row)
 
 
