@@ -65,12 +65,14 @@ def sync(
     device, name = store.device()
     with _sync_lock(store):
         mine = DeviceFolder(root, device)
+        others = [f for f in device_folders(root) if f.device != device]
+        progress(f"Reading {len(others)} other device(s) in {root}")
+        # Reading the others first checks the passphrase against their keys before anything
+        # is written: a mistyped one must not become this device's key.
+        records, skipped = read_streams(others, passphrase)
         cipher = _own_cipher(mine, name, passphrase)
         mine.remove_temp_files()
         mine.remove_superseded(encrypted=cipher is not None)
-        others = [f for f in device_folders(root) if f.device != device]
-        progress(f"Reading {len(others)} other device(s) in {root}")
-        records, skipped = read_streams(others, passphrase)
         crash_point("sync:read")
         progress(f"Merging {len(records)} record(s)")
         merged = store.merge(records)
@@ -195,7 +197,14 @@ def sync_root(store: Store, root: Path | None) -> Path:
 def _own_cipher(mine: DeviceFolder, name: str, passphrase: str | None) -> Cipher | None:
     """This device's key: the one its device.json describes, a new one if a passphrase is
     given for a plaintext stream (its files are then rewritten sealed), or None."""
-    cipher = mine.cipher(passphrase)
+    try:
+        cipher = mine.cipher(passphrase)
+    except InputError:
+        if mine.files() or not passphrase:
+            raise
+        # A key with nothing sealed under it: a first sync that failed once wrote it (before
+        # the passphrase was checked against the others'); nothing is lost by a new one.
+        cipher = None
     if cipher is None and passphrase:
         cipher = Cipher.new(passphrase)
         _write_info(mine, name, cipher, last_sync=mine.info().get("last_sync"))
