@@ -309,7 +309,10 @@ SYNC_STEPS = (
 )
 # A sync in a process of its own, without the CLI's start-up (the kill should land in the sync).
 SYNC_SCRIPT = (
-    "import sys; from pathlib import Path; from mlxmem.memory.store import Store; "
+    "import os, sys; from pathlib import Path; from mlxmem.memory import db; "
+    "step = os.environ.get('MLXMEM_CRASH_AT'); "  # die there, as kill -9 would
+    "db.fault_hook = lambda name: os._exit(137) if name == step else None; "
+    "from mlxmem.memory.store import Store; "
     "from mlxmem.sync.run import sync; print('started', flush=True); "
     "sync(Store(), Path(sys.argv[1]))"
 )

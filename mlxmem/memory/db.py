@@ -9,15 +9,20 @@ live in their own small file (attached as `facts_db`), so erasing a fact rewrite
 not the log; a transaction writes to one file, so an erase runs in steps:
 1. in the main file, the rows go (turns, summaries), an "erase pending" record is written that
    names the facts to delete and whether the main file held removed text, and the forget epoch
-   is bumped, in one transaction;
-2. the facts named are deleted (and edited) in the facts file, in one transaction;
+   is bumped, in one transaction: a deletion takes effect here;
+2. the facts named are deleted (and edited) in the facts file, in one transaction (an edit
+   takes effect here: killed before it, the fact keeps its old text, as if never edited);
 3. every KV cache file is deleted (a cache mirrors a prompt, so it may hold the removed text);
-4. the files are compacted: DuckDB keeps the bytes of deleted or updated rows (after DELETE,
-   CHECKPOINT and VACUUM alike), so the live data is copied into a fresh file that atomically
-   replaces the old one. The facts file always (it is small); the main file only when it held
-   removed text, and its copy no longer holds the pending record (else the record is deleted).
-If any step fails or the process dies, the next open by any command finishes steps 2 to 4
-before anything reads.
+4. the facts file is compacted: DuckDB keeps the bytes of deleted or updated rows (after
+   DELETE, CHECKPOINT and VACUUM alike), so the live data is copied into a fresh file
+   (`.compact`) that is flushed and renamed over the old one;
+5. last, the pending record goes: if the main file held removed text, it is compacted the same
+   way and its copy leaves the record out, so the rename that replaces the file also ends the
+   erase; otherwise the record is deleted in a transaction of its own (it holds no user text).
+The record outlives every file that may still hold the text: if any step fails or the process
+dies at any file-system call, the next open by any command redoes steps 2 to 5 (each can be
+repeated) before anything reads, and a `.compact` file left without a record (by an older
+version) makes it do the same.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ LOCK_TIMEOUT_S = 5.0
 ERASE_PENDING = "compaction_pending"  # the key's name predates the cache wipe; kept for old files
 FORGET_EPOCH = "forget_epoch"
 _COMPACT_ALIAS = "mlxmem_compacted"
+_COMPACT_SUFFIXES = (".compact", ".compact.wal")
 # Tables of the main file whose rows can hold text a deletion removes.
 _MAIN_TEXT_TABLES = ("messages", "summaries", "conversations")
 T = TypeVar("T")
@@ -116,8 +122,8 @@ class Database:
                 pending = con.execute(
                     "SELECT value FROM state WHERE key = ?", [ERASE_PENDING]
                 ).fetchone()
-            if pending:
-                self._erase_locked(ErasePlan.parse(pending[0]))
+            if pending or self._leftovers():
+                self._erase_locked(ErasePlan.parse(pending[0]) if pending else ErasePlan())
 
     @contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -154,22 +160,23 @@ class Database:
             yield con
 
     def _erase_locked(self, plan: ErasePlan, edits: dict[int, FactEdit] | None = None) -> None:
+        """Steps 2 to 5; the pending record goes last, so a kill anywhere is redone."""
         crash_point("erase:committed")
         self._write_facts(plan.fact_ids, edits or {})
         crash_point("erase:facts-written")
         wipe_caches(self.cache_dir)
         crash_point("erase:caches-wiped")
         try:
+            self._compact(self.facts_path, FACTS_DB, drop_pending=False)
             if plan.main:
-                self._write_compacted_copy()
-            self._compact_facts()
-            if not plan.main:
+                self._compact(self.path, None, drop_pending=True)
+            else:
                 with self._transaction() as con:
                     con.execute("DELETE FROM state WHERE key = ?", [ERASE_PENDING])
+            crash_point("erase:done")
         except (duckdb.Error, OSError) as exc:
-            for leftover in (self.path, self.facts_path):
-                for suffix in (".compact", ".compact.wal"):
-                    Path(f"{leftover}{suffix}").unlink(missing_ok=True)
+            for leftover in self._leftovers():
+                leftover.unlink(missing_ok=True)
             raise StoreError(
                 f"the deletion is saved, but its old bytes could not be erased from {self.path} "
                 f"yet ({exc}); mlxmem retries when it next opens the database"
@@ -198,6 +205,7 @@ class Database:
                 con.commit()
             except duckdb.Error as exc:  # a full disk, most often: nothing was written
                 raise StoreError(f"could not save to {self.path}: {exc}") from None
+            crash_point("transaction:committed")  # in the WAL, not yet checkpointed
         finally:
             con.close()  # rolls back an uncommitted transaction
             self._make_files_private()
@@ -266,24 +274,17 @@ class Database:
         except OSError:
             return "unknown"
 
-    def _write_compacted_copy(self) -> None:
-        """Rewrite the main file without the bytes of removed rows (and the pending record)."""
+    def _compact(self, path: Path, source: str | None, drop_pending: bool) -> None:
+        """Rewrite `path` (attached as `source`; None: the main file) without the bytes of
+        removed rows, and, with `drop_pending`, without the pending record."""
         con = self._open()
         try:
-            source = con.execute("SELECT current_database()").fetchone()[0]
-            self._copy_database(con, self.path, source, drop_pending=True)
+            if source is None:
+                source = con.execute("SELECT current_database()").fetchone()[0]
+            self._copy_database(con, path, source, drop_pending)
         finally:
             con.close()
-        self._replace_with_copy(self.path)
-
-    def _compact_facts(self) -> None:
-        """Rewrite the facts file: small, so every erase does it."""
-        con = self._open()
-        try:
-            self._copy_database(con, self.facts_path, FACTS_DB, drop_pending=False)
-        finally:
-            con.close()
-        self._replace_with_copy(self.facts_path)
+        self._replace_with_copy(path)
 
     def _copy_database(
         self, con: duckdb.DuckDBPyConnection, path: Path, source: str, drop_pending: bool
@@ -291,13 +292,18 @@ class Database:
         tmp = Path(f"{path}.compact")
         for leftover in (tmp, Path(f"{tmp}.wal")):
             leftover.unlink(missing_ok=True)
+        crash_point("compact:leftovers-removed")
         con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
+        crash_point("compact:checkpointed")
         con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
         paths.make_private(tmp)
+        crash_point("compact:attached")
         con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
+        crash_point("compact:copied")
         if drop_pending:
             con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
         con.execute(f"DETACH {_COMPACT_ALIAS}")
+        crash_point("compact:detached")
 
     def _replace_with_copy(self, path: Path) -> None:
         tmp = Path(f"{path}.compact")
@@ -307,9 +313,17 @@ class Database:
             raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
         paths.make_private(tmp)
         paths.fsync_path(tmp)
-        crash_point("erase:copied")
+        crash_point("compact:flushed")
         os.replace(tmp, path)
+        crash_point("compact:replaced")
         paths.fsync_path(path.parent)
+        crash_point("compact:dir-flushed")
+
+    def _leftovers(self) -> list[Path]:
+        """Copies an interrupted compaction left behind."""
+        files = (self.path, self.facts_path)
+        names = (Path(f"{path}{suffix}") for path in files for suffix in _COMPACT_SUFFIXES)
+        return [name for name in names if os.path.lexists(name)]
 
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
@@ -342,10 +356,16 @@ def _row_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:
     return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _MAIN_TEXT_TABLES)
 
 
+# The one fault-injection seam: each file-system step of an erase (and a few steps of a turn
+# and of a sync) calls crash_point(name). Tests set `fault_hook` to die or fail there; it is
+# None otherwise, and nothing else reads it.
+fault_hook: Callable[[str], None] | None = None
+
+
 def crash_point(name: str) -> None:
-    """Die here, as `kill -9` would, when the tests ask for it (MLXMEM_CRASH_AT=name)."""
-    if os.environ.get("MLXMEM_CRASH_AT") == name:
-        os._exit(137)
+    """Hand step `name` to the tests' fault hook, if one is set."""
+    if fault_hook is not None:
+        fault_hook(name)
 
 
 def wipe_caches(cache_dir: Path) -> int:
@@ -361,6 +381,7 @@ def wipe_caches(cache_dir: Path) -> int:
         else:
             path.unlink(missing_ok=True)
             removed += 1
+        crash_point("erase:cache-removed")
     return removed
 
 
