@@ -119,3 +119,10 @@ def test_models_rm_asks_first_and_frees_the_space(mlxmem_home, tmp_path, monkeyp
     (repo / "abc").write_bytes(b"x" * 1000)
     assert "freed 1.0 kB" in cli("models", "rm", "llama-3.2-3b", "-y").output
     assert not repo.exists()
+
+
+def test_a_failed_pull_does_not_advise_itself():
+    from conftest import cli
+
+    out = cli("models", "pull", "llama-3.2-3b", code=1).output  # HF_HUB_OFFLINE=1 in tests
+    assert "HF_HUB_OFFLINE" in out and "models pull" not in out

@@ -201,8 +201,9 @@ def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> 
             f"fetch it first with `mlxmem models pull {spec.repo}`."
         )
     if hub_offline():
-        raise ModelNotFoundError(_missing(spec, "HF_HUB_OFFLINE is set, so it cannot be fetched"))
-    return _download(spec, progress)
+        offline = "HF_HUB_OFFLINE is set, so it cannot be fetched"
+        raise ModelNotFoundError(_missing(spec, offline, pull))
+    return _download(spec, progress, pull)
 
 
 def hub_offline() -> bool:
@@ -388,7 +389,7 @@ def _has_weights(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def _download(spec: ModelSpec, progress: bool) -> Path:
+def _download(spec: ModelSpec, progress: bool, pull: bool = False) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
@@ -401,15 +402,20 @@ def _download(spec: ModelSpec, progress: bool) -> Path:
         ) from None
     except Exception as exc:  # network errors come from several libraries; all mean the same
         reason = f"the download failed ({type(exc).__name__}: {_first_line(exc)})"
-        raise ModelNotFoundError(_missing(spec, reason)) from exc
+        raise ModelNotFoundError(_missing(spec, reason, pull)) from exc
     if not _has_weights(path):
         raise ModelLoadError(f"{spec.repo} has no config.json or no .safetensors weights")
     return path
 
 
-def _missing(spec: ModelSpec, reason: str) -> str:
-    return (
-        f"model {spec.alias!r} ({spec.repo}) is not downloaded and {reason}. "
+def _missing(spec: ModelSpec, reason: str, pulling: bool = False) -> str:
+    missing = f"model {spec.alias!r} ({spec.repo}) is not downloaded and {reason}. "
+    if pulling:  # never advise the very command that just failed
+        return missing + (
+            "Downloading needs the network, with HF_HUB_OFFLINE unset; meanwhile, chat with a "
+            "model already on disk (`mlxmem models list`) or --model PATH."
+        )
+    return missing + (
         f"Run `mlxmem models pull {spec.alias}` while online (HF_HUB_OFFLINE unset), "
         "or pass --model PATH to a local mlx-lm model directory."
     )
