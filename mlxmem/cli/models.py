@@ -15,9 +15,9 @@ from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry,
 from mlxmem.models.choice import default_model, set_default_model
 from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
 
-from .common import JSON, confirm, err, print_json
+from .common import JSON, confirm, err, plain_typer, print_json
 
-app = typer.Typer(
+app = plain_typer(
     help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the "
     "data directory): list them, choose the default, download one now, free its disk space, "
     "import a GGUF file, or write a tiny random-weight test model.",
@@ -62,19 +62,20 @@ def list_models(as_json: bool = JSON) -> None:
     table.add_column("alias", no_wrap=True)
     table.add_column("on disk", justify="right", no_wrap=True)
     table.add_column("context", justify="right", no_wrap=True)
-    table.add_column("source", overflow="fold")
+    table.add_column("source (license)", overflow="fold")
     for r in records:
         alias = f"{r['alias']} *" if r["default"] else r["alias"]
         size = human_size(r["size_bytes"]) if r["downloaded"] else "-"
         context = f"{r['context_tokens']:,}"
-        table.add_row(alias, size, context, Text(r["source"], overflow="fold"))
+        source = f"{r['source']} ({r['license']})" if r["license"] else r["source"]
+        table.add_row(alias, size, context, Text(source, overflow="fold"))
     Console().print(table)
 
 
 @app.command("default")
 def default(
     name: str = typer.Argument(
-        None, metavar="[NAME]", help="An alias, a model directory or a hub repo id."
+        None, metavar="NAME", help="An alias, a model directory or a hub repo id."
     ),
     unset: bool = typer.Option(False, "--unset", help="Go back to the built-in default."),
 ) -> None:
