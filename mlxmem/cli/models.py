@@ -14,6 +14,7 @@ from rich.text import Text
 from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry, resolve
 from mlxmem.models.choice import default_model, set_default_model
 from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
+from mlxmem.models.registry import registry_problems
 
 from .common import JSON, confirm, err, plain_typer, print_json
 
@@ -53,6 +54,8 @@ def list_models(as_json: bool = JSON) -> None:
     records = [
         spec_record(spec, default.name, size_on_disk(spec)) for spec in load_registry().values()
     ]
+    for alias, problem in registry_problems().items():  # entries that do not load, left out
+        err.print(f"Warning: {f'{alias}: ' if alias else ''}{problem}", markup=False)
     if as_json:
         print_json(records)
         return
