@@ -1,8 +1,12 @@
 """The command line as a whole: every command explains itself, and README documents it."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import click
 import typer.main
 
 from mlxmem.cli.main import app
@@ -15,13 +19,22 @@ def command_paths() -> list[list[str]]:
     found: list[list[str]] = []
 
     def walk(group, prefix: list[str]) -> None:
-        for name, command in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
             found.append(prefix + [name])
-            if hasattr(command, "commands"):
+            if isinstance(command, click.Group):
                 walk(command, prefix + [name])
 
     walk(typer.main.get_command(app), [])
     return found
+
+
+def subcommand(path: list[str]) -> click.Command:
+    command = typer.main.get_command(app)
+    for part in path:
+        command = command.get_command(click.Context(command), part)
+    return command
 
 
 def leaf_commands() -> list[list[str]]:
@@ -32,15 +45,23 @@ def leaf_commands() -> list[list[str]]:
 def test_every_command_has_help():
     from conftest import cli
 
-    root = typer.main.get_command(app)
     assert {"chat", "memory", "history", "bench", "models"} <= {p[0] for p in command_paths()}
     for path in command_paths():
         output = cli(*path, "--help").output
-        assert "Usage:" in output
-        command = root
-        for part in path:
-            command = command.commands[part]
-        assert (command.help or "").strip(), f"mlxmem {' '.join(path)} has no help"
+        assert "Usage:" in output and "<bool>" not in output
+        # click's plain help, wrapped for 80 columns (the test runner's width) with every
+        # option name whole
+        assert max(len(line) for line in output.splitlines()) <= 80, output
+        assert "…" not in output
+        assert (subcommand(path).help or "").strip(), f"mlxmem {' '.join(path)} has no help"
+
+
+def test_the_root_help_lines_match_the_commands_own_help():
+    from mlxmem.cli.main import SUBCOMMANDS
+
+    for name, (_, _, short) in SUBCOMMANDS.items():
+        own = " ".join(subcommand([name]).help.split())
+        assert own.startswith(short.removesuffix("...").rstrip(", ").removesuffix(".")), name
 
 
 def test_readme_documents_every_command():
@@ -126,3 +147,39 @@ def test_a_failed_pull_does_not_advise_itself():
 
     out = cli("models", "pull", "llama-3.2-3b", code=1).output  # HF_HUB_OFFLINE=1 in tests
     assert "HF_HUB_OFFLINE" in out and "models pull" not in out
+
+
+HEAVY = ("mlx", "mlx_lm", "transformers")
+
+
+def test_commands_that_read_the_store_never_import_mlx(mlxmem_home):
+    """Each command imports its own modules only: `memory list` starts in a fraction of the
+    time that loading MLX and mlx-lm takes (issue 21)."""
+    probe = (
+        "import sys\n"
+        "from mlxmem.cli.main import run\n"
+        "sys.argv = ['mlxmem', *sys.argv[1:]]\n"
+        "try:\n    run()\nexcept SystemExit:\n    pass\n"
+        f"print('HEAVY', *[m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)\n"
+    )
+    for args in (["memory", "list", "--json"], ["history", "list"], ["--version"], ["--help"]):
+        env = {**os.environ, "MLXMEM_HOME": str(mlxmem_home)}
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.strip().splitlines()[-1] == "HEAVY", (args, out.stderr)
+
+
+def test_only_commands_that_run_a_model_re_execute_with_openblas():
+    from mlxmem.cli.main import runs_a_model
+
+    assert runs_a_model(["chat", "hello"]) and runs_a_model(["bench", "speed"])
+    assert runs_a_model(["serve", "--port", "0"]) and runs_a_model(["eval", "locomo"])
+    for args in (["memory", "list"], ["--version"], ["chat", "--help"], ["bench", "history"], []):
+        assert not runs_a_model(args), args

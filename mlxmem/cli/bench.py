@@ -27,9 +27,9 @@ from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIA
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
 
-from .common import JSON, err, print_json
+from .common import JSON, err, plain_typer, print_json
 
-app = typer.Typer(
+app = plain_typer(
     help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
     "results: `speed` (engine vs bare mlx-lm), `turns` (a conversation replayed through the "
     "memory system), `restart` (the first turn after a restart), `scale` (a ten-year log), "

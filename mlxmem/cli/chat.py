@@ -22,14 +22,9 @@ from .common import MODEL, err, model_or_default, print_json
 from .repl import Opener, Session
 from .terminal import Terminal, report_after
 
-
-def register(app: typer.Typer) -> None:
-    app.command("chat")(chat)
-
-
 PROMPT = typer.Argument(
     None,
-    metavar="[PROMPT]",
+    metavar="PROMPT",
     show_default=False,
     help="Send one message, print the reply and exit.",
 )

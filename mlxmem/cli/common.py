@@ -38,6 +38,12 @@ def model_or_default(model: str | None) -> str:
     return model or default_model().name
 
 
+def plain_typer(**kwargs: Any) -> typer.Typer:
+    """A Typer app whose help is click's plain text: wrapped to the terminal (80 columns at
+    most), every option name whole, and no `<bool>` type column as Typer's rich panels show."""
+    return typer.Typer(rich_markup_mode=None, **kwargs)
+
+
 class ErrorsAsMessages(TyperGroup):
     """The root group: an expected failure anywhere below it becomes `Error: ...` on stderr and
     exit code 1, with no traceback; Ctrl-C exits 130."""

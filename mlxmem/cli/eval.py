@@ -13,9 +13,9 @@ from mlxmem.bench import eval_locomo as ev
 from mlxmem.errors import InputError
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import JSON, err
+from .common import JSON, err, plain_typer
 
-app = typer.Typer(
+app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
     "asks their questions under five configurations.",
     no_args_is_help=True,

@@ -10,10 +10,10 @@ from mlxmem.errors import InputError
 from mlxmem.memory.store import LAST_SEQ, Store, Turn
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import JSON, as_record, confirm, plural, print_json
+from .common import JSON, as_record, confirm, plain_typer, plural, print_json
 from .memory import local_time
 
-app = typer.Typer(
+app = plain_typer(
     help="The chat log (layer 2): every turn, whole and unchanged. List conversations, "
     "read, search and delete turns.",
     no_args_is_help=True,

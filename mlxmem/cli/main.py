@@ -1,16 +1,62 @@
-"""`mlxmem`: the root command, joining one sub-app per group."""
+"""`mlxmem`: the root command. Each subcommand's module is imported only when that subcommand
+runs (or shows its help), so `mlxmem memory list` or `mlxmem --version` never loads MLX, and only
+the commands that run a model re-execute with OpenBLAS (issue 21)."""
 
+from __future__ import annotations
+
+import importlib
 import os
+import sys
 
+import click
 import typer
 
 from mlxmem import __version__
-from mlxmem.cpu import reexec_with_openblas
 
-from . import bench, chat, eval, history, memory, models, serve, sync
-from .common import ErrorsAsMessages
+from .common import ErrorsAsMessages, plain_typer
 
-app = typer.Typer(
+# name -> (module under mlxmem.cli, its Typer app or command function, the one line shown by
+# `mlxmem --help`; a test checks that line against the command's own help).
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "chat": ("chat", "chat", "Chat with a model that remembers."),
+    "serve": ("serve", "serve", "Serve the model over HTTP: OpenAI's /v1/chat/completions, ..."),
+    "memory": ("memory", "app", "The facts about you that the model sees (layer 3)."),
+    "history": ("history", "app", "The chat log (layer 2): every turn, whole and unchanged."),
+    "models": ("models", "app", "The models mlxmem knows by name."),
+    "sync": ("sync", "sync_command", "Sync your chats and facts with your other devices."),
+    "export": ("sync", "export_command", "Write your whole chat log, your facts and the ..."),
+    "import": ("sync", "import_command", "Merge an export file into this data directory."),
+    "bench": ("bench", "app", "Measure mlxmem against the baselines a user would otherwise use."),
+    "eval": ("eval", "app", "Measure what the memory remembers."),
+}
+# The commands that run a model, and so want OpenBLAS on a CPU (see mlxmem.cpu).
+MODEL_COMMANDS = {"chat", "serve", "bench", "eval"}
+
+
+class LazyGroup(ErrorsAsMessages):
+    """The root group: finds a subcommand by importing its module when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in SUBCOMMANDS:
+            return None
+        module, attr, _ = SUBCOMMANDS[name]
+        found = getattr(importlib.import_module(f"mlxmem.cli.{module}"), attr)
+        if isinstance(found, typer.Typer):  # a group, even of one command (eval)
+            return typer.main.get_group(found)
+        single = plain_typer(add_completion=False)
+        single.command(name)(found)
+        return typer.main.get_command(single)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # From the table, not the modules: `mlxmem --help` imports none of them.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_, _, short) in SUBCOMMANDS.items()])
+
+
+app = plain_typer(
     name="mlxmem",
     help="Long memory for small on-device language models on MLX.\n\n"
     "Your chats live in a DuckDB file in the data directory ($MLXMEM_HOME, else the platform's "
@@ -18,7 +64,7 @@ app = typer.Typer(
     "you that you can list, edit and delete.",
     no_args_is_help=True,
     add_completion=False,
-    cls=ErrorsAsMessages,
+    cls=LazyGroup,
 )
 
 
@@ -40,18 +86,20 @@ def main(
     os.umask(0o077)
 
 
-chat.register(app)
-serve.register(app)
-app.add_typer(memory.app, name="memory")
-app.add_typer(history.app, name="history")
-app.add_typer(bench.app, name="bench")
-app.add_typer(eval.app, name="eval")
-app.add_typer(models.app, name="models")
-sync.register(app)
+def runs_a_model(args: list[str]) -> bool:
+    """Whether `mlxmem ARGS` runs a model (help and `bench history` do not)."""
+    words = [a for a in args if not a.startswith("-")]
+    if not words or words[0] not in MODEL_COMMANDS or "--help" in args:
+        return False
+    return words[:2] != ["bench", "history"]
 
 
 def run() -> None:
-    """The `mlxmem` command: on Linux with a system OpenBLAS, first re-run this process with
-    it preloaded (prefill several times faster on the CPU, see mlxmem.cpu), then the app."""
-    reexec_with_openblas()
+    """The `mlxmem` command: for a command that runs a model, on Linux with a system OpenBLAS,
+    first re-run this process with it preloaded (prefill several times faster on the CPU, see
+    mlxmem.cpu); then the app."""
+    if runs_a_model(sys.argv[1:]):
+        from mlxmem.cpu import reexec_with_openblas
+
+        reexec_with_openblas()
     app(prog_name="mlxmem")

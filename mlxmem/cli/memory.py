@@ -9,9 +9,9 @@ from rich.text import Text
 
 from mlxmem.memory.store import Store
 
-from .common import JSON, as_record, confirm, plural, print_json
+from .common import JSON, as_record, confirm, plain_typer, plural, print_json
 
-app = typer.Typer(
+app = plain_typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
     "you) or automatic (extracted from a chat); list, add, edit and delete them.",
     no_args_is_help=True,

@@ -24,10 +24,6 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 
-def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
-
-
 def serve(
     host: str = typer.Option(DEFAULT_HOST, help="Address to listen on (loopback by default)."),
     port: int = typer.Option(DEFAULT_PORT, min=0, max=65535, help="Port (0: any free one)."),

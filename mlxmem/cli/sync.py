@@ -37,12 +37,6 @@ IMPORT_FILE = typer.Argument(
 )
 
 
-def register(app: typer.Typer) -> None:
-    app.command("sync")(sync_command)
-    app.command("export")(export_command)
-    app.command("import")(import_command)
-
-
 def sync_command(
     folder: Path = SYNC_DIR,
     show_status: bool = typer.Option(
