@@ -157,11 +157,32 @@ def test_new_automatic_fact_waits_for_a_collapse_manual_fact_shows_at_once():
     other.add_fact("The user is called Ana.", source="manual")
     companion.send("hello again")
     assert "The user is called Ana." in engine.calls[-1].prompt
-    # A fresh session picks up the automatic fact too.
+    # Another process going on with the conversation shows the same facts block: which
+    # automatic facts a conversation shows is the store's state, not the process's.
     fresh = Companion(engine, store, "default", 2000, 120, ChatSettings())
     fresh.send("and now?")
     prompt = [c for c in engine.calls if c.slot == "default/chat"][-1].prompt
-    assert FACT in prompt and prompt.index("Ana") < prompt.index(FACT)  # manual first
+    assert FACT not in prompt and "Ana" in prompt
+    # A conversation begun after the fact was noted shows it, manual facts first.
+    Companion(engine, store, "other", 2000, 120, ChatSettings()).send("hi there")
+    prompt = [c for c in engine.calls if c.slot == "other/chat"][-1].prompt
+    assert FACT in prompt and prompt.index("Ana") < prompt.index(FACT)
+
+
+def test_one_process_per_turn_reuses_the_whole_previous_prompt_until_a_collapse():
+    engine = FakeEngine(scripted)
+    long = "I have a cat called Miso and she sleeps on the balcony every afternoon, all summer."
+    previous, reused = None, 0
+    for i in range(12):
+        companion = Companion(engine, Store(), "default", 900, 120, ChatSettings())  # a process
+        result = companion.send(f"{long} Day {i}.")
+        if previous is not None:  # a fold after the last reply starts a new prefix
+            assert result.stats.cached_tokens >= previous  # the last prompt, and more
+            reused += 1
+        previous = None if result.collapses else result.stats.prompt_tokens
+    assert reused >= 6
+    folded = [c.prompt for c in engine.calls if c.slot == "default/chat"][-1]
+    assert Store().latest_summary("default") is not None and FACT in folded  # joined at a fold
 
 
 def test_fact_deleted_elsewhere_is_gone_before_the_next_reply():

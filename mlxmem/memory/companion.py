@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
@@ -53,6 +54,14 @@ def open_companion(
     return Companion(
         engine, store or Store(), conversation, budget, spec.response_reserve, settings
     )
+
+
+def facts_joined_until(snap: Snapshot) -> datetime | None:
+    """The time up to which automatic facts are in a conversation's prompt: when its newest
+    summary was written, else when it began; None (all of them) before its first turn."""
+    if snap.summary is not None:
+        return snap.summary.created_at
+    return snap.turns[0].created_at if snap.turns else None
 
 
 class StaleWarning(UserWarning):
@@ -145,7 +154,6 @@ class Companion:
         )
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)
-        self._auto_fact_ids = self._automatic_fact_ids()
         self._epoch: int | None = None  # the forget epoch of the last turn
 
     def _check_budget(self) -> None:
@@ -175,15 +183,19 @@ class Companion:
 
     # -- layer 3 in the prompt --------------------------------------------------------------
 
-    def _automatic_fact_ids(self) -> set[int]:
-        return {f.id for f in self.store.facts() if f.source == "automatic"}
-
-    def prompt_facts(self, facts: list[Fact]) -> list[Fact]:
-        """Manual facts first, then automatic ones newest first. A new automatic fact waits for
-        the next collapse or session (it is in the verbatim turns already) so the cached
-        prefix stays put; manual changes and deletions show at once."""
-        manual = [f for f in facts if f.source == "manual"]
-        auto = [f for f in facts if f.source == "automatic" and f.id in self._auto_fact_ids]
+    def prompt_facts(self, snap: Snapshot) -> list[Fact]:
+        """Manual facts first, then automatic ones newest first. An automatic fact joins a
+        conversation's prompt at its next collapse (it is in the verbatim turns already), so
+        that the cached prefix stays put between collapses, in one process or many: shown are
+        those noted before the newest summary was written, or before the conversation began.
+        Manual facts, and every edit and deletion, show at once."""
+        manual = [f for f in snap.facts if f.source == "manual"]
+        since = facts_joined_until(snap)
+        auto = [
+            f
+            for f in snap.facts
+            if f.source == "automatic" and (since is None or f.created_at <= since)
+        ]
         auto.sort(key=lambda f: f.id, reverse=True)
         return manual + auto
 
@@ -197,7 +209,7 @@ class Companion:
             messages.append(Message("user", draft))
         prompt = self.budget.assemble(
             self.settings.instructions,
-            [f.text for f in self.prompt_facts(snap.facts)],
+            [f.text for f in self.prompt_facts(snap)],
             snap.summary and snap.summary.text,
             messages,
         )
@@ -397,13 +409,12 @@ class Companion:
                 return events, snap, prompt
             if on_status:
                 on_status("folding older turns into the summary")
-            facts = self.prompt_facts(snap.facts)
+            facts = self.prompt_facts(snap)
             event = self.window.collapse_oldest(facts, snap.summary, snap.turns, snap.forget_epoch)
             if event is None:
                 # Only the newest exchanges are left: the assembler shortens them.
                 return events, snap, prompt
             events.append(event)
-            self._auto_fact_ids = {f.id for f in snap.facts if f.source == "automatic"}
             snap = None
 
     def _warm_cache(self, prompt: AssembledPrompt) -> int:
