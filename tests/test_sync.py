@@ -535,6 +535,22 @@ def test_an_encrypted_folder_holds_no_plaintext_and_needs_the_passphrase(devices
     assert facts(c) == []
 
 
+def test_a_mistyped_passphrase_on_a_new_device_writes_nothing_and_the_right_one_works(
+    devices, monkeypatch
+):
+    a, b, folder = devices
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", "correct horse battery staple")
+    on(a, "memory", "add", f"Code {MARKER}")
+    on(a, "sync", str(folder))
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", "correct horse battery stapel")
+    assert "wrong sync passphrase" in on(b, "sync", str(folder), code=1).output
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # nothing written
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", "correct horse battery staple")
+    on(b, "sync", str(folder))
+    assert facts(b) == facts(a)
+
+
 def test_a_plaintext_stream_is_rewritten_sealed_once_a_passphrase_is_given(devices, monkeypatch):
     a, b, folder = devices
     on(a, "memory", "add", f"Code {MARKER}")
