@@ -18,6 +18,7 @@ from mlxmem.memory.db import Database, wipe_caches
 from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.migrations import MIGRATIONS, migrate
 from mlxmem.memory.store import Store
+from mlxmem.memory.turns import insert_turn
 
 SCHEMA = {
     "migrations": [("name", "VARCHAR"), ("applied_at", "TIMESTAMP")],
@@ -539,6 +540,30 @@ def test_corrupt_file_is_reported_and_left_alone():
         Store()
     assert str(path) in str(info.value)
     assert path.read_bytes() == garbage
+
+
+def test_a_missing_facts_file_is_reported_and_the_log_left_alone():
+    store = Store()
+    store.append_turn("default", "user", "hello")
+    store.add_fact("Likes tea.")
+    store.facts_path.unlink()
+    log = store.path.read_bytes()
+    for _ in range(2):  # no empty stand-in is left for the next open to take for the real one
+        with pytest.raises(StoreError, match="facts file .* is missing"):
+            store.facts()
+        assert not store.facts_path.exists()
+    assert store.path.read_bytes() == log
+
+
+def test_a_log_cut_short_is_an_error_not_a_traceback():
+    store = Store()
+    with store.connect() as con:  # enough turns that a query reads blocks the open did not
+        for i in range(1500):
+            insert_turn(con, "default", "user", f"turn {i} " * 30)
+    with open(store.path, "r+b") as f:
+        f.truncate(store.path.stat().st_size // 2)
+    with pytest.raises(StoreError, match="cannot read the database"):
+        store.turns("default")
 
 
 def test_two_processes_append_and_delete_at_the_same_time(mlxmem_home):

@@ -200,7 +200,10 @@ class Database:
         con = self._open()
         try:
             con.begin()
-            yield con
+            try:
+                yield con
+            except duckdb.IOException as exc:  # a file cut short: DuckDB reads blocks lazily
+                raise self._damaged_error(exc) from None
             try:
                 con.commit()
             except duckdb.Error as exc:  # a full disk, most often: nothing was written
@@ -224,13 +227,18 @@ class Database:
             os.close(fd)
 
     def _open(self) -> duckdb.DuckDBPyConnection:
+        had_facts = self.facts_path.exists()  # ATTACH creates a missing one, empty
         con = self._retry(lambda: duckdb.connect(str(self.path)), lambda: "unknown")
         try:
             attach_facts(con)
             migrate(con)
+            lost = not had_facts and not _has_table(con, FACTS_DB, "facts")
         except duckdb.Error as exc:
             con.close()
-            raise StoreError(f"cannot read the database {self.path}: {exc}") from None
+            raise self._damaged_error(exc) from None
+        if lost:
+            con.close()
+            raise self._facts_lost_error()
         return con
 
     def _retry(self, attempt: Callable[[], T], holder_pid: Callable[[], str]) -> T:
@@ -267,6 +275,23 @@ class Database:
                 "or restore it from a backup."
             )
         return StoreError(f"cannot open the database {self.path}: {exc}")
+
+    def _damaged_error(self, exc: duckdb.Error) -> StoreError:
+        return StoreError(
+            f"cannot read the database {self.path}: {exc}. A file cut short or damaged is "
+            "left untouched: restore it from a backup, or move it away to start a new database."
+        )
+
+    def _facts_lost_error(self) -> StoreError:
+        """The facts file is gone while the log is not: say so, and leave no empty file for
+        the next open to take for the real one."""
+        for path in (self.facts_path, Path(f"{self.facts_path}.wal")):
+            path.unlink(missing_ok=True)
+        return StoreError(
+            f"the facts file {self.facts_path} is missing, but the chat log {self.path} is "
+            "there (deleted or moved?). mlxmem leaves the log untouched: restore the facts "
+            f"file from a backup, or move {self.path.name} away too to start a new database."
+        )
 
     def _holder_pid(self) -> str:
         try:
@@ -348,6 +373,14 @@ def bump_forget_epoch(con: duckdb.DuckDBPyConnection) -> None:
         " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
         [FORGET_EPOCH, FORGET_EPOCH],
     )
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, database: str, table: str) -> bool:
+    found = con.execute(
+        "SELECT 1 FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
+        [database, table],
+    ).fetchone()
+    return found is not None
 
 
 def _row_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:
