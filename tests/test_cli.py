@@ -183,3 +183,31 @@ def test_only_commands_that_run_a_model_re_execute_with_openblas():
     assert runs_a_model(["serve", "--port", "0"]) and runs_a_model(["eval", "locomo"])
     for args in (["memory", "list"], ["--version"], ["chat", "--help"], ["bench", "history"], []):
         assert not runs_a_model(args), args
+
+
+def test_a_port_in_use_suggests_port_0(tmp_path):
+    import socket
+
+    from conftest import cli
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # never loaded: the port fails first
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        out = cli("serve", "--model", str(model), "--port", port, code=1).output
+    assert "--port 0" in out and "Traceback" not in out
+
+
+def test_sync_status_shows_whole_times(tmp_path):
+    import re
+
+    from conftest import runner
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    assert runner.invoke(app, ["sync", str(folder)]).exit_code == 0
+    out = runner.invoke(app, ["sync", "--status"], env={"COLUMNS": "80"}).stdout
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d ", out) and "…" not in out, out

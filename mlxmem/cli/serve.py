@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -86,7 +87,10 @@ def serve(
             allow_remote=allow_remote,
         )
     except OSError as exc:  # the port is taken, or the address is not this machine's
-        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        hint = ""
+        if exc.errno == errno.EADDRINUSE:
+            hint = "; choose another --port, or --port 0 for any free one (the address is printed)"
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
     # One plain line (no rich wrapping): scripts read the address from it with --port 0.
     typer.echo(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)", err=True)
     try:

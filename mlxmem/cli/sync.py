@@ -3,6 +3,7 @@ and in a file of your own."""
 
 import os
 from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
 
 import typer
@@ -17,6 +18,7 @@ from mlxmem.sync.crypto import PASSPHRASE_ENV
 from mlxmem.sync.run import status, sync
 
 from .common import JSON, err, nonempty_path, plural, print_json
+from .memory import local_time
 
 # Module-level, as ruff's B008 asks for defaults of a type it cannot tell is immutable.
 SYNC_DIR = typer.Argument(
@@ -126,10 +128,11 @@ def _print_status(found: dict, as_json: bool) -> None:
     typer.echo(f"Sync folder: {found['folder']}")
     typer.echo(f"This device: {me['name']} ({me['device']})")
     table = Table("device", "name", "last sync", "files", "encrypted")
+    table.columns[2].no_wrap = True  # a time is read whole (local time, to the minute)
     for d in found["devices"]:
         name = d["name"] + (" (this device)" if d["this_device"] else "")
         encrypted = "yes" if d["encrypted"] else "no"
-        last = d["last_sync"] or "never"
+        last = local_time(datetime.fromisoformat(d["last_sync"])) if d["last_sync"] else "never"
         table.add_row(d["device"][:8], Text(name), last, str(d["files"]), encrypted)
     Console().print(table)
     p = found["pending"]
