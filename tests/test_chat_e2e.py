@@ -153,6 +153,15 @@ def test_prompt_is_positional_and_piped_text_joins_it(tiny):
     assert len(Store().turns("default")) == 4
 
 
+def test_system_replaces_the_instructions_for_one_run(tiny):
+    first, _ = one_shot(tiny, "Hello there.")
+    same, _ = one_shot(tiny, "And again.")
+    assert same["cached_tokens"] > 0
+    other, _ = one_shot(tiny, "Once more.", "--system", "Answer in French.")
+    assert other["cached_tokens"] < same["cached_tokens"]  # the prompt opens with them
+    assert other["layers"]["instructions"] < first["layers"]["instructions"]
+
+
 def test_the_default_model_is_the_persons_choice(tiny, monkeypatch):
     monkeypatch.delenv("MLXMEM_MODEL", raising=False)
     assert runner.invoke(app, ["models", "default", str(tiny)]).exit_code == 0

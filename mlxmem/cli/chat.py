@@ -42,6 +42,13 @@ def chat(
     conversation: str = typer.Option(
         DEFAULT_CONVERSATION, "--conversation", "-c", help="Which conversation to continue."
     ),
+    system: str = typer.Option(
+        None,
+        "--system",
+        "-s",
+        help="Instructions for this run instead of mlxmem's own; the facts and the summary "
+        "still follow them. They open the prompt, so a change re-reads the kept turns once.",
+    ),
     temp: float = typer.Option(DEFAULT_TEMP, help="Sampling temperature (0: greedy)."),
     top_p: float = typer.Option(DEFAULT_TOP_P, help="Nucleus sampling threshold."),
     max_tokens: int = typer.Option(
@@ -113,6 +120,10 @@ def chat(
         max_message_chars=max_message_chars,
         context_tokens=context_tokens,
     )
+    if system is not None:
+        if not system.strip():
+            raise InputError("empty --system instructions")
+        settings.instructions = system
     if message is not None:
         companion = open_companion(model, conversation, settings)
         _one_shot(companion, message, json_output, model, Terminal())
