@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+import pytest
 import typer.main
 
 from mlxmem.cli.main import app
@@ -23,7 +24,7 @@ def command_paths() -> list[list[str]]:
         for name in group.list_commands(ctx):
             command = group.get_command(ctx, name)
             found.append(prefix + [name])
-            if isinstance(command, click.Group):
+            if hasattr(command, "list_commands"):  # a group (Typer vendors its own click)
                 walk(command, prefix + [name])
 
     walk(typer.main.get_command(app), [])
@@ -211,3 +212,75 @@ def test_sync_status_shows_whole_times(tmp_path):
     assert runner.invoke(app, ["sync", str(folder)]).exit_code == 0
     out = runner.invoke(app, ["sync", "--status"], env={"COLUMNS": "80"}).stdout
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d ", out) and "…" not in out, out
+
+
+def locomo10_sample() -> dict:
+    """One item shaped like LoCoMo's published locomo10.json (made up, not its data)."""
+    turn = {"speaker": "Ana", "dia_id": "D2:1", "text": "I adopted a cat called Miso."}
+    photo = {
+        "speaker": "Rui",
+        "dia_id": "D1:2",
+        "text": "Look!",
+        "blip_caption": "a photo of a lake",
+    }
+    return {
+        "sample_id": "conv-7",
+        "conversation": {
+            "speaker_a": "Ana",
+            "speaker_b": "Rui",
+            "session_2_date_time": "2:00 pm on 3 May, 2023",
+            "session_2": [turn, {"speaker": "Rui", "dia_id": "D2:2", "text": "Lovely name!"}],
+            "session_1_date_time": "1:00 pm on 1 May, 2023",
+            "session_1": [{"speaker": "Ana", "dia_id": "D1:1", "text": "Hi Rui!"}, photo],
+        },
+        "qa": [
+            {
+                "question": "What is Ana's cat called?",
+                "answer": "Miso",
+                "evidence": ["D2:1"],
+                "category": 4,
+            }
+        ],  # fmt: skip
+    }
+
+
+def test_eval_convert_locomo_writes_the_evals_layout(tmp_path):
+    from conftest import cli
+
+    from mlxmem.bench import eval_locomo as ev
+
+    source = tmp_path / "locomo10.json"
+    source.write_text(json.dumps([locomo10_sample()]))
+    assert (
+        "Wrote 1 conversations (conv-7)"
+        in cli("eval", "convert-locomo", str(source), str(tmp_path / "out")).output
+    )
+    conv = ev.load_conversation(tmp_path / "out", "conv-7")
+    assert (conv.user_name, conv.assistant_name) == ("Ana", "Rui")
+    assert [t["id"] for t in conv.turns] == ["D1:1", "D1:2", "D2:1", "D2:2"]  # by session
+    assert conv.turns[1] == {
+        "role": "assistant",
+        "text": "Look! [shares a photo: a photo of a lake]",
+        "session": 1,
+        "session_time": "1:00 pm on 1 May, 2023",
+        "id": "D1:2",
+    }
+    assert conv.questions[0].answer == "Miso"
+    (tmp_path / "bad.json").write_text('{"not": "locomo"}')
+    assert (
+        "not LoCoMo"
+        in cli(
+            "eval", "convert-locomo", str(tmp_path / "bad.json"), str(tmp_path / "x"), code=1
+        ).output
+    )
+
+
+@pytest.mark.e2e
+def test_eval_locomo_takes_the_published_file(tmp_path):
+    from conftest import cli
+
+    source = tmp_path / "locomo10.json"
+    source.write_text(json.dumps([locomo10_sample()]))
+    args = ["eval", "locomo", "--data", str(source), "--context-tokens", "1024", "--json"]
+    report = json.loads(cli(*args, "--db", str(tmp_path / "bench.duckdb")).stdout)
+    assert list(report["per_conversation"]) == ["conv-7"]

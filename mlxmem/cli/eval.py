@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -10,6 +13,7 @@ from rich.table import Table
 
 from mlxmem import bench
 from mlxmem.bench import eval_locomo as ev
+from mlxmem.bench.locomo_data import convert_locomo
 from mlxmem.errors import InputError
 
 from .bench import DB, SEED, _model, _print_json, _progress
@@ -28,7 +32,10 @@ CONVERSATIONS = typer.Option(
     help="A conversation id such as conv-30 (repeat it; default: all with questions in --data).",
 )
 DATA = typer.Option(
-    None, "--data", help="The LoCoMo folder (default: $MLXMEM_LOCOMO or ../shared/corpora/locomo)."
+    None,
+    "--data",
+    help="LoCoMo's published locomo10.json, or a folder written by `eval convert-locomo` "
+    "(default: $MLXMEM_LOCOMO or ../shared/corpora/locomo).",
 )
 PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
 
@@ -59,23 +66,23 @@ def locomo(
     under five configurations: no_memory, window, mlxmem (facts + summary + window), recall
     (mlxmem + turns recalled from the log) and oracle (the evidence turns). Scores: LoCoMo's
     token F1 and exact match per category, with 95% bootstrap intervals."""
-    folder = data or ev.default_data_dir()
-    ids = conversation or ev.available_conversations(folder)
-    if not ids:
-        raise InputError(f"no LoCoMo questions under {folder} (give --data)")
-    chosen = _model(model, None, None, seed, as_json)
-    with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
-        result = ev.run_locomo(
-            engine,
-            folder,
-            ids,
-            context_tokens or chosen.context_tokens,
-            chosen.response_reserve,
-            limit=limit,
-            facts=facts,
-            seed=seed,
-            progress=progress,
-        )
+    with _locomo_folder(data or ev.default_data_dir()) as folder:
+        ids = conversation or ev.available_conversations(folder)
+        if not ids:
+            raise InputError(f"no LoCoMo questions under {folder} (give --data)")
+        chosen = _model(model, None, None, seed, as_json)
+        with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
+            result = ev.run_locomo(
+                engine,
+                folder,
+                ids,
+                context_tokens or chosen.context_tokens,
+                chosen.response_reserve,
+                limit=limit,
+                facts=facts,
+                seed=seed,
+                progress=progress,
+            )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
         from mlxmem.bench.plot import plot_eval
@@ -87,6 +94,32 @@ def locomo(
     if plot is not None:
         err.print(f"plot written to {plot}")
     err.print(f"[dim]stored as run {run.id}; `mlxmem bench history --kind eval` lists runs[/dim]")
+
+
+@contextlib.contextmanager
+def _locomo_folder(data: Path) -> Iterator[Path]:
+    """The eval's folder for --data: as given, or LoCoMo's published file converted into a
+    temporary one."""
+    if not data.is_file():
+        yield data
+        return
+    with tempfile.TemporaryDirectory(prefix="mlxmem-locomo-") as tmp:
+        convert_locomo(data, Path(tmp))
+        yield Path(tmp)
+
+
+SOURCE = typer.Argument(..., metavar="LOCOMO10_JSON", help="LoCoMo's data/locomo10.json.")
+OUT = typer.Argument(..., metavar="DIR", help="The folder to write (for --data DIR).")
+
+
+@app.command("convert-locomo")
+def convert(source: Path = SOURCE, out: Path = OUT) -> None:
+    """Convert LoCoMo's published file (github.com/snap-research/locomo, data/locomo10.json;
+    CC BY-NC 4.0, non-commercial) into the folder `eval locomo --data DIR` reads: a conv-N.jsonl
+    of turns per conversation and qa/conv-N.qa.json with its questions. `--data` also takes
+    the file itself, converting it on the fly."""
+    ids = convert_locomo(source, out)
+    typer.echo(f"Wrote {len(ids)} conversations ({', '.join(ids)}) to {out}.")
 
 
 def _tables(results: dict, label: str) -> None:
