@@ -36,11 +36,18 @@ _PAST_RE = re.compile(
     re.IGNORECASE,
 )
 
-# A turn that answers a matching turn is often the one asked about ("Which team did you sign
-# with?" -> "I'm a shooting guard"): each matched turn passes this share of its score on to
-# the turn after it (measured: benchmarks/recall_retrieval.py).
+# Two rankings, fused by reciprocal rank (each turn scores 1 / (RRF_K + its rank) in each):
+# - turns: a turn's BM25 score, plus NEIGHBOUR_SHARE of the previous turn's (a turn that
+#   answers a matching turn is often the one asked about: "Which team did you sign with?" ->
+#   "I'm a shooting guard");
+# - passages: BM25 over the turns up to PASSAGE_TURNS seq numbers either side of a turn and
+#   the turn itself, as one text (a question's words are often spread over a short exchange).
+#   Passages are about equally long: no length normalization (measured: no difference).
+# In both, when the message names one speaker, that speaker's turns count SPEAKER_BOOST times.
+# Measured on LoCoMo's development conversations: benchmarks/recall_retrieval.py.
 NEIGHBOUR_SHARE = 0.5
-# When the message names one speaker, that speaker's turns count this many times over.
+PASSAGE_TURNS = 3
+RRF_K = 20
 SPEAKER_BOOST = 2.0
 # A message may say who is who ("You are Melanie; I am Caroline"): a speaker's name then means
 # that speaker's turns, not the turns that contain the name (people name the one they talk to
@@ -50,44 +57,67 @@ _SPEAKER_RE = re.compile(
 )
 _ROLE_PREFIX = "@"  # a query term "@user" or "@assistant" asks for that speaker's turns
 
+
+def _idf(df: str) -> str:
+    return f"ln(1 + (stats.n - {df} + 0.5) / ({df} + 0.5))"
+
+
+def _saturate(tf: str, norm: str = "1") -> str:
+    return f"{tf} * {BM25_K1 + 1} / ({tf} + {BM25_K1} * {norm})"
+
+
+_LENGTH_NORM = f"(1 - {BM25_B} + {BM25_B} * docs.dl / stats.avgdl)"
+_BOOST = f"CASE WHEN docs.role = $role THEN {SPEAKER_BOOST} ELSE 1 END"
 # Document length is counted in indexed words; the index is read only for the query's terms.
-# Each matched turn's BM25 score is spread to the next turn of the scope, and the named
-# speaker's turns are boosted, before the best are taken.
-_BM25_SQL = f"""
-WITH scope AS (
-    SELECT m.id, m.role, lead(m.id) OVER (ORDER BY m.seq) AS next_id
+# A turn's neighbours are found by seq (no window over the whole log: it costs more than the
+# rest of the search at 100,000 turns); a deleted turn leaves a gap.
+_SEARCH_SQL = f"""
+WITH docs AS (
+    SELECT m.id, m.seq AS pos, m.role, coalesce(d.length, 0) AS dl
     FROM messages m JOIN conversations c ON c.id = m.conversation_id
-    WHERE c.name = ? AND m.seq <= ?
-),
-docs AS (
-    SELECT d.message_id AS id, d.length AS dl FROM {DOCS_TABLE} d
-    WHERE d.message_id IN (SELECT id FROM scope)
+    LEFT JOIN {DOCS_TABLE} d ON d.message_id = m.id
+    WHERE c.name = $conversation AND m.seq <= $last_seq
 ),
 stats AS (SELECT count(*) AS n, greatest(avg(dl), 1) AS avgdl FROM docs),
 tf AS (
-    SELECT t.message_id AS id, t.term, t.tf AS f FROM {TERMS_TABLE} t
-    WHERE list_contains(?, t.term) AND t.message_id IN (SELECT id FROM scope)
+    SELECT docs.pos, t.term, t.tf AS f FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.message_id
+    WHERE list_contains($terms, t.term)
 ),
 df AS (SELECT term, count(*) AS df FROM tf GROUP BY term),
-matched AS (
-    SELECT tf.id, sum(
-        ln(1 + (stats.n - df.df + 0.5) / (df.df + 0.5))
-        * tf.f * {BM25_K1 + 1}
-        / (tf.f + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * docs.dl / stats.avgdl))
-    ) AS score
-    FROM tf JOIN df USING (term) JOIN docs USING (id) CROSS JOIN stats
-    GROUP BY tf.id
+turn_score AS (
+    SELECT pos, sum({_idf("df.df")} * {_saturate("tf.f", _LENGTH_NORM)}) AS score
+    FROM tf JOIN df USING (term) JOIN docs USING (pos) CROSS JOIN stats GROUP BY pos
 ),
-spread AS (
-    SELECT id, score FROM matched
+turns AS (
+    SELECT pos, sum(score) * {_BOOST} AS score
+    FROM (
+        SELECT pos, score FROM turn_score
+        UNION ALL SELECT pos + 1, {NEIGHBOUR_SHARE} * score FROM turn_score
+    ) JOIN docs USING (pos) GROUP BY pos, docs.role
+),
+ptf AS (
+    SELECT pos, term, sum(f) AS f FROM (
+        SELECT tf.pos + o AS pos, tf.term, tf.f
+        FROM tf CROSS JOIN range(-{PASSAGE_TURNS}, {PASSAGE_TURNS} + 1) AS r(o)
+    ) SEMI JOIN docs USING (pos) GROUP BY pos, term
+),
+pdf AS (SELECT term, count(*) AS df FROM ptf GROUP BY term),
+passages AS (
+    SELECT pos, sum({_idf("pdf.df")} * {_saturate("ptf.f")}) * {_BOOST} AS score
+    FROM ptf JOIN pdf USING (term) JOIN docs USING (pos) CROSS JOIN stats GROUP BY pos, docs.role
+),
+fused AS (
+    SELECT pos, 1 / ({RRF_K} + row_number() OVER (ORDER BY score DESC, pos DESC)) AS s
+    FROM turns
     UNION ALL
-    SELECT scope.next_id AS id, {NEIGHBOUR_SHARE} * matched.score AS score
-    FROM matched JOIN scope USING (id) WHERE scope.next_id IS NOT NULL
+    SELECT pos, 1 / ({RRF_K} + row_number() OVER (
+        ORDER BY passages.score DESC, coalesce(turns.score, 0) DESC, pos DESC
+    )) AS s
+    FROM passages LEFT JOIN turns USING (pos)
 )
-SELECT spread.id, sum(spread.score) * CASE WHEN scope.role = ? THEN {SPEAKER_BOOST} ELSE 1 END
-    AS score
-FROM spread JOIN scope USING (id)
-GROUP BY spread.id, scope.role ORDER BY score DESC, spread.id DESC LIMIT ?
+SELECT fused.pos, sum(fused.s) AS score, any_value(coalesce(turns.score, 0)) AS own
+FROM fused LEFT JOIN turns USING (pos)
+GROUP BY fused.pos ORDER BY score DESC, own DESC, fused.pos DESC LIMIT $limit
 """
 
 
@@ -120,22 +150,30 @@ def search_before(
     terms: Sequence[str],
     limit: int = RECALL_TURNS,
 ) -> list[Turn]:
-    """The turns of `conversation` up to `last_seq` that best match `terms` (BM25, spread to
-    the next turn, the speaker asked for by a term "@user" or "@assistant" boosted), best
-    first."""
+    """The turns of `conversation` up to `last_seq` that best match `terms`, best first: BM25
+    over turns and over passages, fused (see _SEARCH_SQL); the speaker asked for by a term
+    "@user" or "@assistant" is boosted."""
     roles = [t.removeprefix(_ROLE_PREFIX) for t in terms if t.startswith(_ROLE_PREFIX)]
     terms = [t for t in terms if t and not t.startswith(_ROLE_PREFIX)]
     if not terms or last_seq < 1 or limit < 1:
         return []
     role = roles[0] if len(roles) == 1 else None
-    params = [conversation, last_seq, list(terms), role, limit]
-    ranked = con.execute(_BM25_SQL, params).fetchall()
+    params = {
+        "conversation": conversation,
+        "last_seq": last_seq,
+        "terms": list(terms),
+        "role": role,
+        "limit": limit,
+    }
+    ranked = con.execute(_SEARCH_SQL, params).fetchall()
     if not ranked:
         return []
-    ids = [row[0] for row in ranked]
-    rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.id)", [ids]).fetchall()
-    by_id = {row[0]: turn_of(row) for row in rows}
-    return [by_id[i] for i in ids if i in by_id]
+    seqs = [row[0] for row in ranked]
+    rows = con.execute(
+        f"{SELECT_TURNS} WHERE c.name = ? AND list_contains(?, m.seq)", [conversation, seqs]
+    ).fetchall()
+    by_seq = {row[2]: turn_of(row) for row in rows}
+    return [by_seq[s] for s in seqs if s in by_seq]
 
 
 def recall_line(turn: Turn) -> str:
