@@ -18,6 +18,7 @@ from mlxmem.cli import history as cli_history
 from mlxmem.cli import memory as cli_memory
 from mlxmem.memory import db
 from mlxmem.memory.store import Store
+from mlxmem.memory.turns import insert_turn
 
 MARKER = "MARKER-KILL-2718"
 
@@ -96,8 +97,9 @@ def seed_case(kind: str) -> tuple[list[str], Callable[[Store], bool]]:
     """Seed the store for `kind`; return the command and a check that says whether its effect
     is visible (True), or that nothing of it is (False), and fails on anything in between."""
     store = Store()
-    for i in range(30):  # enough rows that the marker lands in checkpointed blocks
-        store.append_turn("default", "user" if i % 2 == 0 else "assistant", f"turn {i} " * 20)
+    with store.connect() as con:  # enough rows that the marker lands in checkpointed blocks
+        for i in range(30):
+            insert_turn(con, "default", "user" if i % 2 == 0 else "assistant", f"turn {i} " * 20)
     (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
     if kind == "history rm":  # a turn with an automatic fact extracted from it
         turn = store.append_turn("default", "user", f"my code is {MARKER}")
