@@ -17,8 +17,10 @@ from mlxmem import paths
 from mlxmem.cli import history as cli_history
 from mlxmem.cli import memory as cli_memory
 from mlxmem.memory import db
+from mlxmem.memory.records import Tombstone
 from mlxmem.memory.store import Store
 from mlxmem.memory.turns import insert_turn
+from mlxmem.text import utc_now
 
 MARKER = "MARKER-KILL-2718"
 
@@ -101,10 +103,14 @@ def seed_case(kind: str) -> tuple[list[str], Callable[[Store], bool]]:
         for i in range(30):
             insert_turn(con, "default", "user" if i % 2 == 0 else "assistant", f"turn {i} " * 20)
     (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
-    if kind == "history rm":  # a turn with an automatic fact extracted from it
+    if kind in ("history rm", "sync tombstone"):  # a turn with an automatic fact taken from it
         turn = store.append_turn("default", "user", f"my code is {MARKER}")
         fact = store.add_fact(f"Code: {MARKER}", source="automatic", message_id=turn.id)
         args = ["history", "rm", str(turn.id)]
+        if kind == "sync tombstone":  # the turn deleted on another device
+            with store.connect() as con:
+                (uid,) = con.execute("SELECT uid FROM messages WHERE id = ?", [turn.id]).fetchone()
+            args = ["tombstone", uid]
         return args, lambda s: gone(s, fact.id, [turn.id])
     fact = store.add_fact(f"Their code is {MARKER}.")
     if kind == "memory edit":
@@ -169,8 +175,11 @@ def forked_killed_at(args: list[str], n: int) -> bool:
         try:
             steps = itertools.count(1)
             db.fault_hook = lambda name: os._exit(137) if next(steps) == n else None
-            group = {"memory": cli_memory.app, "history": cli_history.app}[args[0]]
-            group(args[1:], prog_name="mlxmem", standalone_mode=False)
+            if args[0] == "tombstone":  # as a sync merges it
+                Store().apply_tombstones([Tombstone(args[1], "message", utc_now(), "elsewhere")])
+            else:
+                group = {"memory": cli_memory.app, "history": cli_history.app}[args[0]]
+                group(args[1:], prog_name="mlxmem", standalone_mode=False)
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -182,7 +191,7 @@ def forked_killed_at(args: list[str], n: int) -> bool:
     return code == 137
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "sync tombstone"])
 def test_a_kill_at_every_step_of_an_erase_leaves_the_text_in_no_file(kind, tmp_path, monkeypatch):
     """Every step the fault seam sees, exhaustively: each file-system call of the erase that
     mlxmem makes itself, each commit, and each statement of a compaction."""
