@@ -638,3 +638,10 @@ def test_models_list_warns_about_an_entry_that_does_not_load():
     out = runner.invoke(app, ["models", "list", "--json"])
     assert out.exit_code == 0 and "broken" not in {r["alias"] for r in json.loads(out.stdout)}
     assert "Warning: broken: " in out.stderr and "gguf_parts must be" in out.stderr
+
+
+def test_an_unreadable_user_registry_is_refused_before_converting(llama_gguf):
+    (paths.data_dir() / "models.toml").write_text("[models.x\n")
+    out = runner.invoke(app, ["models", "import-gguf", str(llama_gguf), "--name", "mine"])
+    assert out.exit_code == 1 and "invalid TOML" in out.output and "Traceback" not in out.output
+    assert leftovers() == []

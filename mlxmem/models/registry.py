@@ -449,6 +449,9 @@ def import_gguf(gguf: Path, alias: str | None = None, progress: bool = True, for
     return the conversion's `ImportResult`."""
     from mlxmem.models.gguf import convert_into_models
 
+    user_file = paths.data_dir() / REGISTRY_FILENAME
+    if user_file.is_file():  # it must take the new entry: refuse before converting, not after
+        _read_entries(_read_text(user_file), user_file)
     result = convert_into_models(Path(gguf), alias, progress, force)
     register_local_model(
         result.alias, result.path, result.context_tokens, result.description, result.license
