@@ -96,8 +96,9 @@ def test_replay_and_probes_with_the_fake_engine(tmp_path):
     result = ev.run_locomo(engine, data, ["conv-1"], 1000, 120).to_dict()
     assert set(ev.CONFIGS) <= set(result)
     for config in ev.CONFIGS:
-        assert set(result[config]) == {"f1", "exact"}
-        assert set(result[config]["f1"]) == {*ev.CATEGORIES.values(), "overall"}
+        assert set(result[config]) == set(ev.METRICS)
+        for metric in ev.METRICS:
+            assert set(result[config][metric]) == {*ev.CATEGORIES.values(), "overall"}
     f1 = {c: result[c]["f1"]["overall"]["mean"] for c in ev.CONFIGS}
     assert f1["oracle"] == 1.0 and f1["no_memory"] == 0.0
     # The first sessions are folded into the summary: only recall finds them again.
@@ -130,6 +131,43 @@ def test_evidence_out_of_the_window_is_what_recall_is_scored_on(tmp_path):
     assert out["overall"]["questions"] == out["single_hop"]["questions"] == 4
     assert out["overall"]["evidence_recalled"] == 4 and out["overall"]["share"] == 1.0
     assert out["single_hop"]["recall_vs_mlxmem"]["mean"] == 1.0
+
+
+def test_what_reached_the_prompt():
+    turns = [{"id": "D1:1", "text": "I went to  Lisbon\nwith Ana.", "role": "user"}]
+    conv = ev.LocomoConversation("c", "Jon", "Gina", turns, [])
+    q = ev.Question("Where did Jon go with Ana?", "The city of Lisbon", 4, ("D1:1",))
+    shown = "- user: I went to Lisbon with Ana. (and more)"
+    assert ev.evidence_in_prompt(conv, q, shown) == 1.0  # whitespace folded
+    assert ev.evidence_in_prompt(conv, q, "I went to Lisbon") == 0.0  # the whole turn, or not
+    assert ev.evidence_in_prompt(conv, ev.Question("q", "a", 5, ()), shown) is None
+    assert ev.answer_words(q) == ["city", "lisbon"]  # normalized, articles and "of" out
+    assert ev.answer_in_prompt(q, "Lisbon is a City!") == 1.0
+    assert ev.answer_in_prompt(q, "Lisbon") == 0.0
+    assert ev.answer_words(ev.Question("q", "Yes; he likes it", 3, ())) == ["yes"]
+
+
+def test_no_answers_measures_the_prompts_and_generates_nothing(tmp_path):
+    data = write_dataset(tmp_path)
+    engine = FakeEngine(reader)
+    with_answers = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 2200, 120).to_dict()
+    result = ev.run_locomo(engine, data, ["conv-1"], 2200, 120, answers=False).to_dict()
+    assert not [c for c in engine.calls if c.slot.startswith("probe/")]
+    assert result["settings"]["answers"] is False
+    for config in ev.CONFIGS:
+        assert result[config]["f1"]["overall"] == {"mean": None, "ci": None, "n": 0}
+        for metric in ("evidence_in_prompt", "answer_in_prompt"):
+            # The same prompts as with answers, so the same figures.
+            assert result[config][metric] == with_answers[config][metric]
+    reached = {c: result[c]["evidence_in_prompt"]["overall"]["mean"] for c in ev.CONFIGS}
+    answer = {c: result[c]["answer_in_prompt"]["overall"]["mean"] for c in ev.CONFIGS}
+    assert reached["oracle"] == answer["oracle"] == 1.0
+    assert reached["no_memory"] == answer["no_memory"] == 0.0  # the question does not count
+    # Four of six sessions were folded: mlxmem shows the last two, recall brings back the rest.
+    assert reached["mlxmem"] == pytest.approx(2 / 6) and reached["recall"] == 1.0
+    assert result["recall_vs_mlxmem"]["n"] == 0
+    item = result["conversations"][0]["items"][0]
+    assert item["recall"]["answer"] is None and item["recall"]["evidence_in_prompt"] == 1.0
 
 
 @pytest.mark.skipif(not (LOCOMO / "qa").is_dir(), reason="LoCoMo data not present")

@@ -12,6 +12,13 @@ A probe is never logged and changes no memory: it is assembled from the store (a
 prompt the same way), answered greedily on its own KV slot, whose cached prefix (the stable
 blocks) is reused and trimmed back by the next probe; the chat slot is not touched.
 
+What reached the prompt is measured for every configuration, with no model needed:
+`evidence_in_prompt` (an evidence turn's text, whitespace folded, is in the assembled prompt)
+and `answer_in_prompt` (after LoCoMo's normalization, every content word of the gold answer is
+in the prompt; the probe's own question does not count). They bound what any model could
+answer, and with `answers=False` (`--no-answers`) only they are measured: the replay runs and
+the prompts are assembled, but no answer is generated.
+
 Scores follow LoCoMo's evaluation: token F1 after its answer normalization (lowercase, commas
 and punctuation out, articles a/an/the out, whitespace folded), multi-hop answers split at
 commas, open-domain answers cut at ';'; plus exact match. Unlike LoCoMo's script, words are not
@@ -35,13 +42,16 @@ from pathlib import Path
 from mlxmem.bench.common import Progress, no_progress, replay_turn
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
-from mlxmem.memory.budget import PromptBudget
+from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
+from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.window import as_messages
 
 CONFIGS = ("no_memory", "window", "mlxmem", "recall", "oracle")
+# Per item and configuration; aggregated alike (None: not measured, e.g. no answer generated).
+METRICS = ("f1", "exact", "evidence_in_prompt", "answer_in_prompt")
 # Verified against the files (qa/*.qa.json): 1 has several evidence turns per question (96%),
 # 2 asks "when", 3 asks what someone "would likely" do, 4 has one evidence turn (96%), 5 has
 # an `adversarial_answer` instead of an answer.
@@ -206,17 +216,20 @@ def bootstrap_ci(values: Sequence[float], seed: int = 0) -> list[float] | None:
 
 
 def aggregate(items: Sequence[dict], seed: int = 0) -> dict:
-    """Per configuration: F1 and exact match per category and overall (categories 1-4), each
-    {mean, ci, n}."""
+    """Per configuration: each of METRICS per category and overall (categories 1-4), each
+    {mean, ci, n}; items that did not measure a metric (None, or from before it existed) are
+    left out of it."""
     out: dict = {}
     for config in CONFIGS:
         table: dict = {}
-        for metric in ("f1", "exact"):
-            groups = {
-                CATEGORIES[c]: [i[config][metric] for i in items if i["category"] == c]
-                for c in CATEGORIES
-            }
-            groups["overall"] = [i[config][metric] for i in items if i["category"] in SCORED]
+        for metric in METRICS:
+
+            def values(keep, metric=metric, config=config) -> list[float]:
+                found = (i[config].get(metric) for i in items if keep(i["category"]))
+                return [v for v in found if v is not None]
+
+            groups = {CATEGORIES[c]: values(lambda k, c=c: k == c) for c in CATEGORIES}
+            groups["overall"] = values(lambda k: k in SCORED)
             table[metric] = {
                 name: {
                     "mean": sum(v) / len(v) if v else None,
@@ -232,7 +245,11 @@ def aggregate(items: Sequence[dict], seed: int = 0) -> dict:
 def paired_difference(items: Sequence[dict], a: str, b: str, seed: int = 0) -> dict:
     """Overall F1 of config `a` minus config `b` on the same questions (categories 1-4), with
     a 95% bootstrap interval over questions: what decides whether `a` beats `b`."""
-    diffs = [i[a]["f1"] - i[b]["f1"] for i in items if i["category"] in SCORED]
+    diffs = [
+        i[a]["f1"] - i[b]["f1"]
+        for i in items
+        if i["category"] in SCORED and i[a].get("f1") is not None and i[b].get("f1") is not None
+    ]
     mean = sum(diffs) / len(diffs) if diffs else None
     ci = bootstrap_ci(diffs, seed)
     return {"mean": mean, "ci": ci, "n": len(diffs), "beats": bool(ci and ci[0] > 0)}
@@ -316,6 +333,43 @@ def oracle_prompt(companion: Companion, conv: LocomoConversation, question: Ques
     )
 
 
+def prompt_text(prompt: AssembledPrompt, probe: str) -> str:
+    """What the model is shown, as text (every message of the assembled prompt, recalled turns
+    included), without the probe's own question."""
+    *head, newest = prompt.messages
+    return "\n".join([*(m.content for m in head), newest.content.replace(probe.strip(), "", 1)])
+
+
+def evidence_in_prompt(conv: LocomoConversation, question: Question, text: str) -> float | None:
+    """1.0 if one of the question's evidence turns is in `text` whole (whitespace folded), else
+    0.0; None for a question without evidence turns in the transcript."""
+    by_id = {t["id"]: t["text"] for t in conv.turns}
+    turns = [" ".join(by_id[e].split()) for e in question.evidence if e in by_id]
+    if not turns:
+        return None
+    shown = " ".join(text.split())
+    return float(any(t in shown for t in turns))
+
+
+def answer_words(question: Question) -> list[str]:
+    """The gold answer's content words after LoCoMo's normalization (for an open-domain
+    question, its first answer, as `score` takes it); all its words if none is a content
+    word ("Yes")."""
+    truth = question.answer.split(";")[0] if question.category == 3 else question.answer
+    words = normalize_answer(truth).split()
+    return [w for w in words if w not in STOPWORDS] or words
+
+
+def answer_in_prompt(question: Question, text: str) -> float | None:
+    """1.0 if every content word of the gold answer is a word of `text` (both normalized as
+    LoCoMo normalizes answers), else 0.0; None for an empty answer."""
+    words = answer_words(question)
+    if not words:
+        return None
+    shown = set(normalize_answer(text).split())
+    return float(all(w in shown for w in words))
+
+
 def ask(engine: Engine, tokens: list[int], slot: str) -> str:
     result = engine.generate(tokens, slot=slot, max_tokens=ANSWER_TOKENS, temp=0.0)
     lines = [line.strip() for line in result.text.strip().splitlines() if line.strip()]
@@ -327,8 +381,11 @@ def probe(
     conv: LocomoConversation,
     question: Question,
     log: LogView | None = None,
+    answers: bool = True,
 ) -> dict:
-    """One question under every configuration; nothing is logged. `companion` holds the
+    """One question under every configuration; nothing is logged. For each, what reached the
+    prompt (`evidence_in_prompt`, `answer_in_prompt`) and, with `answers`, the model's answer
+    and its scores (else they are None). `companion` holds the
     replayed conversation: a chat session over it, with recall on or off, assembles the
     prompt of configs mlxmem and recall (`Companion.context`, which reads the store and never
     writes it). `log` (from `log_view`, the same for every question) says where the evidence
@@ -362,12 +419,17 @@ def probe(
     }
     for config, prompt in prompts.items():
         slot = "probe/mlxmem" if config == "recall" else f"probe/{config}"
-        answer = ask(engine, prompt.tokens, slot)
-        f1, exact = score(answer, question)
+        answer, f1, exact = None, None, None
+        if answers:
+            answer = ask(engine, prompt.tokens, slot)
+            f1, exact = score(answer, question)
+        shown = prompt_text(prompt, text)
         item[config] = {
             "answer": answer,
             "f1": f1,
             "exact": exact,
+            "evidence_in_prompt": evidence_in_prompt(conv, question, shown),
+            "answer_in_prompt": answer_in_prompt(question, shown),
             "prompt_tokens": len(prompt.tokens),
         }
     recalled = prompts["recall"].recalled
@@ -471,8 +533,10 @@ def run_locomo(
     facts: bool = False,
     seed: int = 0,
     progress: Progress = no_progress,
+    answers: bool = True,
 ) -> EvalResult:
-    """Replay each conversation into a scratch store and ask its questions (`limit` each)."""
+    """Replay each conversation into a scratch store and ask its questions (`limit` each);
+    without `answers`, only assemble their prompts and measure what reached them."""
     settings = {
         "data": str(data),
         "conversations": list(conversation_ids),
@@ -480,6 +544,7 @@ def run_locomo(
         "context_tokens": context_tokens,
         "response_reserve": response_reserve,
         "facts": facts,
+        "answers": answers,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
         "f1": "LoCoMo token F1 without stemming",
@@ -489,7 +554,9 @@ def run_locomo(
     convs = [load_conversation(data, cid) for cid in conversation_ids]
     for conv in convs:
         result.conversations.append(
-            _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progress)
+            _run_one(
+                engine, conv, context_tokens, response_reserve, limit, facts, progress, answers
+            )
         )
     return result
 
@@ -503,7 +570,9 @@ class ReplayCompanion(Companion):
         return []
 
 
-def _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progress) -> dict:
+def _run_one(
+    engine, conv, context_tokens, response_reserve, limit, facts, progress, answers=True
+) -> dict:
     pairs, seq_of = exchanges(conv)
     questions = pick_questions(conv.questions, limit)
     total = len(pairs) + len(questions)
@@ -522,7 +591,7 @@ def _run_one(engine, conv, context_tokens, response_reserve, limit, facts, progr
         items, log = [], log_view(companion, seq_of)
         for j, question in enumerate(questions):
             progress(f"{conv.id} question {j + 1}/{len(questions)}", len(pairs) + j, total)
-            items.append(probe(companion, conv, question, log))
+            items.append(probe(companion, conv, question, log, answers))
         layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added)
         for slot in (companion.slot, *(f"probe/{c}" for c in CONFIGS)):
             engine.drop_slot(slot)
@@ -561,6 +630,12 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
 
 
 def headline(results: dict) -> dict:
-    """Overall F1 per configuration (categories 1-4), for the bench history table."""
+    """Overall F1 per configuration (categories 1-4), and what reached recall's prompt, for the
+    bench history table."""
     overall = {c: results.get(c, {}).get("f1", {}).get("overall", {}) for c in CONFIGS}
-    return {f"f1_{c}": overall[c].get("mean") for c in CONFIGS}
+    recall = results.get("recall", {})
+    reached = {
+        f"{metric}_recall": recall.get(metric, {}).get("overall", {}).get("mean")
+        for metric in ("evidence_in_prompt", "answer_in_prompt")
+    }
+    return {f"f1_{c}": overall[c].get("mean") for c in CONFIGS} | reached
