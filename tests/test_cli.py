@@ -150,7 +150,9 @@ def test_a_failed_pull_does_not_advise_itself():
     assert "HF_HUB_OFFLINE" in out and "models pull" not in out
 
 
-HEAVY = ("mlx", "mlx_lm", "transformers")
+# MLX and mlx-lm take seconds to import; pydantic, which Typer imports to coerce a --help flag
+# left at None, a third of one.
+HEAVY = ("mlx", "mlx_lm", "transformers", "pydantic")
 
 
 def test_commands_that_read_the_store_never_import_mlx(mlxmem_home):

@@ -45,15 +45,36 @@ class LazyGroup(ErrorsAsMessages):
         module, attr, _ = SUBCOMMANDS[name]
         found = getattr(importlib.import_module(f"mlxmem.cli.{module}"), attr)
         if isinstance(found, typer.Typer):  # a group, even of one command (eval)
-            return typer.main.get_group(found)
-        single = plain_typer(add_completion=False)
-        single.command(name)(found)
-        return typer.main.get_command(single)
+            command = typer.main.get_group(found)
+        else:
+            single = plain_typer(add_completion=False)
+            single.command(name)(found)
+            command = typer.main.get_command(single)
+        _help_flags_off_by_default(command, ctx)
+        return command
+
+    def get_help_option(self, ctx: click.Context):
+        return _off_by_default(super().get_help_option(ctx))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # From the table, not the modules: `mlxmem --help` imports none of them.
         with formatter.section("Commands"):
             formatter.write_dl([(name, short) for name, (_, _, short) in SUBCOMMANDS.items()])
+
+
+def _help_flags_off_by_default(command, ctx: click.Context) -> None:
+    """Give every --help flag below `command` the default False. Typer (0.29) leaves it None,
+    and a value that is not a bool goes through pydantic, which costs a third of a second of
+    imports on every command."""
+    _off_by_default(command.get_help_option(ctx))
+    for name in getattr(command, "commands", {}):
+        _help_flags_off_by_default(command.commands[name], ctx)
+
+
+def _off_by_default(option):
+    if option is not None and option.default is None:
+        option.default = False
+    return option
 
 
 app = plain_typer(
