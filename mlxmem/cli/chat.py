@@ -92,8 +92,9 @@ def chat(
     chat "summarize"` sends the prompt, a blank line, then the text. Without a prompt and with
     nothing piped in, starts an interactive session (type /help there).
 
-    -m is the message, not the model as in `llm`: the model is -M/--model. `-m NAME` where NAME
-    is a model's alias is refused as a likely mix-up; send that word as PROMPT instead.
+    -m is the message, not the model as in `llm`: it was the message before PROMPT existed, and
+    scripts rely on it. The model is -M/--model. `-m NAME` where NAME is a model's alias is
+    refused as a likely mix-up; send that word as PROMPT instead.
     """
     _one_line_warnings()
     if prompt is not None and message is not None:
