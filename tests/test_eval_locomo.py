@@ -194,3 +194,12 @@ def test_cli_eval_locomo_on_the_tiny_model(tmp_path):
     assert all(report[c]["f1"]["overall"]["n"] == 2 for c in ev.CONFIGS)
     (run,) = history(kind="eval")
     assert set(run.results) >= set(ev.CONFIGS)
+    out = cli(
+        "eval", "locomo", "--data", str(data), "--limit", "2", "--context-tokens", "1024",
+        "--no-answers",
+    )  # fmt: skip
+    assert "What reached the prompt" in out.stdout and "evidence" in out.stdout
+    assert "LoCoMo F1" not in out.stdout
+    newest = history(kind="eval")[0]
+    assert newest.results["settings"]["answers"] is False
+    assert newest.results["oracle"]["evidence_in_prompt"]["overall"]["mean"] == 1.0

@@ -56,6 +56,12 @@ def locomo(
     facts: bool = typer.Option(
         False, "--facts/--no-facts", help="Extract facts during the replay (slow; off by default)."
     ),
+    answers: bool = typer.Option(
+        True,
+        "--answers/--no-answers",
+        help="Generate the probes' answers; --no-answers only assembles their prompts and "
+        "measures what reached them (cheap: no answer is generated).",
+    ),
     plot: Path = PLOT,
     seed: int = SEED,
     db: Path = DB,
@@ -65,7 +71,8 @@ def locomo(
     date before its first message), then ask their questions as probes that are not logged,
     under five configurations: no_memory, window, mlxmem (facts + summary + window), recall
     (mlxmem + turns recalled from the log) and oracle (the evidence turns). Scores: LoCoMo's
-    token F1 and exact match per category, with 95% bootstrap intervals."""
+    token F1 and exact match per category, with 95% bootstrap intervals; and what reached each
+    prompt: an evidence turn, and every content word of the gold answer."""
     with _locomo_folder(data or ev.default_data_dir()) as folder:
         ids = conversation or ev.available_conversations(folder)
         if not ids:
@@ -82,6 +89,7 @@ def locomo(
                 facts=facts,
                 seed=seed,
                 progress=progress,
+                answers=answers,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
@@ -124,6 +132,22 @@ def convert(source: Path = SOURCE, out: Path = OUT) -> None:
 
 def _tables(results: dict, label: str) -> None:
     groups = [*ev.CATEGORIES.values(), "overall"]
+    reached = Table(title=f"What reached the prompt, {label}: share of questions; 95% interval")
+    reached.add_column("config")
+    for g in groups:
+        reached.add_column(f"{g} (n={results['no_memory']['evidence_in_prompt'][g]['n']})")
+    for config in ev.CONFIGS:
+        for metric, name in (("evidence_in_prompt", "evidence"), ("answer_in_prompt", "answer")):
+            reached.add_row(
+                f"{config} {name}", *(_cell(results[config][metric][g]) for g in groups)
+            )
+    Console().print(reached)
+    if results["settings"].get("answers", True):
+        _f1_tables(results, label, groups)
+    _layer_lines(results)
+
+
+def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
     table = Table(title=f"LoCoMo F1 (exact match) by category, {label}; 95% bootstrap interval")
     table.add_column("config")
     for g in groups:
@@ -155,6 +179,9 @@ def _tables(results: dict, label: str) -> None:
                 f"for {ev_['evidence_recalled']}/{ev_['questions']} questions "
                 f"({ev_['share']:.0%}); F1 recall - mlxmem {d['mean']:+.3f}"
             )
+
+
+def _layer_lines(results: dict) -> None:
     for cid, layers in results["layers"].items():
         s, e = layers["summaries"], layers["entity_survival"]
         share = "-" if e["share"] is None else f"{e['share']:.0%}"
