@@ -295,7 +295,7 @@ def test_a_conversation_deleted_from_another_process_during_a_slow_reply_stays_g
     while not store.conversations() and time.monotonic() < deadline:  # the turn is logged
         time.sleep(0.2)
     time.sleep(1.0)  # the reply is being written
-    removed = runner.invoke(app, ["history", "rm", "-c", "default", "--all"])
+    removed = runner.invoke(app, ["history", "rm", "-c", "default", "--all", "--yes"])
     assert removed.exit_code == 0, removed.output
     out, err = chat.communicate(timeout=300)
     assert chat.returncode == 0, err

@@ -570,7 +570,7 @@ def test_a_deleted_conversation_goes_on_the_other_device_too(devices):
     for home in (a, b):
         on(home, "sync", str(folder))
     assert ("travel", 2) in conversations(b)
-    on(b, "history", "rm", "-c", "travel", "--all")
+    on(b, "history", "rm", "-c", "travel", "--all", "--yes")
     for home in (b, a):
         on(home, "sync")
     assert conversations(a) == conversations(b) == [("default", 2)]
