@@ -288,6 +288,7 @@ def test_a_conversation_deleted_from_another_process_during_a_slow_reply_stays_g
         [sys.executable, "-m", "mlxmem.cli", "chat", "--model", "smollm2-135m", "--temp", "0",
          "--no-facts", "--max-tokens", "100",
          "-m", f"My locker code is {marker}. Write me a long story about the sea."],
+        stdin=subprocess.DEVNULL,  # chat reads what is piped in, even with -m
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     store = Store()
