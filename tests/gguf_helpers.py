@@ -39,8 +39,9 @@ def write_gguf(
     path: Path, arch: str = "llama", hidden: int = 64, layers: int = 2, tied: bool = True,
     dtype=mx.float32, extra_tensors: dict | None = None, meta: dict | None = None,
 ) -> Path:  # fmt: skip
-    """A random-weight model of `arch` as GGUF, with float tensors only."""
-    tokens, merges, types = vocabulary()
+    """A random-weight model of `arch` as GGUF, with float tensors only (gemma3: with a
+    SentencePiece vocabulary and no chat template, as Gemma 3's base models have)."""
+    tokens, merges, types = spm_vocabulary() if arch == "gemma3" else vocabulary()
     heads, kv_heads, ffn = 4, 2, 2 * hidden
     head_dim = hidden // heads
     keys = mx.random.split(mx.random.key(0), 512)
@@ -57,6 +58,13 @@ def write_gguf(
             f"{b}.attn_output.weight": (hidden, hidden), f"{b}.ffn_gate.weight": (ffn, hidden),
             f"{b}.ffn_up.weight": (ffn, hidden), f"{b}.ffn_down.weight": (hidden, ffn),
         }  # fmt: skip
+        if arch == "gemma3":
+            shapes |= {
+                f"{b}.attn_q_norm.weight": (head_dim,),
+                f"{b}.attn_k_norm.weight": (head_dim,),
+            }
+            shapes |= {f"{b}.post_attention_norm.weight": (hidden,)}
+            shapes |= {f"{b}.post_ffw_norm.weight": (hidden,)}
         if arch == "qwen2":
             for part, n in (("attn_q", hidden), ("attn_k", kv_heads * head_dim)):
                 shapes[f"{b}.{part}.bias"] = (n,)
@@ -90,6 +98,14 @@ def write_gguf(
         "tokenizer.ggml.eos_token_id": u32(2),
         "tokenizer.chat_template": CHATML,
     }
+    if arch == "gemma3":
+        del metadata["tokenizer.ggml.merges"], metadata["tokenizer.chat_template"]
+        metadata["tokenizer.ggml.model"] = "llama"
+        metadata["tokenizer.ggml.scores"] = mx.array([-float(i) for i in range(len(tokens))])
+        metadata["tokenizer.ggml.bos_token_id"] = u32(2)
+        metadata["tokenizer.ggml.eos_token_id"] = u32(1)
+        metadata[f"{arch}.attention.key_length"] = u32(head_dim)
+        metadata[f"{arch}.attention.sliding_window"] = u32(512)
     metadata |= meta or {}
     mx.save_gguf(str(path), weights, metadata)
     return Path(path)
@@ -154,6 +170,15 @@ def make_blocks(kind: str, n_blocks: int, seed: int = 0, scale: float = 0.01):
         sc[6:8] = [0, 0]
         sc[8:10] = [0, -5]
     return blocks
+
+
+def spm_vocabulary() -> tuple[list[str], list[str], list[int]]:
+    """A SentencePiece vocabulary: control tokens, 256 byte tokens, pieces by falling score."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    pieces = ["▁", "t", "h", "e", "c", "a", "▁t", "he", "▁the", "at", "▁c", "▁cat", "the"]
+    tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [3] * len(specials) + [6] * 256 + [1] * len(pieces)
+    return tokens, [], types
 
 
 def write_typed_gguf(src: Path, dest: Path, types: dict[str, str], seed: int = 0) -> Path:

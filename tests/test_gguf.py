@@ -141,8 +141,9 @@ def test_a_truncated_file_is_refused_and_leaves_nothing(llama_gguf, keep):
 
 
 def test_unsupported_architectures_name_the_supported_ones(tmp_path):
-    path = write_gguf(tmp_path / "g.gguf", arch="gemma3")
-    with pytest.raises(GGUFError, match=r"'gemma3' is not supported; mlxmem converts llama, qwen2"):
+    path = write_gguf(tmp_path / "g.gguf", arch="phi3")
+    supported = "mlxmem converts gemma3, llama, qwen2"
+    with pytest.raises(GGUFError, match=rf"'phi3' is not supported; {supported}"):
         import_gguf(path, progress=False)
     assert leftovers() == []
 
@@ -645,3 +646,41 @@ def test_an_unreadable_user_registry_is_refused_before_converting(llama_gguf):
     out = runner.invoke(app, ["models", "import-gguf", str(llama_gguf), "--name", "mine"])
     assert out.exit_code == 1 and "invalid TOML" in out.output and "Traceback" not in out.output
     assert leftovers() == []
+
+
+def test_gemma3_norms_lose_llama_cpp_s_plus_one_and_get_a_chat_template(tmp_path):
+    """llama.cpp stores Gemma's RMSNorm weights as w + 1 (its norm multiplies by them as they
+    are); mlx-lm's Gemma 3 adds the 1 itself, so the conversion takes it off. A base model's
+    file has no chat template: Gemma's own is written, system message in the first turn."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import load
+
+    path = write_gguf(tmp_path / "g3.gguf", arch="gemma3", hidden=256, layers=6)
+    result = import_gguf(path, alias="g3", progress=False)
+    config = json.loads((result.path / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["head_dim"] == 64
+    assert config["eos_token_id"] == [1, 5] and config["sliding_window"] == 512
+    assert (config["sliding_window_pattern"], config["query_pre_attn_scalar"]) == (6, 64)
+    stored = gguf.open_reader(read_header(path))
+    stored = {t.name: np.array(t.data) for t in stored.tensors}
+    weights = mx.load(str(result.path / "model.safetensors"))
+    for gguf_name, mlx in [
+        ("blk.0.post_ffw_norm.weight", "model.layers.0.post_feedforward_layernorm.weight"),
+        ("blk.0.ffn_norm.weight", "model.layers.0.pre_feedforward_layernorm.weight"),
+        ("blk.0.attn_q_norm.weight", "model.layers.0.self_attn.q_norm.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+    ]:
+        assert np.array_equal(np.array(weights[mlx]), stored[gguf_name] - 1)
+    assert np.array_equal(
+        np.array(weights["model.layers.0.mlp.up_proj.weight"]), stored["blk.0.ffn_up.weight"]
+    )
+    model, tokenizer = load(str(result.path))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the cat"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt == (
+        "<bos><start_of_turn>user\nBe brief.\n\nthe cat<end_of_turn>\n<start_of_turn>model\n"
+    )
+    ids = tokenizer.encode("the cat", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "the cat" and len(ids) < 7  # merged, not one per letter
+    assert model(mx.array([ids])).shape == (1, len(ids), 275)

@@ -140,7 +140,7 @@ def import_gguf(
 ) -> None:
     """Convert a GGUF file into an MLX model and register an alias for it.
 
-    Supported: llama and qwen2 architectures, every tensor type llama.cpp's reader knows
+    Supported: llama, qwen2 and gemma3 architectures, every tensor type llama.cpp's reader knows
     (Q4_K_M, Q5_0, Q8_0, F16, ...: each kept at its own precision), and a byte-level BPE
     tokenizer. Anything else is refused, and nothing is left half-written.
     """

@@ -38,6 +38,11 @@ SHARD_BYTES = 1 << 30
 ARCHS = {
     "llama": {"model_type": "llama", "class": "LlamaForCausalLM", "rope_traditional": True},
     "qwen2": {"model_type": "qwen2", "class": "Qwen2ForCausalLM", "rope_traditional": False},
+    "gemma3": {
+        "model_type": "gemma3_text",
+        "class": "Gemma3ForCausalLM",
+        "rope_traditional": False,
+    },
 }
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = {
@@ -51,6 +56,33 @@ _BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 normalizes four times per block, and its queries and keys too.
+_GEMMA3_BLOCK = _BLOCK | {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+_BLOCKS = {"gemma3": _GEMMA3_BLOCK}
+# Gemma scales by (1 + weight) in its RMSNorm; llama.cpp's converter stores weight + 1 (its
+# norm multiplies by the weight as stored), mlx-lm's Gemma adds the 1 itself: take it off.
+NORM_SHIFT = {"gemma3": 1.0}
+# Gemma 3's local (sliding-window) layers: llama.cpp fixes these, the file does not say them.
+GEMMA3_LOCAL = {"sliding_window_pattern": 6, "rope_local_base_freq": 10000.0}
+# Gemma's chat template, for a file that has none (the base models): a system message joins
+# the first user turn, as in Google's template.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}"
+    "{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') "
+    "+ message['content'] | trim + '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 # Llama 3.1/3.2 files carry their RoPE scaling only as this tensor of per-frequency factors;
 # it becomes mlx-lm's `llama3` rope_scaling when it matches these (Meta's) parameters.
 ROPE_FREQS = "rope_freqs.weight"
@@ -85,17 +117,18 @@ def check_supported(header: GGUFHeader) -> None:
         )
     for tensor in header.tensors:
         if tensor.name != ROPE_FREQS:
-            mlx_name(tensor.name)
+            mlx_name(tensor.name, header.arch)
     check_tokenizer(header.metadata)
     model_config(header)
 
 
-def mlx_name(gguf_name: str) -> str:
+def mlx_name(gguf_name: str, arch: str = "llama") -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    names = _BLOCKS.get(arch, _BLOCK)
     block = _BLOCK_NAME.match(gguf_name)
-    if block and block.group(2) in _BLOCK:
+    if block and block.group(2) in names:
         layer, part, suffix = block.groups()
-        return f"model.layers.{layer}.{_BLOCK[part]}.{suffix}"
+        return f"model.layers.{layer}.{names[part]}.{suffix}"
     top = _TOP_NAME.match(gguf_name)
     if top and top.group(1) in _TOP:
         return f"{_TOP[top.group(1)]}.{top.group(2)}"
@@ -150,9 +183,27 @@ def model_config(
     }
     if header.arch == "qwen2":
         del config["head_dim"]  # mlx-lm's qwen2 derives it
+    if header.arch == "gemma3":
+        config |= _gemma3_config(header, config)
     if layers:
         config["quantization"] = quantization_config(layers)
     return config
+
+
+def _gemma3_config(header: GGUFHeader, config: dict[str, Any]) -> dict[str, Any]:
+    """What mlx-lm's gemma3_text needs beyond the common keys, as llama.cpp runs the file:
+    the sliding window, local RoPE base, the attention scale (1/sqrt(head dim), except the
+    27B's hidden/heads), and <end_of_turn> as an end of reply."""
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    window = _int(header, "attention.sliding_window", 512, 1 << 20)
+    scalar = config["hidden_size"] // heads if layers == 62 else config["head_dim"]
+    extra = {"sliding_window": window, "query_pre_attn_scalar": scalar, **GEMMA3_LOCAL}
+    tokens = header.metadata["tokenizer.ggml.tokens"]
+    eos = [config["eos_token_id"]] if config["eos_token_id"] is not None else []
+    if "<end_of_turn>" in tokens:
+        eos.append(tokens.index("<end_of_turn>"))
+    extra["eos_token_id"] = eos
+    return extra
 
 
 MAX_DIM = 1 << 16
@@ -286,7 +337,8 @@ def convert_gguf(
         config = model_config(header, layers)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         try:
-            write_tokenizer(header.metadata, tmp, config["max_position_embeddings"])
+            template = GEMMA_TEMPLATE if header.arch == "gemma3" else None
+            write_tokenizer(header.metadata, tmp, config["max_position_embeddings"], template)
         except GGUFError:
             raise
         except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception types
@@ -345,7 +397,7 @@ def _write_weights(
     size = 0
     with _progress(progress, f"Converting {header.path.name}", len(tensors)) as advance:
         for tensor in sorted(tensors, key=lambda t: t.name):
-            arrays, quantized = _convert_tensor(tensor, float32)
+            arrays, quantized = _convert_tensor(tensor, float32, header.arch)
             if quantized:
                 layers[quantized[0]] = {"group_size": gguf_quant.GROUP, "bits": quantized[1]}
             for name, array in arrays.items():
@@ -360,14 +412,16 @@ def _write_weights(
     return layers
 
 
-def _convert_tensor(tensor, float32: bool = False) -> tuple[dict[str, Any], tuple[str, int] | None]:
+def _convert_tensor(
+    tensor, float32: bool = False, arch: str = "llama"
+) -> tuple[dict[str, Any], tuple[str, int] | None]:
     """One GGUF tensor as MLX arrays under mlx-lm's names, and (layer path, bits) when it
     stays quantized."""
     import mlx.core as mx
     import numpy as np
 
     name, kind = tensor.name, tensor.tensor_type.name
-    target = mlx_name(name)
+    target = mlx_name(name, arch)
     quantizable = tensor.data.ndim == 2 and target.endswith(".weight")
     try:
         if float32:
@@ -376,6 +430,9 @@ def _convert_tensor(tensor, float32: bool = False) -> tuple[dict[str, Any], tupl
             c = gguf_quant.convert(tensor.data, kind, quantizable)
     except (ValueError, IndexError) as exc:
         raise GGUFError(f"tensor {name} ({kind}) cannot be read: {exc}") from None
+    if arch in NORM_SHIFT and name.endswith("norm.weight") and c.scales is None:
+        c.weight = c.weight.astype(np.float32) - np.float32(NORM_SHIFT[arch])
+        c.dtype = "float32"
     parts = [c.weight] if c.scales is None else [c.scales, c.biases]
     if not all(np.isfinite(p).all() for p in parts):
         raise GGUFError(f"tensor {name} has values that are not finite (inf or NaN) once read")

@@ -1,4 +1,5 @@
-"""A Hugging Face tokenizer rebuilt from GGUF metadata (byte-level BPE, `gpt2` type).
+"""A Hugging Face tokenizer rebuilt from GGUF metadata: byte-level BPE (`gpt2` type) or
+SentencePiece BPE with byte fallback (`llama` type, as Gemma 3 has it).
 
 Writes `tokenizer.json` and `tokenizer_config.json` (chat template, bos/eos) so that
 `mlx_lm.load` finds an ordinary fast tokenizer.
@@ -7,12 +8,13 @@ Writes `tokenizer.json` and `tokenizer_config.json` (chat template, bos/eos) so 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from .gguf_file import GGUFError
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 # How llama.cpp's `tokenizer.ggml.pre` names map to Hugging Face pre-tokenizer regexes
 # (None: GPT-2's own regex inside ByteLevel). Only these are rebuilt; others are refused.
 _LLAMA3 = (
@@ -34,37 +36,52 @@ PRE_TOKENIZERS = {
 def check_tokenizer(metadata: dict[str, Any]) -> None:
     """Refuse, before any work, a tokenizer this module cannot rebuild."""
     kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise GGUFError(
-            f"tokenizer type {kind!r} is not supported; mlxmem rebuilds only byte-level BPE "
-            "('gpt2', used by Llama 3, Qwen 2, SmolLM)"
+            f"tokenizer type {kind!r} is not supported; mlxmem rebuilds byte-level BPE ('gpt2': "
+            "Llama 3, Qwen 2, SmolLM) and SentencePiece BPE ('llama': Gemma 3)"
         )
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise GGUFError(
+            "the file has no tokenizer (tokenizer.ggml.tokens is not a list of strings)"
+        )
+    types = metadata.get("tokenizer.ggml.token_type", [])
+    if not isinstance(types, list) or not all(type(t) is int for t in types):
+        raise GGUFError("tokenizer.ggml.token_type is not a list of integers")
+    if kind == "llama":
+        scores = metadata.get("tokenizer.ggml.scores")
+        if not isinstance(scores, list) or len(scores) != len(tokens) or len(types) != len(tokens):
+            raise GGUFError("a SentencePiece tokenizer needs one score and one type per token")
+        if not all(type(v) in (int, float) and math.isfinite(v) for v in scores):
+            raise GGUFError("tokenizer.ggml.scores holds values that are not finite numbers")
+        return
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise GGUFError(
             f"pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(PRE_TOKENIZERS))}"
         )
-    if "tokenizer.ggml.merges" not in metadata or "tokenizer.ggml.tokens" not in metadata:
-        raise GGUFError("the file has no tokenizer (tokens and merges missing from its metadata)")
-    tokens, merges = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.merges"]
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
-        raise GGUFError("tokenizer.ggml.tokens is not a list of strings")
+    merges = metadata.get("tokenizer.ggml.merges")
     if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
         raise GGUFError("tokenizer.ggml.merges is not a list of 'left right' strings")
-    types = metadata.get("tokenizer.ggml.token_type", [])
-    if not isinstance(types, list) or not all(type(t) is int for t in types):
-        raise GGUFError("tokenizer.ggml.token_type is not a list of integers")
 
 
-def write_tokenizer(metadata: dict[str, Any], out: Path, context_length: int) -> None:
-    """Write tokenizer.json and tokenizer_config.json for `metadata` into `out`."""
+def write_tokenizer(
+    metadata: dict[str, Any], out: Path, context_length: int, template: str | None = None
+) -> None:
+    """Write tokenizer.json and tokenizer_config.json for `metadata` into `out`; `template`:
+    the chat template to use when the file has none."""
     check_tokenizer(metadata)
     build_tokenizer(metadata).save(str(out / "tokenizer.json"))
     config = tokenizer_config(metadata, context_length)
+    if template and "chat_template" not in config:
+        config["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
 
 def build_tokenizer(metadata: dict[str, Any]):
+    if metadata.get("tokenizer.ggml.model") == "llama":
+        return build_sentencepiece_tokenizer(metadata)
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
     tokens = metadata["tokenizer.ggml.tokens"]
@@ -77,6 +94,60 @@ def build_tokenizer(metadata: dict[str, Any]):
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = _post_processor(metadata)
     types = metadata.get("tokenizer.ggml.token_type", [])
+    added = [
+        AddedToken(tokens[i], special=(kind == CONTROL), normalized=False)
+        for i, kind in enumerate(types)
+        if kind in (CONTROL, USER_DEFINED)
+    ]
+    tokenizer.add_tokens(added)
+    return tokenizer
+
+
+def build_sentencepiece_tokenizer(metadata: dict[str, Any]):
+    """SentencePiece BPE (llama.cpp's `llama` type, as Gemma 3 has it) as a Hugging Face BPE
+    with byte fallback. SentencePiece keeps no merge list: a piece is formed from two pieces
+    whose concatenation it is, in the order of the merged piece's score (as transformers'
+    SentencePieceExtractor rebuilds it)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    tokens = metadata["tokenizer.ggml.tokens"]
+    scores = metadata["tokenizer.ggml.scores"]
+    types = metadata["tokenizer.ggml.token_type"]
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        vocab.setdefault(token, i)
+    normal = {t: i for t, i in vocab.items() if types[i] == NORMAL}
+    candidates = []
+    for piece, i in normal.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in normal and right in normal:
+                candidates.append((-scores[i], i, normal[left], normal[right], left, right))
+    candidates.sort()
+    merges = [(c[4], c[5]) for c in candidates]
+    unk = _special(metadata, "unknown")
+    model = models.BPE(
+        vocab=vocab,
+        merges=merges,
+        unk_token=unk[0] if unk else None,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    tokenizer = Tokenizer(model)
+    prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", False))
+    steps = [normalizers.Prepend("▁")] if prefix else []
+    tokenizer.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    decode = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        decode.append(decoders.Strip(" ", 1, 0))
+    tokenizer.decoder = decoders.Sequence(decode)
+    bos = _special(metadata, "bos")
+    if metadata.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+        from tokenizers import processors
+
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos[0]}:0 $A:0", pair=f"{bos[0]}:0 $A:0 {bos[0]}:1 $B:1", special_tokens=[bos]
+        )
     added = [
         AddedToken(tokens[i], special=(kind == CONTROL), normalized=False)
         for i, kind in enumerate(types)
