@@ -301,15 +301,14 @@ class Companion:
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
         snap = turn.snapshot
         try:
-            self.store.append_turn(
+            _, logged = self.store.append_reply_and_snapshot(
                 self.conversation,
-                "assistant",
                 reply,
+                snap.forget_epoch,
                 token_count=len(sampled_ids) if sampled_ids else self.engine.count_text(reply),
                 interrupted=interrupted,
                 sampled_ids=sampled_ids,
                 sampled_by=None if sampled_ids is None else self.engine.model_id,
-                epoch=snap.forget_epoch,
             )
         except StaleError:
             # Something was deleted while the reply was written: it may rest on the deleted
@@ -328,7 +327,7 @@ class Companion:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
             folded, _, after = self._fold_while_over_budget(
-                on_status, self._next_message_room(snap)
+                on_status, self._next_message_room(snap), snap=logged
             )
             result.collapses += folded
             # A fold, or a recall block in this turn's message, changed the prompt before the

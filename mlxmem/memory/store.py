@@ -175,6 +175,34 @@ class Store(TurnLog, SummaryLog, FactList):
             turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
             return turn, _snapshot(con, conversation, recall_terms)
 
+    def append_reply_and_snapshot(
+        self,
+        conversation: str,
+        text: str,
+        epoch: int,
+        token_count: int,
+        interrupted: bool = False,
+        sampled_ids: Sequence[int] | None = None,
+        sampled_by: str | None = None,
+    ) -> tuple[Turn, Snapshot]:
+        """Log the model's reply, written from what the store held at forget epoch `epoch`
+        (StaleError, and nothing written, if anything was deleted since), and read the store
+        as the next prompt will be assembled from it: one open of the file."""
+        with self.guarded(epoch) as con:
+            ids = None if sampled_ids is None else list(sampled_ids)
+            turn = insert_turn(
+                con,
+                conversation,
+                "assistant",
+                text,
+                token_count,
+                interrupted,
+                ids,
+                sampled_by,
+                create=False,
+            )
+            return turn, _snapshot(con, conversation)
+
     def delete_facts(self, ids: list[int], with_mentions: bool = False) -> Deletion:
         """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
         summaries that had them in their prompt; their bytes are erased from the files and
