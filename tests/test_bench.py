@@ -245,6 +245,8 @@ def test_bench_speed_end_to_end(tiny_model):
         assert set(phases) == {"store", "assembly", "engine_entry", "other"}
         assert row["overhead_ms"] == pytest.approx(sum(phases.values()), rel=0.5)
         assert phases["store"] > 0 and row["overhead_window_tokens"] >= row["prompt_tokens"] // 2
+        assert row["store_opens_before_first_token"] == 1  # log the message, read the window
+        assert row["store_opens_per_turn"] == 3  # and log the reply, save the cache
         low, high = row["spread"]["ttft_s"]
         assert low <= row["ttft_s"] <= high
     # Stored in the benchmark database of this test's data directory by default.

@@ -58,7 +58,9 @@ class PhaseClock:
                 totals[phase] += end - start
         return totals
 
-    def wrap_stream(self, func: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    def wrap_stream(
+        self, func: Callable[..., Iterator[Any]], store: Store
+    ) -> Callable[..., Iterator[Any]]:
         """The engine's stream: from the call to its first chunk, less the engine's own
         time to first token (which starts at the cache trim), is the slot lookup."""
 
@@ -66,7 +68,9 @@ class PhaseClock:
             start = time.perf_counter()
             first = None
             for chunk in func(*args, **kwargs):
-                first = first or time.perf_counter()
+                if first is None:
+                    first = time.perf_counter()
+                    self.seconds["opens_at_first"] = store.opens
                 if chunk.stats is not None:
                     self.seconds["engine_ttft"] = chunk.stats.ttft_s
                     self.seconds["engine_entry"] = max(0.0, first - start - chunk.stats.ttft_s)
@@ -90,6 +94,9 @@ class OverheadResult:
             "overhead_window_tokens": self.window_tokens,
             "overhead_facts": self.facts,
             "overhead_engine_ttft_s": statistics.median(t["engine_ttft"] for t in self.trials),
+            # Counted by the store (Database.opens), per turn without a fold.
+            "store_opens_before_first_token": max(t["opens_before_first"] for t in self.trials),
+            "store_opens_per_turn": max(t["opens"] for t in self.trials),
         }
 
 
@@ -144,7 +151,8 @@ def _one_turn(companion: Companion, text: str) -> dict[str, float]:
     ]
     for obj, name, phase in wrapped:
         setattr(obj, name, clock.wrap(phase, getattr(obj, name)))
-    engine.stream = clock.wrap_stream(engine.stream)
+    engine.stream = clock.wrap_stream(engine.stream, store)
+    opens = store.opens
     start = time.perf_counter()
     try:
         companion.send(text)
@@ -152,6 +160,8 @@ def _one_turn(companion: Companion, text: str) -> dict[str, float]:
         for obj, name, _ in [*wrapped, (engine, "stream", "")]:
             del obj.__dict__[name]  # back to the class's method
     s = clock.seconds
+    s["opens_before_first"] = s.pop("opens_at_first") - opens
+    s["opens"] = store.opens - opens
     # The first chunk's arrival, less the engine's own clock: everything else before it.
     s["overhead"] = s["first_chunk_at"] - start - s["engine_ttft"]
     s.update(clock.before(s["first_chunk_at"]))

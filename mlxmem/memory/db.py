@@ -116,6 +116,7 @@ class Database:
         self.timeout = timeout
         self.cache_dir = cache_dir or self.path.parent / paths.CACHE_DIRNAME
         self.facts_path = facts_path(self.path)
+        self.opens = 0  # times this object opened the file: what a turn costs, counted
         paths.ensure_private_dir(self.path.parent)
         with self._lock():
             with self._transaction() as con:
@@ -228,6 +229,7 @@ class Database:
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         had_facts = self.facts_path.exists()  # ATTACH creates a missing one, empty
+        self.opens += 1
         con = self._retry(lambda: duckdb.connect(str(self.path)), lambda: "unknown")
         try:
             attach_facts(con)
