@@ -273,6 +273,18 @@ def m008_recall_index(con: duckdb.DuckDBPyConnection) -> None:
     index_missing(con)
 
 
+# Fact versions (issue 23, Medium 4): each device increments a fact's version when it edits it,
+# and sync orders a fact's edits by version, the time only breaking ties, so a device whose
+# clock is slow cannot lose a later edit. Facts written before have version 0. The facts file
+# is its own transaction, committed first; IF NOT EXISTS makes a rerun after a crash safe.
+@migration
+def m009_fact_versions(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    con.execute(f"ALTER TABLE {FACTS_DB}.facts ADD COLUMN IF NOT EXISTS version BIGINT DEFAULT 0")
+    con.commit()
+    con.begin()
+
+
 FACTS_DB = "facts_db"
 
 
