@@ -285,6 +285,20 @@ def m009_fact_versions(con: duckdb.DuckDBPyConnection) -> None:
     con.begin()
 
 
+# Facts edited before version counters existed count as version 1, as sync reads a record
+# without a version (mlxmem.memory.records.fact_version): an edit made before the upgrade must
+# still win over the text it replaced, not look like a concurrent edit of it.
+@migration
+def m010_edited_facts_version_1(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    con.execute(
+        f"UPDATE {FACTS_DB}.facts SET version = 1"
+        " WHERE coalesce(version, 0) = 0 AND updated_at <> created_at"
+    )
+    con.commit()
+    con.begin()
+
+
 FACTS_DB = "facts_db"
 
 
