@@ -8,7 +8,7 @@ all three kinds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 import duckdb
@@ -149,6 +149,30 @@ class Store(TurnLog, SummaryLog, FactList):
         with self.connect() as con:
             con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [SYNC_DIR_KEY, folder])
 
+    def sync_state(self, others: Collection[str]) -> tuple[dict[str, str], str]:
+        """In one open: the sync's small values kept in `state` (keys starting with "sync_":
+        the folder, read cursors), and changes_digest(others) as of now."""
+        with self.connect() as con:
+            rows = con.execute("SELECT key, value FROM state WHERE starts_with(key, 'sync_')")
+            return dict(rows.fetchall()), _changes_digest(con, list(others))
+
+    def set_sync_state(self, values: dict[str, str]) -> None:
+        """Keep the sync's small values (keys starting with "sync_") in one transaction."""
+        if any(not key.startswith("sync_") for key in values):
+            raise ValueError("sync state keys start with 'sync_'")
+        with self.connect() as con:
+            for key, value in values.items():
+                con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
+
+    def changes_digest(self, others: Collection[str]) -> str:
+        """A fingerprint of what decides this device's own sync stream: the turns it writes
+        (its own, and those of devices not in `others`), every fact as stored and every
+        tombstone. While it is unchanged, the stream has nothing to gain or lose: a turn of a
+        device in `others` merged in leaves it as it was, and every deletion or fact edit
+        changes it (a deletion adds a tombstone)."""
+        with self.connect() as con:
+            return _changes_digest(con, list(others))
+
     def snapshot(
         self, conversation: str, recall_terms: Sequence[str] = (), recall_limit: int = RECALL_TURNS
     ) -> Snapshot:
@@ -275,7 +299,9 @@ class Store(TurnLog, SummaryLog, FactList):
         with self.forgetting() as erasure:
             _summaries_that_saw(erasure.con, list(edits))
             for fact_id, edit in edits.items():
-                erasure.edit_fact(fact_id, edit.text, to_db(edit.updated_at), edit.device_uid)
+                erasure.edit_fact(
+                    fact_id, edit.text, to_db(edit.updated_at), edit.device_uid, edit.version
+                )
 
     def mentions(self, fact: Fact) -> list[Turn]:
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
@@ -318,6 +344,18 @@ class Store(TurnLog, SummaryLog, FactList):
             )
         hit = deletion.summaries + [summary_of(r) for r in rest]
         return Deletion(deletion.turns, hit, [name], deletion.facts)
+
+
+def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
+    (digest,) = con.execute(
+        "SELECT concat_ws(':',"
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, device_uid)), 0) FROM messages"
+        "  WHERE device_uid IS NULL OR NOT list_contains(?::VARCHAR[], device_uid)),"
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f)), 0) FROM facts f),"
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t)), 0) FROM tombstones t))",
+        [others],
+    ).fetchone()
+    return digest
 
 
 def _snapshot(
