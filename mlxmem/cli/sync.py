@@ -117,6 +117,13 @@ def _merged(merged: MergeResult) -> str:
         parts.append(deleted + " deleted")
     if merged.renumbered:
         parts.append("older turns merged in; summaries are rebuilt before the next reply")
+    if merged.conflicts:
+        pairs = ", ".join(f"{kept} and {added}" for kept, added, _ in merged.conflicts)
+        parts.append(
+            f"{plural(len(merged.conflicts), 'fact')} edited on two devices before they synced:"
+            f" both texts kept, as facts {pairs} (see `mlxmem memory list`; edit or remove"
+            " the one you do not want)"
+        )
     return ", ".join(parts)
 
 

@@ -60,6 +60,7 @@ class FactEdit:
     text: str
     updated_at: datetime
     device_uid: str | None = None
+    version: int | None = None  # the version another device wrote; None: one more than now
 
 
 @dataclass
@@ -75,11 +76,16 @@ class Erasure:
         self.fact_ids += [i for i in ids if i not in self.fact_ids]
 
     def edit_fact(
-        self, fact_id: int, text: str, updated_at: datetime, device_uid: str | None = None
+        self,
+        fact_id: int,
+        text: str,
+        updated_at: datetime,
+        device_uid: str | None = None,
+        version: int | None = None,
     ) -> None:
         """Replace a fact's text; `device_uid` names the device that wrote this version
-        (None: this one)."""
-        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid)
+        (None: this one), `version` its version counter (None: a local edit, one more)."""
+        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid, version)
 
 
 @dataclass(frozen=True)
@@ -192,8 +198,9 @@ class Database:
                 con.execute("DELETE FROM facts WHERE list_contains(?, id)", [list(ids)])
             for fact_id, edit in edits.items():
                 con.execute(
-                    "UPDATE facts SET text = ?, updated_at = ?, device_uid = ? WHERE id = ?",
-                    [edit.text, edit.updated_at, edit.device_uid, fact_id],
+                    "UPDATE facts SET text = ?, updated_at = ?, device_uid = ?,"
+                    " version = coalesce(?, coalesce(version, 0) + 1) WHERE id = ?",
+                    [edit.text, edit.updated_at, edit.device_uid, edit.version, fact_id],
                 )
 
     @contextmanager

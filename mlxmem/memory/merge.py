@@ -7,14 +7,19 @@ the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is
   device, uid) on every device; a turn that sorts among existing ones renumbers the turns after
   it (to fresh seq numbers, never reused), the summaries that saw them are deleted (the next
   reply folds the log again) and the KV caches are wiped.
-- Facts: the last writer wins, by (updated_at, device). A newer version replaces the local text
-  through the erase path, so the old text leaves the disk.
+- Facts: each edit adds one to the fact's version; the higher version wins, then (updated_at,
+  device), so a slow clock cannot undo a later edit. A winning version replaces the local text
+  through the erase path, so the old text leaves the disk. Two edits of the same version with
+  different texts were made on two devices before they met: the tie-break picks the text the
+  fact keeps, and the other text becomes a fact of its own (reported in MergeResult.conflicts),
+  so neither edit is lost.
 Each step is one transaction and can be repeated: a merge cut short anywhere is finished by the
 next one, and a merge that finds nothing new changes nothing.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING
@@ -24,9 +29,19 @@ import duckdb
 from mlxmem.memory import summaries
 from mlxmem.memory.db import FactEdit, crash_point
 from mlxmem.memory.facts import insert_fact
-from mlxmem.memory.records import Record, Tombstone, fact_key, timestamp, turn_key
+from mlxmem.memory.records import (
+    Record,
+    Tombstone,
+    fact_key,
+    fact_version,
+    timestamp,
+    turn_key,
+)
 from mlxmem.memory.turns import conversation_id, insert_synced_turns
 from mlxmem.text import to_db, utc_now
+
+# The namespace of the uids given to the losing text of two concurrent edits of a fact.
+FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
 
 if TYPE_CHECKING:  # the Store calls merge_records; merging calls the Store's erase paths back
     from mlxmem.memory.store import Store
@@ -40,6 +55,9 @@ class MergeResult:
     deleted_turns: int = 0
     deleted_facts: int = 0
     renumbered: list[str] = field(default_factory=list)  # conversations whose turns moved
+    # Facts two devices edited before they met: (the fact, which took the winning text; the
+    # fact added to keep this side's text; the device that wrote that text).
+    conflicts: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def merge_records(store: Store, records: list[Record], device: str) -> MergeResult:
@@ -148,9 +166,11 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
     with store.connect() as con:
         dead = _uids(con, "SELECT uid FROM tombstones")
         local = {
-            uid: (fid, (updated_at, dev))
-            for uid, fid, updated_at, dev in con.execute(
-                "SELECT uid, id, updated_at, coalesce(device_uid, ?) FROM facts", [device]
+            row[0]: row[1:]
+            for row in con.execute(
+                "SELECT f.uid, f.id, f.text, f.source, f.updated_at, coalesce(f.device_uid, ?),"
+                " coalesce(f.version, 0), f.message_id FROM facts f",
+                [device],
             ).fetchall()
         }
         for uid, r in newest.items():
@@ -167,19 +187,56 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
             if uid not in local:
                 _insert_fact(con, r, device)
                 result.facts += 1
-            elif fact_key(r) > local[uid][1]:
-                edits[local[uid][0]] = FactEdit(r["text"], fact_key(r)[0], _origin(r, device))
+                continue
+            fid, text, source, updated_at, dev, ver, message_id = local[uid]
+            if fact_key(r) <= (ver, updated_at, dev):
+                continue
+            if fact_version(r) == ver and r["text"] != text:
+                # Both devices edited the fact since they last met: the tie-break picks the
+                # text the fact keeps, and the other text is kept as a fact of its own.
+                fork = _fork_fact(
+                    con, uid, (text, source, updated_at, dev, ver, message_id), device, dead
+                )
+                if fork is not None:
+                    result.conflicts.append((fid, fork, dev))
+            edits[fid] = FactEdit(
+                r["text"], timestamp(r["updated_at"]), _origin(r, device), fact_version(r)
+            )
     if edits:
         store.replace_fact_versions(edits)
         result.fact_edits += len(edits)
+
+
+def _fork_fact(
+    con: duckdb.DuckDBPyConnection,
+    uid: str,
+    loser: tuple,
+    device: str,
+    dead: set[str],
+) -> int | None:
+    """Keep the text of a concurrent edit that lost the tie-break as a new fact; its uid is
+    derived from the edit (fact, version, device), so every device that forks the same edit
+    makes the same fact, and a deletion of it travels like any other. Its id, or None if it is
+    already here or was deleted. `loser`: the local row (text, source, updated_at, device,
+    version, message_id); `device`: this device."""
+    text, source, updated_at, dev, ver, message_id = loser
+    fork = str(uuid.uuid5(FORK_NAMESPACE, f"{uid}:{ver}:{dev}"))
+    if fork in dead or con.execute("SELECT 1 FROM facts WHERE uid = ?", [fork]).fetchone():
+        return None
+    fact = insert_fact(con, text, source, message_id, updated_at)
+    con.execute(
+        "UPDATE facts SET uid = ?, device_uid = ? WHERE id = ?",
+        [fork, None if dev == device else dev, fact.id],
+    )
+    return fact.id
 
 
 def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None:
     row = con.execute("SELECT id FROM messages WHERE uid = ?", [r["message_uid"]]).fetchone()
     fact = insert_fact(con, r["text"], r["source"], row and row[0], timestamp(r["created_at"]))
     con.execute(
-        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ? WHERE id = ?",
-        [r["uid"], _origin(r, device), timestamp(r["updated_at"]), fact.id],
+        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ? WHERE id = ?",
+        [r["uid"], _origin(r, device), timestamp(r["updated_at"]), fact_version(r), fact.id],
     )
 
 

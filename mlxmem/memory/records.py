@@ -2,7 +2,8 @@
 
 Three kinds, one JSON object each, every one naming the device that wrote it:
 - message: a turn, immutable, by uid, with its conversation's name (and uid, derived from it);
-- fact: one version of a fact; a later (updated_at, device) wins;
+- fact: one version of a fact: its version counter (each edit adds one; absent in records
+  from before it: 0), then (updated_at, device) as a tie-break, decide which wins;
 - tombstone: a deletion: a uid, what it was, and when; never the deleted text.
 """
 
@@ -25,6 +26,7 @@ TOMBSTONE_KINDS = ("message", "fact", "conversation")
 # The times a record may carry: wide enough for any real clock, even a badly skewed one.
 EARLIEST = datetime(1970, 1, 1)
 LATEST = datetime(2999, 12, 31)
+MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     ).fetchall()
     facts = con.execute(
         "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
-        " m.uid FROM facts f LEFT JOIN messages m ON m.id = f.message_id ORDER BY f.id",
+        " m.uid, coalesce(f.version, 0) FROM facts f LEFT JOIN messages m ON m.id = f.message_id"
+        " ORDER BY f.id",
         [device],
     ).fetchall()
     tombstones = con.execute(
@@ -87,7 +90,9 @@ def message_record(uid, conversation, role, text, created_at, device, interrupte
     }
 
 
-def fact_record(uid, text, source, created_at, updated_at, device, message_uid) -> Record:
+def fact_record(
+    uid, text, source, created_at, updated_at, device, message_uid, version=0
+) -> Record:
     return {
         "kind": "fact",
         "uid": uid,
@@ -97,6 +102,7 @@ def fact_record(uid, text, source, created_at, updated_at, device, message_uid) 
         "updated_at": iso(updated_at),
         "device": device,
         "message_uid": message_uid,
+        "version": version,
     }
 
 
@@ -116,9 +122,20 @@ def version(record: Record) -> tuple[str, str, str]:
     return (record["kind"], record["uid"], record.get("updated_at") or record.get("deleted_at", ""))
 
 
-def fact_key(record: Record) -> tuple[datetime, str]:
-    """Last writer wins: the later updated_at, then the greater device id."""
-    return (timestamp(record["updated_at"]), record["device"])
+def fact_key(record: Record) -> tuple[int, datetime, str]:
+    """Which version of a fact wins: the higher version counter (a device adds one to the
+    version it has when it edits, so a clock cannot reverse the order), then, between two
+    edits of the same version (made on two devices before they met), the later updated_at
+    and the greater device id. A record from before version counters is version 0."""
+    return (fact_version(record), timestamp(record["updated_at"]), record["device"])
+
+
+def fact_version(record: Record) -> int:
+    """A fact record's version counter; a record from before counters has none: version 0 if
+    it was never edited, else 1 (migration m010 numbers the stored facts the same way)."""
+    if "version" in record:
+        return record["version"]
+    return int(timestamp(record["updated_at"]) != timestamp(record["created_at"]))
 
 
 def turn_key(record: Record) -> tuple[datetime, str, str]:
@@ -162,6 +179,9 @@ def check_record(record: object) -> Record:
         except (TypeError, ValueError, InputError):
             ok = False
         if not ok:
+            raise InputError(f"{kind} record with a bad {name!r}: {str(record[name])[:40]!r}")
+    for name, check in _OPTIONAL.get(kind, {}).items():
+        if name in record and not check(record[name]):
             raise InputError(f"{kind} record with a bad {name!r}: {str(record[name])[:40]!r}")
     if kind == "message" and record["conversation_uid"] != conversation_uid(record["conversation"]):
         raise InputError("message record whose conversation_uid does not match its name")
@@ -209,5 +229,12 @@ _FIELDS = {
         "of": lambda v: v in TOMBSTONE_KINDS,
         "deleted_at": _is_time,
         "device": _is_uuid,
+    },
+}
+
+# Fields a record may lack (written by an mlxmem from before them).
+_OPTIONAL = {
+    "fact": {
+        "version": lambda v: type(v) is int and 0 <= v <= MAX_VERSION,
     },
 }

@@ -1,0 +1,154 @@
+"""Fact edits across devices are ordered by a version counter, not by clocks (issue 23,
+Medium 4): a device whose clock is a year slow still wins with its later edit, and two edits
+made on two devices before they met are both kept, and reported."""
+
+import json
+import os
+from datetime import timedelta
+
+import duckdb
+import pytest
+from conftest import cli, files_containing
+
+from mlxmem.errors import InputError
+from mlxmem.memory import store as store_module
+from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
+from mlxmem.memory.records import check_record, fact_key, fact_version
+from mlxmem.memory.store import Store
+
+MARKER = "MARKER-CONFLICT-5150"
+
+
+@pytest.fixture
+def devices(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    return tmp_path / "A", tmp_path / "B", folder
+
+
+def on(home, *args, code=0):
+    os.environ["MLXMEM_HOME"] = str(home)
+    return cli(*args, code=code)
+
+
+def facts(home):
+    return sorted(f["text"] for f in json.loads(on(home, "memory", "list", "--json").stdout))
+
+
+def test_a_device_with_a_clock_a_year_slow_still_wins_with_its_later_edit(devices, monkeypatch):
+    a, b, folder = devices
+    on(a, "memory", "add", f"Lives in Lisbon {MARKER}")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(b, "memory", "edit", "1", f"Lives in Porto {MARKER}")
+    on(b, "sync")
+    on(a, "sync")
+    assert facts(a) == [f"Lives in Porto {MARKER}"]
+    # A's clock is a year slow: its edit, made after it saw B's, carries an older time.
+    real = store_module.utc_now
+    monkeypatch.setattr(store_module, "utc_now", lambda: real() - timedelta(days=365))
+    on(a, "memory", "edit", "1", "Lives in Braga")
+    monkeypatch.setattr(store_module, "utc_now", real)
+    for home in (a, b, a, b):
+        on(home, "sync")
+    assert facts(a) == facts(b) == ["Lives in Braga"]
+    # The edit it replaced is erased everywhere, as any superseded version is.
+    assert files_containing(folder.parent, MARKER) == []
+
+
+def test_two_devices_editing_a_fact_before_they_meet_keep_both_texts_and_say_so(devices):
+    a, b, folder = devices
+    on(a, "memory", "add", "Lives in Lisbon")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "memory", "edit", "1", "Lives in Porto")
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    said = [on(home, "sync").stdout for home in (a, b, a, b)]
+    both = ["Lives in Faro", "Lives in Porto"]
+    assert facts(a) == facts(b) == both
+    reports = [s for s in said if "edited on two devices" in s]
+    assert len(reports) == 1, said
+    assert "both texts kept" in reports[0]
+    # Settled: more syncs change nothing and duplicate nothing.
+    for home in (a, b, a):
+        assert "edited on two devices" not in on(home, "sync").stdout
+    assert facts(a) == facts(b) == both
+    assert "Lives in Lisbon" not in str(facts(a))
+
+
+def test_the_losing_text_is_kept_once_even_when_a_third_device_saw_it_first(tmp_path):
+    a, b, c = (tmp_path / name for name in "ABC")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    on(a, "memory", "add", "Lives in Lisbon")
+    for home in (a, b, c):
+        on(home, "sync", str(folder))
+    on(a, "memory", "edit", "1", "Lives in Porto")
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    # C sees A's edit first, then B's: it forks the same fact A forks, by the same uid.
+    for home in (a, c, b, c, a, b, c, a):
+        on(home, "sync")
+    assert facts(a) == facts(b) == facts(c) == ["Lives in Faro", "Lives in Porto"]
+
+
+def test_a_fact_edited_twice_on_one_device_beats_one_edit_elsewhere(devices):
+    a, b, folder = devices
+    on(a, "memory", "add", "Tea")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(b, "memory", "edit", "1", "Coffee")
+    on(a, "memory", "edit", "1", "Green tea")
+    on(a, "memory", "edit", "1", "Jasmine tea")  # version 2 against B's 1
+    for home in (a, b, a):
+        on(home, "sync")
+    assert facts(a) == facts(b) == ["Jasmine tea"]
+
+
+def record(**changes):
+    r = {
+        "kind": "fact",
+        "uid": "0b5c0a52-8e7b-4a39-9d3c-6f4a0f3f8f11",
+        "text": "Likes tea",
+        "source": "manual",
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "updated_at": "2026-01-01T00:00:00+00:00",
+        "device": "6c1d3b0e-9a3f-4f43-8b8e-2f1c4d5e6a7b",
+        "message_uid": None,
+    }
+    r.update(changes)
+    return r
+
+
+def test_records_from_before_version_counters_read_as_version_0_or_1():
+    assert fact_version(record()) == 0
+    assert fact_version(record(updated_at="2026-02-01T00:00:00+00:00")) == 1
+    assert fact_version(record(version=7)) == 7
+    # The version decides before the time does.
+    assert fact_key(record(version=2)) > fact_key(record(version=1, updated_at="2999-01-01"))
+
+
+@pytest.mark.parametrize("bad", [-1, "1", True, 1.0, None, 2**63])
+def test_a_record_with_a_bad_version_is_refused(bad):
+    with pytest.raises(InputError, match="bad 'version'"):
+        check_record(record(version=bad))
+
+
+def test_the_migration_numbers_facts_edited_before_it_as_version_1(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    attach_facts(con)
+    names = [m.__name__ for m in MIGRATIONS]
+    migrate(con, MIGRATIONS[: names.index("m009_fact_versions")])
+    con.execute(
+        "INSERT INTO facts_db.facts (id, text, source, created_at, updated_at) VALUES"
+        " (1, 'never edited', 'manual', '2026-01-01', '2026-01-01'),"
+        " (2, 'edited', 'manual', '2026-01-01', '2026-03-01')"
+    )
+    con.close()
+    store = Store(path)
+    with store.connect() as con:
+        rows = con.execute("SELECT text, version FROM facts ORDER BY id").fetchall()
+    assert rows == [("never edited", 0), ("edited", 1)]
+    assert {r["text"]: r["version"] for r in store.changes() if r["kind"] == "fact"} == dict(rows)
+    store.edit_fact(2, "edited again")
+    assert [r["version"] for r in store.changes() if r["kind"] == "fact"] == [0, 2]
