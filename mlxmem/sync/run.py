@@ -177,7 +177,13 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
         held |= {version(r) for r in keep}
         if records is None or len(keep) != len(records) or file.encrypted != (cipher is not None):
             rewrites[file.path] = (file, keep)
-    ours = [r for r in local if r["device"] == device or r["device"] not in others]
+    # Every tombstone applied here, whoever wrote it, stays in this device's stream: removing
+    # a retired device's folder must not take its deletions with it (issue 23, Medium 5).
+    ours = [
+        r
+        for r in local
+        if r["kind"] == "tombstone" or r["device"] == device or r["device"] not in others
+    ]
     new = [r for r in ours if version(r) not in held]
     return Plan(rewrites, new)
 
