@@ -248,6 +248,8 @@ def _read_blocks(
 
 def _check_digest(path: Path) -> None:
     digest = digest_path(path)
+    if not (path.is_file() and digest.is_file()):  # a folder or a pipe where a file belongs
+        raise ValueError("not a cache file")
     if not digest.exists() or digest.read_text().strip() != file_digest(path):
         raise ValueError("file digest does not match (truncated or corrupt)")
 
@@ -294,11 +296,23 @@ def remove_slot_files(path: Path, temporary: bool = False) -> None:
     paths = [path, digest_path(path)]
     if temporary:
         paths += [path.with_name(path.name + ".tmp" + s) for s in (SUFFIX, DIGEST_SUFFIX)]
+    if not path.parent.name.endswith(BLOCKS_SUFFIX):  # a block: its slot's folder stays
+        paths.append(blocks_dir(path))
     for p in paths:
-        p.unlink(missing_ok=True)
-    if path.parent.name.endswith(BLOCKS_SUFFIX):
-        return  # a block: its slot's folder stays
-    shutil.rmtree(blocks_dir(path), ignore_errors=True)
+        _remove(p)
+
+
+def _remove(path: Path) -> None:
+    """Remove a cache file, or whatever took its name (a folder where a file belongs, a file
+    where the blocks folder belongs): the cache folder is mlxmem's, and only an optimization.
+    Nothing to remove, or a cache folder that is not a folder, is not an error."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except (NotADirectoryError, FileNotFoundError):
+        pass
 
 
 def slot_filename(name: str) -> str:
@@ -353,14 +367,22 @@ class SlotPool:
     def save(self, name: str | None = None) -> None:
         if self.directory is None:
             return
-        ensure_private_dir(self.directory)
         names = [name] if name is not None else list(self._slots)
         for n in names:
             if n in self._slots:
                 try:
+                    ensure_private_dir(self.directory)
                     self.bytes_written += self._slots[n].save(self.path(n), self.model_id)
-                except OSError as exc:  # full disk, or the cache dir wiped meanwhile
-                    warnings.warn(f"could not save KV cache ({exc})", CacheWarning, stacklevel=2)
+                except (OSError, RuntimeError) as exc:
+                    # A full disk (MLX reports a failed write as RuntimeError), the cache dir
+                    # wiped meanwhile, or a file where the cache folder belongs: the cache is
+                    # only an optimization, so the reply stands and nothing partial stays.
+                    warnings.warn(
+                        f"could not save KV cache in {self.directory} ({exc}); the next turn"
+                        " prefills from scratch",
+                        CacheWarning,
+                        stacklevel=2,
+                    )
                     remove_slot_files(self.path(n), temporary=True)
 
     def drop(self, name: str) -> None:

@@ -55,7 +55,9 @@ def db_path() -> Path:
 
 
 def cache_dir() -> Path:
-    return ensure_private_dir(data_dir() / CACHE_DIRNAME)
+    """The KV cache folder. Made when a cache is first saved (SlotPool.save), so that a file
+    in its place costs the cache, not the command."""
+    return data_dir() / CACHE_DIRNAME
 
 
 def models_dir() -> Path:

@@ -56,7 +56,13 @@ def chat(
         min=1,
         help="Longest reply in tokens (default and limit: the model's response reserve).",
     ),
-    seed: int = typer.Option(DEFAULT_SEED, help="Random seed for sampling."),
+    seed: int = typer.Option(
+        # MLX seeds are unsigned 64-bit; checked here, before the message is logged.
+        DEFAULT_SEED,
+        min=0,
+        max=2**64 - 1,
+        help="Random seed for sampling.",
+    ),
     context_tokens: int = typer.Option(
         None, help="Context budget in tokens, overriding the model's (try a small window)."
     ),

@@ -19,6 +19,9 @@ app = plain_typer(
     no_args_is_help=True,
 )
 
+# More turns than any log holds, and inside DuckDB's 64-bit LIMIT.
+MAX_SEARCH_LIMIT = 10**9
+
 MESSAGE_IDS = typer.Argument(
     None, metavar="ID", help="Ids of the turns to delete (see `history show`)."
 )
@@ -60,7 +63,9 @@ def show(
 def search(
     query: str = typer.Argument(..., help="Text to look for (case-insensitive)."),
     conversation: str = typer.Option(None, "--conversation", "-c", help="Only this conversation."),
-    limit: int = typer.Option(SEARCH_LIMIT, "--limit", min=1, help="At most this many turns."),
+    limit: int = typer.Option(
+        SEARCH_LIMIT, "--limit", min=1, max=MAX_SEARCH_LIMIT, help="At most this many turns."
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Find turns containing QUERY, newest first."""

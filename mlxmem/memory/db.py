@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -225,7 +226,20 @@ class Database:
     def _lock(self) -> Iterator[None]:
         # DuckDB's own lock lives on the database file, which compaction replaces: a separate
         # lock file keeps other mlxmem processes out from the delete until the replacement.
-        fd = os.open(self._sibling(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        lock = self._sibling(".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a folder in its place, or no right to write it
+            raise StoreError(
+                f"cannot use {lock} as mlxmem's lock file ({exc.strerror}); it must be a file"
+                " mlxmem can write: remove or rename what is there, and retry"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device: not a lock file
+            os.close(fd)
+            raise StoreError(
+                f"cannot use {lock} as mlxmem's lock file: it is not a regular file; remove or"
+                " rename what is there, and retry"
+            )
         try:
             self._retry(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), self._holder_pid)
             os.ftruncate(fd, 0)
