@@ -443,6 +443,9 @@ def test_the_page_and_its_files_are_served():
     with fake_server() as server:
         status, page, headers = request(server, "GET", "/")
         assert status == 200 and headers["Content-Type"].startswith("text/html")
+        # Its delete buttons cannot be clickjacked: no other site may frame the page.
+        assert headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
         assert b'<script src="/static/app.js">' in page
         status, script, _ = request(server, "GET", "/static/app.js")
         assert status == 200 and b"/v1/chat/completions" in script
@@ -520,3 +523,31 @@ def test_a_body_nobody_reads_is_not_taken_for_the_next_request():
             while part := sock.recv(4096):
                 answer += part
         assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200")
+
+
+def post_chat(server, text, stream=False):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": stream}
+    return request(server, "POST", "/v1/chat/completions", body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_overloaded_server_logs_one_line_per_refusal_not_a_traceback(capsys, stream):
+    with fake_server() as server:
+        server.app.service.worker.max_waiting = 0  # every request finds the queue full
+        for _ in range(3):
+            result = post_chat(server, "hello", stream)
+            if not stream:
+                assert_error(result, 503, "overloaded")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "overloaded" in line]
+    assert len(lines) == 3 and all(line.startswith("mlxmem serve: 503") for line in lines)
+
+
+def test_an_unexpected_failure_still_logs_its_traceback(capsys):
+    def broken(prompt):
+        raise ZeroDivisionError("a bug")
+
+    with fake_server(FakeEngine(broken)) as server:
+        assert_error(post_chat(server, "hello"), 500)
+    assert "ZeroDivisionError: a bug" in capsys.readouterr().err

@@ -4,8 +4,6 @@ answered whole or streamed as server-sent events."""
 from __future__ import annotations
 
 import json
-import sys
-import traceback
 
 from mlxmem.memory.companion import TurnResult
 
@@ -18,6 +16,7 @@ from .schema import (
     completion_id,
     conversation_of,
     finish_reason,
+    log_failure,
     parse_chat_request,
     usage_chunk,
 )
@@ -98,8 +97,7 @@ def _stream(req: Request, turn, events, request: ChatRequest) -> None:
                 send("[DONE]")
             elif kind == "error":
                 error = api_error(value)
-                if error.status >= 500:
-                    traceback.print_exception(value, file=sys.stderr)
+                log_failure(value, error)
                 send(error.body())
     except OSError:  # a broken pipe, a reset, a write timeout: the client is gone
         events.stop.set()  # the reply stops, and is logged as interrupted

@@ -10,10 +10,8 @@ import json
 import re
 import select
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -25,7 +23,7 @@ from mlxmem.errors import InputError
 from . import memory_api
 from .chat import chat_completions, list_models
 from .request import Request
-from .schema import ApiError, api_error
+from .schema import ApiError, api_error, log_failure
 from .service import ChatService
 
 # A connection idle this long (no request, or a client that stops sending) is closed.
@@ -39,12 +37,21 @@ PAGE_FILES = {
     "style.css": "text/css; charset=utf-8",
 }
 
+# The page has buttons that delete for good: no other site may frame it (clickjacking), and it
+# loads nothing from elsewhere. Inline style attributes stay allowed (the context bar's widths).
+PAGE_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline';"
+    " frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+}
+
 
 def page(req: Request, name: str = "index.html") -> None:
     if name not in PAGE_FILES:
         raise ApiError(404, f"no page file {name!r}", "not_found")
     data = resources.files("mlxmem.serve").joinpath("static", name).read_bytes()
-    req.handler.send_body(200, data, PAGE_FILES[name])
+    req.handler.send_body(200, data, PAGE_FILES[name], PAGE_HEADERS)
 
 
 Handler = Callable[..., "tuple[int, dict] | None"]
@@ -201,8 +208,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away; nothing to answer
         except Exception as exc:  # noqa: BLE001 - one failed request must not stop the server
             error = api_error(exc)
-            if error.status >= 500:
-                traceback.print_exc(file=sys.stderr)
+            log_failure(exc, error)
             self.fail(error, req)
 
     def send_json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:

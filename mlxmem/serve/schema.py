@@ -3,7 +3,9 @@ turn, writing replies, chunks and usage, and errors in OpenAI's shape."""
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 
@@ -60,6 +62,18 @@ def api_error(exc: Exception) -> ApiError:
     if isinstance(exc, InputError):
         return ApiError(400, str(exc), "invalid_input")
     return ApiError(422, str(exc), "unprocessable")
+
+
+def log_failure(exc: BaseException, error: ApiError) -> None:
+    """Log a request that failed on the server's side (5xx): one line for an expected
+    refusal (too many requests waiting, the database held elsewhere), the traceback for a
+    bug. A 4xx is the client's, and is answered, not logged."""
+    if error.status < 500:
+        return
+    if isinstance(exc, ApiError | MlxmemError):
+        print(f"mlxmem serve: {error.status} {error.code}: {error.message}", file=sys.stderr)
+    else:
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 @dataclass(frozen=True)
