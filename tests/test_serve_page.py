@@ -2,6 +2,10 @@
 /usr/bin/chromedriver (never Selenium Manager, which would go to the network). It saves a
 screenshot to test-output/serve-page.png."""
 
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -154,3 +158,73 @@ def test_stop_in_the_page_keeps_the_partial_reply_as_interrupted(browser):
         assert reply.interrupted and long_reply.startswith(reply.text)
         assert 0 < len(reply.text) < len(long_reply)
         assert texts(browser, ".message.assistant .text") == [reply.text]
+
+
+def test_deleting_a_fact_lists_the_turns_that_quote_it_and_deletes_them(browser):
+    store = Store()
+    store.add_fact("I keep bees", source="manual")
+    store.append_turn("default", "user", "Guess my hobby")
+    store.append_turn("default", "assistant", "You told me: I keep bees. Lovely!")
+    store.append_turn("default", "user", "Something else")
+    with fake_server(FakeEngine(lambda prompt: "Noted.")) as server:
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        click(browser, "#facts .fact .delete")
+        wait(browser, lambda: texts(browser, "#mentions .mention .text"))
+        assert texts(browser, "#mentions .mention .text") == ["You told me: I keep bees. Lovely!"]
+        assert "still quotes the deleted fact" in texts(browser, "#mentions p")[0]
+        assert store.facts() == []
+        click(browser, "#mentions .mention .delete")
+        wait(
+            browser,
+            lambda: (
+                [t.text for t in store.turns("default")]
+                == [
+                    "Guess my hobby",
+                    "Something else",
+                ]
+            ),
+        )
+        wait(browser, lambda: not browser.find_element(By.ID, "mentions").is_displayed())
+        assert "Deleted 1 turn" in browser.find_element(By.ID, "status").text
+
+
+@contextmanager
+def framing_site(url):
+    """Another site on loopback (another port: another origin) whose page frames `url`."""
+    html = f"<iframe id=f src='{url}'></iframe>".encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(html)))
+            self.end_headers()
+            self.wfile.write(html)
+
+        def log_message(self, *args):
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}/"
+    finally:
+        site.shutdown()
+        site.server_close()
+
+
+def test_another_site_cannot_frame_the_page(browser):
+    """Clickjacking: a site that frames the page under its own buttons gets an error page in
+    the frame, not the page (X-Frame-Options and CSP frame-ancestors)."""
+    with fake_server() as server, framing_site(server.url + "/") as framer:
+        browser.get(framer)
+        frame = browser.find_element(By.ID, "f")
+        time.sleep(1.0)  # time for the frame to load, were it allowed to
+        browser.switch_to.frame(frame)
+        assert browser.find_elements(By.ID, "facts") == []
+        browser.switch_to.default_content()
+        # The same page opened directly works.
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        assert browser.find_elements(By.ID, "facts")

@@ -152,9 +152,59 @@ async function remove(path) {
 }
 
 const deleteTurn = (id) => remove(`/v1/memory/turns/${id}`);
-const deleteFact = (id) => remove(`/v1/memory/facts/${id}`);
-const deleteConversation = (name) =>
-  remove(`/v1/memory/conversations/${encodeURIComponent(name)}`);
+
+// Deleting a fact lists the turns of the log that still quote it (the API's `mentions`),
+// each with a way to delete it, as `mlxmem memory rm` does.
+async function deleteFact(id) {
+  let deletion = null;
+  try {
+    deletion = await api("DELETE", `/v1/memory/facts/${id}`);
+    say(deletion.message);
+  } catch (error) {
+    say(error.message, true);
+  }
+  showMentions(deletion ? deletion.mentions : []);
+  await refresh();
+}
+
+let mentions = []; // the turns listed as still quoting a deleted fact
+
+function showMentions(turns) {
+  mentions = turns;
+  const box = $("mentions");
+  const items = turns.map((turn) => el("li", { class: "mention", "data-id": turn.id },
+    el("span", { class: "where" }, `${turn.conversation} #${turn.seq} ${turn.role}`),
+    el("span", { class: "text" }, turn.text),
+    el("button", { class: "delete", onclick: () => deleteMentions([turn.id]) }, "delete")));
+  box.replaceChildren();
+  box.hidden = !items.length;
+  if (!items.length) return;
+  const one = items.length === 1;
+  box.append(
+    el("p", {}, `${one ? "This turn" : `These ${items.length} turns`} of the log still`
+      + ` quote${one ? "s" : ""} the deleted fact:`),
+    el("ul", {}, ...items),
+    el("button", { class: "delete-all",
+      onclick: () => deleteMentions(turns.map((turn) => turn.id)) },
+    one ? "delete it" : "delete them all"),
+    el("button", { class: "keep", onclick: () => showMentions([]) }, "keep them"));
+}
+
+async function deleteMentions(ids) {
+  const gone = [];
+  try {
+    let message = "";
+    for (const id of ids) {
+      message = (await api("DELETE", `/v1/memory/turns/${id}`)).message;
+      gone.push(id);
+    }
+    say(ids.length === 1 ? message : `Deleted ${ids.length} turns.`);
+  } catch (error) {
+    say(error.message, true);
+  }
+  showMentions(mentions.filter((turn) => !gone.includes(turn.id)));
+  await refresh();
+}
 
 // -- the facts -----------------------------------------------------------------------------
 
