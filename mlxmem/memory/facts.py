@@ -13,6 +13,10 @@ from mlxmem.memory.turns import get_turn
 from mlxmem.text import as_utc, check_text, to_db, utc_now
 
 SOURCES = ("manual", "automatic")
+# A fact is short (a preference, a person, a habit): every prompt carries every fact, so a
+# long one costs every turn (a 3 MB fact added ~5 s to each). Automatic facts are shorter
+# still (mlxmem.memory.extraction.MAX_FACT_CHARS).
+MAX_FACT_CHARS = 1_000
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class FactList(Database):
     ) -> Fact:
         """Add a fact; `message_id` names the turn it was extracted from, if any. With
         `epoch`, refused (StaleError) if anything was deleted since that forget epoch."""
-        text = check_text(text, "fact", allow_empty=False).strip()
+        text = check_fact_text(text)
         check_source(source)
         now = utc_now()
         with self.guarded(epoch) as con:
@@ -88,6 +92,17 @@ def get_fact(con: duckdb.DuckDBPyConnection, fact_id: int) -> Fact:
 
 def fact_of(row: tuple) -> Fact:
     return Fact(row[0], row[1], row[2], as_utc(row[3]), as_utc(row[4]), row[5])
+
+
+def check_fact_text(text: object) -> str:
+    """A fact's text, stripped; InputError if it is not text, is blank or is too long."""
+    text = check_text(text, "fact", allow_empty=False).strip()
+    if len(text) > MAX_FACT_CHARS:
+        raise InputError(
+            f"a fact is at most {MAX_FACT_CHARS:,} characters, and this one has {len(text):,}:"
+            " keep it to a sentence or two (the chat log is the place for long text)"
+        )
+    return text
 
 
 def check_source(source: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 
 from mlxmem.errors import InputError
-from mlxmem.memory.facts import SOURCES
+from mlxmem.memory.facts import MAX_FACT_CHARS, SOURCES
 from mlxmem.memory.turns import conversation_uid
 from mlxmem.text import ROLES, as_utc, check_text
 
@@ -183,6 +183,11 @@ def check_record(record: object) -> Record:
     for name, check in _OPTIONAL.get(kind, {}).items():
         if name in record and not check(record[name]):
             raise InputError(f"{kind} record with a bad {name!r}: {str(record[name])[:40]!r}")
+    if kind == "fact" and len(record["text"]) > MAX_FACT_CHARS:
+        raise InputError(
+            f"fact record of {len(record['text']):,} characters, over the limit of"
+            f" {MAX_FACT_CHARS:,} for a fact"
+        )
     if kind == "message" and record["conversation_uid"] != conversation_uid(record["conversation"]):
         raise InputError("message record whose conversation_uid does not match its name")
     return record

@@ -21,6 +21,7 @@ from mlxmem.memory.facts import (
     Fact,
     FactList,
     all_facts,
+    check_fact_text,
     check_source,
     fact_of,
     get_fact,
@@ -43,7 +44,7 @@ from mlxmem.memory.turns import (
     turn_of,
     turns_after,
 )
-from mlxmem.text import as_record, check_text, plural, to_db, utc_now
+from mlxmem.text import as_record, plural, to_db, utc_now
 
 SYNC_DIR_KEY = "sync_dir"
 LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
@@ -254,7 +255,7 @@ class Store(TurnLog, SummaryLog, FactList):
     def edit_fact(self, fact_id: int, text: str) -> Fact:
         """Replace a fact's text; the old text is erased from disk and caches, with the
         summaries that saw it."""
-        text = check_text(text, "fact", allow_empty=False).strip()
+        text = check_fact_text(text)
         now = utc_now()
         with self.forgetting() as erasure:
             old = get_fact(erasure.con, fact_id)
