@@ -78,6 +78,13 @@ def change_files(folder):
     return {p: b for p, b in folder_bytes(folder).items() if p.name != "device.json"}
 
 
+def kv_file():
+    """A KV cache file of this data directory (its folder is made when a cache is first
+    saved)."""
+    paths.cache_dir().mkdir(parents=True, exist_ok=True)
+    return paths.cache_dir() / "default-chat.safetensors"
+
+
 def uids(home):
     os.environ["MLXMEM_HOME"] = str(home)
     with Store().connect() as con:
@@ -201,7 +208,7 @@ def test_a_deletion_reaches_a_stale_device_and_leaves_no_bytes_anywhere(devices,
     # B holds the text (and a KV cache file that mirrors it).
     assert files_containing(b, MARKER)
     os.environ["MLXMEM_HOME"] = str(b)
-    (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
+    kv_file().write_bytes(f"kv {MARKER}".encode())
 
     if kind == "fact":
         (fact,) = [
@@ -268,13 +275,13 @@ def test_a_merged_in_older_turn_rebuilds_the_summary_and_drops_the_cache(devices
     for i in range(6):
         store.append_turn("default", "user" if i % 2 == 0 else "assistant", f"A turn {i}")
     store.add_summary("default", "A's summary of its turns 1-4", 1, 4, 10)
-    (paths.cache_dir() / "default-chat.safetensors").write_bytes(b"kv")
+    kv_file().write_bytes(b"kv")
     on(b, "sync", str(folder))
     on(a, "sync", str(folder))
     os.environ["MLXMEM_HOME"] = str(a)
     store = Store()
     assert store.latest_summary("default") is None  # the next reply folds the log again
-    assert list(paths.cache_dir().iterdir()) == []
+    assert not kv_file().exists()
     turns = store.turns("default")
     assert [t.text for t in turns] == ["written on B first"] + [f"A turn {i}" for i in range(6)]
     assert [t.seq for t in turns] == sorted(t.seq for t in turns)
@@ -691,3 +698,107 @@ def test_a_crash_while_sealing_leaves_twins_and_the_next_sync_keeps_the_sealed_o
         before = files
     on(b, "sync", str(folder))
     assert facts(b) == [(f"Code {MARKER}", "manual")]
+
+
+def sync_json(home, *args):
+    return json.loads(on(home, "sync", *args, "--json").stdout)
+
+
+def test_a_sync_reads_only_files_it_has_not_merged_and_a_lost_cursor_reads_all(devices):
+    a, b, folder = devices
+    on(b, "memory", "add", "first fact")
+    on(b, "sync", str(folder))
+    on(b, "memory", "add", "second fact")
+    on(b, "sync")
+    assert sync_json(a, str(folder))["read"] == 2
+    again = sync_json(a)
+    assert (again["read"], again["written"], again["rewritten"]) == (0, 0, 0)
+    on(b, "memory", "add", "third fact")
+    on(b, "sync")
+    assert sync_json(a)["read"] == 1
+    # An erase on B rewrites its first file: A reads it again (and the new file).
+    on(b, "memory", "rm", "1")
+    on(b, "sync")
+    assert sync_json(a)["read"] == 2
+    assert facts(a) == [("second fact", "manual"), ("third fact", "manual")]
+    # A damaged cursor, or a lost one, reads everything again, and merges nothing twice.
+    os.environ["MLXMEM_HOME"] = str(a)
+    for damaged in ("{not json", json.dumps({"version": 1, "folder": str(folder)}), "[]"):
+        Store().set_sync_state({"sync_cursor": damaged})
+        assert sync_json(a)["read"] == len(change_files(folder)) - 1  # all of B's
+    assert facts(a) == [("second fact", "manual"), ("third fact", "manual")]
+
+
+def test_after_a_sync_with_nothing_new_local_changes_are_still_written_and_erased(devices):
+    a, b, folder = devices
+    on(a, "memory", "add", f"Code {MARKER}")
+    on(a, "sync", str(folder))
+    on(b, "memory", "add", "from b")
+    on(b, "sync", str(folder))
+    on(a, "sync")  # merges B's fact
+    assert sync_json(a)["written"] == 0  # nothing new: the store and own files are not read
+    on(a, "memory", "add", "another")
+    assert sync_json(a)["written"] == 1
+    on(a, "memory", "rm", "1")
+    report = sync_json(a)
+    assert report["rewritten"] == 1 and report["written"] == 1  # the erase and its tombstone
+    assert files_containing(folder, MARKER) == []
+    on(b, "sync")
+    assert sorted(facts(b)) == sorted(facts(a)) == [("another", "manual"), ("from b", "manual")]
+
+
+def test_an_older_sealed_file_put_back_over_a_newer_one_is_refused(devices, monkeypatch):
+    a, b, folder = devices
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", "correct horse battery staple")
+    on(b, "memory", "add", f"Code {MARKER}")
+    on(b, "memory", "add", "kept")
+    on(b, "sync", str(folder))
+    (change,) = change_files(folder)
+    old = change.read_bytes()
+    on(a, "sync", str(folder))
+    on(b, "memory", "rm", "1")
+    on(b, "sync")  # rewrites the file without the fact: a higher sequence
+    on(a, "sync")
+    assert facts(a) == [("kept", "manual")]
+    change.write_bytes(old)  # someone puts the older, validly sealed copy back
+    output = on(a, "sync", code=1).output
+    assert "older copy" in output and change.name in output
+    assert facts(a) == [("kept", "manual")]
+    on(b, "sync")  # its device rewrites it
+    on(a, "sync")
+    assert facts(a) == [("kept", "manual")]
+
+
+def test_a_framed_file_cut_at_a_line_end_is_skipped_and_old_unframed_files_are_read(devices):
+    a, b, folder = devices
+    on(b, "memory", "add", "first fact")
+    on(b, "memory", "add", "second fact")
+    on(b, "sync", str(folder))
+    (change,) = change_files(folder)
+    whole = change.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    assert json.loads(lines[0])["records"] == len(lines) - 1
+    change.write_bytes(b"".join(lines[:2]))  # the frame and one whole record
+    report = sync_json(a, str(folder))
+    assert report["skipped"] == [str(change)] and facts(a) == []
+    # A file written before the frame (format 1) is read.
+    change.write_bytes(b"".join(lines[1:]))
+    assert sync_json(a)["skipped"] == []
+    assert facts(a) == [("first fact", "manual"), ("second fact", "manual")]
+    # Its device rewrites its own old files framed.
+    assert sync_json(b)["rewritten"] == 1
+    assert json.loads(change.read_bytes().splitlines()[0])["records"] == len(lines) - 1
+
+
+def test_a_file_unreadable_for_longer_than_a_copy_takes_is_called_damaged(devices):
+    a, b, folder = devices
+    on(b, "memory", "add", "first fact")
+    on(b, "sync", str(folder))
+    (change,) = change_files(folder)
+    change.write_bytes(change.read_bytes()[:-10])
+    assert "still copying?" in on(a, "sync", str(folder)).output
+    old = time.time() - 3600
+    os.utime(change, (old, old))
+    report = sync_json(a)
+    assert report["damaged"] == [str(change)] == report["skipped"]
+    assert "damaged" in on(a, "sync").output

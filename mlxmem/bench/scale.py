@@ -6,18 +6,23 @@ into a summary) and 300 facts, built with bulk SQL; then the operations a person
 - search_s: `mlxmem history search`; memory_list_s: `mlxmem memory list`;
 - memory_rm_s: `mlxmem memory rm`: mentions_s (the search for turns quoting the fact) plus
   fact_erase_s (erasing one fact for good);
-- history_rm_s: `mlxmem history rm` (erasing one turn for good).
+- history_rm_s: `mlxmem history rm` (erasing one turn for good);
+- sync_first_s: the first `mlxmem sync` into an empty folder (the whole log written);
+  sync_noop_s: a sync with nothing new; sync_one_new_s: a sync that merges one new turn from
+  another device (its file arrives as a sync tool would bring it); sync_folder_bytes: the
+  folder's size after them.
 
 No model runs: the figures are the store's, which a ten-year log must not slow down.
 """
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ from mlxmem.bench.synth import ACTIVITIES, FEELINGS, PEOPLE, PLACES
 from mlxmem.engine import GenerationStats
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
@@ -49,10 +55,12 @@ class SizeResult:
     db_bytes: int
     build_s: float
     trials: dict[str, list[float]]
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         row: dict[str, Any] = {"messages": self.messages, "db_bytes": self.db_bytes}
         row["build_s"] = self.build_s
+        row.update(self.extra)
         for name, values in self.trials.items():
             row[name] = statistics.median(values)
         row["spread"] = {k: [min(v), max(v)] for k, v in self.trials.items()}
@@ -114,7 +122,28 @@ def _measure(home: Path, size: int, trials: int, seed: int) -> SizeResult:
         # A turn of the window (an older one would take the summary over it along).
         _time(times, "history_rm_s", lambda: store.delete_turns([size - i]))  # noqa: B023
     db_bytes = sum(p.stat().st_size for p in home.iterdir() if p.is_file())
-    return SizeResult(size, db_bytes, build_s, times)
+    folder_bytes = _measure_sync(home, store, trials, times)
+    return SizeResult(size, db_bytes, build_s, times, {"sync_folder_bytes": folder_bytes})
+
+
+def _measure_sync(home: Path, store: Store, trials: int, times: dict[str, list[float]]) -> int:
+    """Time the big store's syncs: its first (once), with nothing new, and with one new turn
+    of a second device, whose file is copied in as a sync tool would (its own sync, into a
+    folder of its own, does not read the big stream). Returns the shared folder's bytes."""
+    shared, aside = home / "sync-shared", home / "sync-aside"
+    shared.mkdir()
+    aside.mkdir()
+    other = Store(home / "other" / "mlxmem.duckdb")
+    other_device, _ = other.device()
+    _time(times, "sync_first_s", lambda: sync(store, shared))
+    for i in range(trials):
+        _time(times, "sync_noop_s", lambda: sync(store, shared))
+        other.append_turn(SCALE_CONVERSATION, "user", f"From the other device: {i}.", 8)
+        sync(other, aside)
+        stream = Path("mlxmem", "devices", other_device)
+        shutil.copytree(aside / stream, shared / stream, dirs_exist_ok=True)
+        _time(times, "sync_one_new_s", lambda: sync(store, shared))
+    return sum(p.stat().st_size for p in shared.rglob("*") if p.is_file())
 
 
 def _turn(companion: Companion, text: str) -> None:

@@ -68,7 +68,15 @@ def sync_command(
         print_json(asdict(report))
         return
     for path in report.skipped:
-        err.print(f"Skipped {path}: not readable whole yet (still copying?); the next sync retries")
+        if path in report.damaged:
+            err.print(
+                f"Skipped {path}: unreadable, and older than a copy takes: damaged, or changed "
+                "by someone without the key. Nothing of it was merged; the next sync retries"
+            )
+        else:
+            err.print(
+                f"Skipped {path}: not readable whole yet (still copying?); the next sync retries"
+            )
     typer.echo(
         f"Synced with {plural(report.devices, 'other device')} in {report.folder}: "
         f"{_merged(report.merged)}; wrote {plural(report.written, 'change')}"

@@ -8,6 +8,7 @@ all three kinds.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -170,7 +171,8 @@ class Store(TurnLog, SummaryLog, FactList):
         (its own, and those of devices not in `others`), every fact as stored and every
         tombstone. While it is unchanged, the stream has nothing to gain or lose: a turn of a
         device in `others` merged in leaves it as it was, and every deletion or fact edit
-        changes it (a deletion adds a tombstone)."""
+        changes it (a deletion adds a tombstone). Whether a fact or tombstone's device is in
+        `others` is part of it, so the same digest under other `others` means the same stream."""
         with self.connect() as con:
             return _changes_digest(con, list(others))
 
@@ -308,11 +310,17 @@ class Store(TurnLog, SummaryLog, FactList):
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
         return self.search(fact.text, limit=SEARCH_LIMIT)
 
-    def delete_turns(self, ids: list[int]) -> Deletion:
-        """Delete turns by id, and every summary whose range covers one of them."""
+    def delete_turns(self, ids: list[int], with_mentions: bool = False) -> Deletion:
+        """Delete turns by id, and every summary whose range covers one of them. Turns left
+        in the log may repeat a deleted user turn (its reply, a turn that contains its whole
+        text): they are deleted in the same operation `with_mentions`, else listed as the
+        `mentions`."""
         with self.forgetting() as erasure:
             victims = [get_turn(erasure.con, tid) for tid in dict.fromkeys(ids)]
-            return _delete_turns(erasure, victims)
+            quoting = _turn_mentions(erasure.con, victims)
+            if with_mentions:
+                return _delete_turns(erasure, victims + quoting)
+            return replace(_delete_turns(erasure, victims), mentions=quoting)
 
     def delete_turn_range(self, conversation: str, first_seq: int, last_seq: int) -> Deletion:
         """Delete the turns first_seq..last_seq (inclusive) of `conversation`."""
@@ -351,9 +359,11 @@ def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
     (digest,) = con.execute(
         "SELECT concat_ws(':',"
         " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, device_uid)), 0) FROM messages"
-        "  WHERE device_uid IS NULL OR NOT list_contains(?::VARCHAR[], device_uid)),"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f)), 0) FROM facts f),"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t)), 0) FROM tombstones t))",
+        "  WHERE device_uid IS NULL OR NOT list_contains($1::VARCHAR[], device_uid)),"
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, list_contains($1::VARCHAR[],"
+        "  device_uid))), 0) FROM facts f),"
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t, list_contains($1::VARCHAR[],"
+        "  device_uid))), 0) FROM tombstones t))",
         [others],
     ).fetchone()
     return digest
@@ -376,6 +386,31 @@ def _snapshot(
         forget_epoch=forget_epoch(con),
         recalled=recalled,
     )
+
+
+def _turn_mentions(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> list[Turn]:
+    """The turns left in the log that may repeat a deleted user turn: its reply (the
+    assistant turns after it, up to the next user turn), and any turn containing its whole
+    text, as a fact's mentions are found."""
+    gone = {t.id for t in victims}
+    found: dict[int, Turn] = {}
+    for victim in (t for t in victims if t.role == "user"):
+        after = con.execute(
+            f"{SELECT_TURNS} WHERE c.name = ? AND m.seq > ? ORDER BY m.seq LIMIT 16",
+            [victim.conversation, victim.seq],
+        ).fetchall()
+        for turn in map(turn_of, after):
+            if turn.role != "assistant":
+                break
+            found.setdefault(turn.id, turn)
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", victim.text.strip()) + "%"
+        quoting = con.execute(
+            f"{SELECT_TURNS} WHERE m.text ILIKE ? ESCAPE '\\' ORDER BY m.id LIMIT ?",
+            [pattern, SEARCH_LIMIT],
+        ).fetchall()
+        for turn in map(turn_of, quoting):
+            found.setdefault(turn.id, turn)
+    return sorted((t for t in found.values() if t.id not in gone), key=lambda t: t.id)
 
 
 def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:

@@ -4,10 +4,17 @@
     DIR/mlxmem/devices/<device-uuid>/000001.jsonl    change records, one JSON object a line
     DIR/mlxmem/devices/<device-uuid>/000002.jsonl.enc   the same, AES-GCM sealed
 
+A change file's first line is its frame: {"format": 2, "records": N, "sequence": S}. N is the
+count of record lines after it, so a file cut anywhere (a sync tool still copying it, even at a
+line's end) does not parse and is skipped whole, never applied in part. S grows with every
+write of the device's stream (a rewrite too); sealed, the frame is inside the AEAD, so a reader
+that remembers the S it read for a file can refuse an older copy put back in its place. Files
+written before the frame (format 1: records only) are still read, as sequence 0.
+
 Only the device itself writes into its folder, and every write is a whole file: a temporary
 file, fsync, then an atomic rename. So a sync tool never sees two writers on one file, and a
-reader sees a file whole or not at all (a file that does not parse is skipped, never applied in
-part). New changes go into a new file; a file is rewritten only to take records out of it.
+reader sees a file whole or not at all. New changes go into a new file; a file is rewritten only
+to take records out of it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from mlxmem.sync.crypto import PASSPHRASE_ENV, Cipher
 DEVICE_INFO = "device.json"
 _CHANGE_FILE = re.compile(r"^(\d{6,})\.jsonl(\.enc)?$")
 _TEMP_PREFIX = ".tmp-"
+FILE_FORMAT = 2
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -35,6 +43,22 @@ class ChangeFile:
     path: Path
     number: int
     encrypted: bool
+
+    def identity(self) -> list[int] | None:
+        """(size, mtime in ns, inode): what a read cursor compares to tell a file it has read
+        from one written (or put back) since; None if the file is gone. Every write renames a
+        new file into place, so a rewrite changes the inode even within one mtime tick."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+@dataclass(frozen=True)
+class Contents:
+    records: list[Record]
+    sequence: int  # 0: a file written before the frame (format 1)
 
 
 class DeviceFolder:
@@ -70,9 +94,9 @@ class DeviceFolder:
             )
         return Cipher.from_description(passphrase, described, self.device)
 
-    def read(self, file: ChangeFile, cipher: Cipher | None) -> list[Record] | None:
-        """The records of a change file, or None if it cannot be read whole (still being
-        copied by the sync tool, damaged, or sealed without a key we have)."""
+    def read(self, file: ChangeFile, cipher: Cipher | None) -> Contents | None:
+        """The records of a change file and its sequence, or None if it cannot be read whole
+        (still being copied by the sync tool, damaged, or sealed without a key we have)."""
         try:
             data = file.path.read_bytes()
         except OSError:
@@ -82,14 +106,29 @@ class DeviceFolder:
             if data is None:
                 return None
         try:
-            lines = data.decode("utf-8").splitlines()
-            return [check_record(json.loads(line)) for line in lines if line.strip()]
+            lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+            first = json.loads(lines[0]) if lines else None
+            if isinstance(first, dict) and "kind" not in first:
+                frame, lines = first, lines[1:]
+                sequence = frame.get("sequence")
+                if frame.get("format") != FILE_FORMAT or frame.get("records") != len(lines):
+                    return None
+                if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1:
+                    return None
+            else:
+                sequence = 0  # format 1: no frame
+            return Contents([check_record(json.loads(line)) for line in lines], sequence)
         except (UnicodeDecodeError, ValueError, RecursionError, MlxmemError):
             return None
 
-    def write(self, number: int, records: list[Record], cipher: Cipher | None) -> Path:
-        """Write change file `number` whole (replacing it if it exists); return its path."""
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    def write(
+        self, number: int, records: list[Record], cipher: Cipher | None, sequence: int
+    ) -> Path:
+        """Write change file `number` whole (replacing it if it exists), framed with its
+        record count and `sequence`; return its path."""
+        frame = {"format": FILE_FORMAT, "records": len(records), "sequence": sequence}
+        lines = [frame, *records]
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines).encode()
         name = f"{number:06d}.jsonl"
         if cipher is not None:
             data, name = cipher.seal(data, self._aad(number)), name + ".enc"

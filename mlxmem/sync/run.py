@@ -3,20 +3,24 @@ device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.memory.m
 rules; README "Sync" for what it means for the person.
 
 A sync, in order (each step can be cut short; the next sync finishes it):
-1. read the other devices' streams (a file that cannot be read whole is skipped this time);
+1. read the other devices' streams: the files the read cursor has not seen merged (a file
+   that cannot be read whole is skipped this time; one older than a version already read is
+   refused, and nothing is merged);
 2. merge them into the store: tombstones (through the erase path), messages, facts;
 3. erase in the folder: rewrite this device's files without the records that are no longer
    live here (a deleted turn or fact, a fact's superseded version);
 4. write what the folder lacks of this device's changes into one new file;
-5. record the sync time in this device's device.json.
+5. record the sync time in this device's device.json, and the cursor in the store.
 Only step 4's file adds anything, and it holds only what no file held, so a second sync finds
-nothing to merge and nothing to write.
+nothing to merge and nothing to write. Steps 3 and 4 read the whole store and this device's
+files, unless the cursor shows that neither changed since the last sync (mlxmem.sync.cursor).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,10 +30,22 @@ from mlxmem.errors import InputError, StoreError
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.merge import MergeResult
 from mlxmem.memory.records import Record, iso, version
-from mlxmem.memory.store import Store
+from mlxmem.memory.store import SYNC_DIR_KEY, Store
 from mlxmem.sync.crypto import Cipher
+from mlxmem.sync.cursor import (
+    CURSOR_KEY,
+    SEQUENCES_KEY,
+    Cursor,
+    Sequences,
+    next_sequence,
+    own_state,
+)
 from mlxmem.sync.folder import ChangeFile, DeviceFolder, device_folders
 from mlxmem.text import to_db, utc_now
+
+# A file unreadable for longer than a sync tool takes to copy one is damaged or tampered with,
+# not still arriving.
+COPY_GRACE_S = 15 * 60
 
 Progress = Callable[[str], None]
 
@@ -43,6 +59,8 @@ class SyncReport:
     written: int  # records written to a new file
     rewritten: int  # own files rewritten to erase records
     skipped: list[str] = field(default_factory=list)  # files that could not be read whole
+    damaged: list[str] = field(default_factory=list)  # of those, the ones unreadable for long
+    read: int = 0  # other devices' files read (the rest were merged before, unchanged since)
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,19 @@ class Plan:
 
     rewrites: dict[Path, tuple[ChangeFile, list[Record]]]
     new: list[Record]
+    sequence: int = 0  # the highest sequence among this device's files
+
+
+@dataclass
+class Reading:
+    """What read_streams found: the records to merge, the files skipped, and the cursor and
+    sequences to save once they are merged."""
+
+    records: list[Record]
+    skipped: list[str]
+    damaged: list[str]
+    read: int
+    streams: dict[str, dict[str, list[int]]]
 
 
 def sync(
@@ -66,30 +97,64 @@ def sync(
     with _sync_lock(store):
         mine = DeviceFolder(root, device)
         others = [f for f in device_folders(root) if f.device != device]
+        names = {f.device for f in others}
+        state, digest = store.sync_state(names)
+        cursor = Cursor.load(state.get(CURSOR_KEY), str(root))
+        sequences = Sequences.load(state.get(SEQUENCES_KEY))
         progress(f"Reading {len(others)} other device(s) in {root}")
         # Reading the others first checks the passphrase against their keys before anything
-        # is written: a mistyped one must not become this device's key.
-        records, skipped = read_streams(others, passphrase)
+        # is written: a mistyped one must not become this device's key. A device with no key
+        # yet checks it against every sealed stream, read before or not.
+        check = bool(passphrase) and not mine.info().get("encryption")
+        reading = read_streams(others, passphrase, cursor, sequences, check_key=check)
         cipher = _own_cipher(mine, name, passphrase)
         mine.remove_temp_files()
         mine.remove_superseded(encrypted=cipher is not None)
         crash_point("sync:read")
-        progress(f"Merging {len(records)} record(s)")
-        merged = store.merge(records)
-        plan = plan_writes(store, mine, cipher, {f.device for f in others})
+        merged = MergeResult()
+        if reading.records:
+            progress(f"Merging {len(reading.records)} record(s)")
+            merged = store.merge(reading.records)
+            digest = store.changes_digest(names)  # before plan_writes reads the changes
+        encrypted = cipher is not None
+        if cursor.own_unchanged(digest, encrypted, _identities(mine)):
+            plan = Plan({}, [])
+        else:
+            plan = plan_writes(store, mine, cipher, names)
+        sequence = max(plan.sequence, sequences.written(device))
         for file, keep in plan.rewrites.values():
-            mine.write(file.number, keep, cipher)
-            if file.encrypted != (cipher is not None):
+            sequence = next_sequence(sequence)
+            mine.write(file.number, keep, cipher, sequence)
+            sequences.note(device, file.number, sequence)
+            if file.encrypted != encrypted:
                 file.path.unlink(missing_ok=True)  # replaced by the other kind's name
         crash_point("sync:rewritten")
         if plan.new:
             progress(f"Writing {len(plan.new)} change(s)")
-            mine.write(_next_number(mine), plan.new, cipher)
+            number, sequence = _next_number(mine), next_sequence(sequence)
+            mine.write(number, plan.new, cipher, sequence)
+            sequences.note(device, number, sequence)
         crash_point("sync:written")
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
-        store.set_sync_dir(str(root))
+        cursor.streams = reading.streams
+        cursor.own = own_state(digest, encrypted, _identities(mine))
+        store.set_sync_state(
+            {
+                SYNC_DIR_KEY: str(root),
+                CURSOR_KEY: cursor.dumps(),
+                SEQUENCES_KEY: sequences.dumps(),
+            }
+        )
     return SyncReport(
-        str(root), device, len(others), merged, len(plan.new), len(plan.rewrites), skipped
+        str(root),
+        device,
+        len(others),
+        merged,
+        len(plan.new),
+        len(plan.rewrites),
+        reading.skipped,
+        reading.damaged,
+        reading.read,
     )
 
 
@@ -132,11 +197,19 @@ def status(store: Store, root: Path | None = None, passphrase: str | None = None
 
 
 def read_streams(
-    folders: list[DeviceFolder], passphrase: str | None
-) -> tuple[list[Record], list[str]]:
-    """All records of these device streams, and the files skipped as unreadable."""
-    records: list[Record] = []
-    skipped = []
+    folders: list[DeviceFolder],
+    passphrase: str | None,
+    cursor: Cursor | None = None,
+    sequences: Sequences | None = None,
+    check_key: bool = False,
+) -> Reading:
+    """The records of these device streams that `cursor` has not seen merged (all, without
+    one), the files skipped as unreadable, and the cursor's streams once they are merged.
+    `sequences` (updated here) refuses a file older than one read before. `check_key`: derive
+    every sealed stream's key, read or not (a wrong passphrase fails here)."""
+    cursor = cursor or Cursor("")
+    sequences = sequences if sequences is not None else Sequences()
+    reading = Reading([], [], [], 0, {})
     for folder in folders:
         files = folder.files()
         # With a passphrase every change must be sealed: anyone who can write to the folder
@@ -150,14 +223,38 @@ def read_streams(
                     "merged. Sync that device with the passphrase first (it rewrites its files "
                     "sealed), or remove files you did not write."
                 )
-        cipher = folder.cipher(passphrase) if any(f.encrypted for f in files) else None
+        known = cursor.streams.get(folder.device, {})
+        merged = reading.streams[folder.device] = {}
+        todo = []
         for file in files:
-            found = folder.read(file, cipher)
-            if found is None:
-                skipped.append(str(file.path))
+            identity = file.identity()  # before reading: a change after it is read next time
+            if identity is not None and known.get(file.path.name) == identity:
+                merged[file.path.name] = identity
             else:
-                records += found
-    return records, skipped
+                todo.append((file, identity))
+        sealed = todo if not check_key else [(f, None) for f in files]
+        cipher = folder.cipher(passphrase) if any(f.encrypted for f, _ in sealed) else None
+        for file, identity in todo:
+            found = folder.read(file, cipher)
+            reading.read += 1
+            if found is None:
+                reading.skipped.append(str(file.path))
+                if identity and time.time() - identity[1] / 1e9 > COPY_GRACE_S:
+                    reading.damaged.append(str(file.path))
+                continue
+            last = sequences.last(folder.device, file.number)
+            if found.sequence < last:
+                raise InputError(
+                    f"{file.path} is an older copy of a file already read (sequence "
+                    f"{found.sequence}, already read {last}): someone put an old version back "
+                    "in the sync folder; nothing was merged. Its device rewrites the file at "
+                    "its next sync; or remove the file."
+                )
+            sequences.note(folder.device, file.number, found.sequence)
+            reading.records += found.records
+            if identity is not None:
+                merged[file.path.name] = identity
+    return reading
 
 
 def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
@@ -171,11 +268,19 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
     live = {version(r) for r in local}
     held: set = set()
     rewrites = {}
+    sequence = 0
     for file in mine.files():
-        records = mine.read(file, cipher if file.encrypted else None)
+        found = mine.read(file, cipher if file.encrypted else None)
+        records = found and found.records
+        sequence = max(sequence, found.sequence if found else 0)
         keep = [r for r in records or () if version(r) in live and version(r) not in held]
         held |= {version(r) for r in keep}
-        if records is None or len(keep) != len(records) or file.encrypted != (cipher is not None):
+        if (
+            found is None
+            or found.sequence == 0  # format 1: rewritten framed
+            or len(keep) != len(records)
+            or file.encrypted != (cipher is not None)
+        ):
             rewrites[file.path] = (file, keep)
     # Every tombstone applied here, whoever wrote it, stays in this device's stream: removing
     # a retired device's folder must not take its deletions with it (issue 23, Medium 5).
@@ -185,7 +290,7 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
         if r["kind"] == "tombstone" or r["device"] == device or r["device"] not in others
     ]
     new = [r for r in ours if version(r) not in held]
-    return Plan(rewrites, new)
+    return Plan(rewrites, new, sequence)
 
 
 def sync_root(store: Store, root: Path | None) -> Path:
@@ -222,6 +327,10 @@ def _write_info(mine: DeviceFolder, name: str, cipher: Cipher | None, last_sync)
     if cipher is not None:
         info["encryption"] = cipher.describe(mine.device)
     mine.write_info(info)
+
+
+def _identities(mine: DeviceFolder) -> dict[str, list[int] | None]:
+    return {f.path.name: f.identity() for f in mine.files()}
 
 
 def _next_number(mine: DeviceFolder) -> int:
