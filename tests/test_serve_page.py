@@ -228,3 +228,27 @@ def test_another_site_cannot_frame_the_page(browser):
         browser.get(server.url + "/")
         wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
         assert browser.find_elements(By.ID, "facts")
+
+
+def test_deleting_a_message_lists_its_reply_and_a_conversation_deletes_on_confirm(browser):
+    store = Store()
+    store.append_turn("default", "user", "my pin is PINSECRET77")
+    store.append_turn("default", "assistant", "Got it: your pin is PINSECRET77.")
+    store.append_turn("work", "user", "Standup at ten")
+    with fake_server(FakeEngine(lambda prompt: "Noted.")) as server:
+        browser.get(server.url + "/")
+        wait(browser, lambda: browser.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        click(browser, ".message.user .delete")
+        wait(browser, lambda: texts(browser, "#mentions .mention .text"))
+        assert texts(browser, "#mentions .mention .text") == ["Got it: your pin is PINSECRET77."]
+        assert "may still repeat the deleted message" in texts(browser, "#mentions p")[0]
+        click(browser, "#mentions .delete-all")
+        wait(browser, lambda: store.turns("default") == [])
+        wait(browser, lambda: not browser.find_element(By.ID, "mentions").is_displayed())
+        # A conversation: the first click asks, the second deletes.
+        item = "#conversations li:last-child .delete"
+        wait(browser, lambda: "work" in texts(browser, "#conversations .open"))
+        click(browser, item)
+        assert texts(browser, item) == ["really delete?"]
+        click(browser, item)
+        wait(browser, lambda: "work" not in [c.name for c in store.conversations()])

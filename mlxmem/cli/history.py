@@ -81,17 +81,28 @@ def remove(
     to_seq: int = typer.Option(None, "--to", help="Last turn number (#) of a range."),
     everything: bool = typer.Option(False, "--all", help="The whole conversation."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed off a terminal."),
+    with_mentions: bool = typer.Option(
+        False,
+        "--with-mentions",
+        help="With IDs: also delete the turns that may repeat a deleted message (its reply, "
+        "a turn quoting it whole).",
+    ),
 ) -> None:
     """Delete turns for good, and the summaries built from them.
 
     One or more turns: `rm ID...`; a range of turn numbers: `rm -c NAME --from 3 --to 8`;
     a whole conversation: `rm -c NAME --all`. A range or a whole conversation is asked about
     first on a terminal, and needs --yes elsewhere (as `memory clear` does).
+
+    The reply to a deleted message may repeat it, as may a later turn: they are listed, and
+    --with-mentions deletes them too (as `memory rm` does for a fact).
     """
     store = Store()
     ranged = from_seq is not None or to_seq is not None
+    if with_mentions and not message_ids:
+        raise InputError("--with-mentions goes with turn IDs: `history rm ID... --with-mentions`")
     if message_ids and conversation is None and not ranged and not everything:
-        deletion = store.delete_turns(message_ids)
+        deletion = store.delete_turns(message_ids, with_mentions)
     elif conversation is not None and not message_ids and everything and not ranged:
         turns = store.conversation(conversation).message_count  # an unknown name fails here
         confirm(f"Delete conversation {conversation!r} ({plural(turns, 'turn')}) for good?", yes)
@@ -106,6 +117,11 @@ def remove(
             "say what to delete: ID..., or --conversation NAME with --from/--to or --all"
         )
     typer.echo(deletion.describe())
+    if deletion.mentions:
+        typer.echo(f"{plural(len(deletion.mentions), 'turn')} of the log may still repeat it:")
+        for turn in deletion.mentions:
+            typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
+        typer.echo("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
 
 
 def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:

@@ -54,7 +54,10 @@ def delete_conversation(req: Request, name: str) -> tuple[int, dict]:
 
 
 def delete_turn(req: Request, turn_id: str) -> tuple[int, dict]:
-    return 200, deleted(req, Store().delete_turns([int(turn_id)]))
+    """`?with_mentions=true` also deletes the turns that may repeat a deleted message (its
+    reply, a turn quoting it whole), as `history rm --with-mentions`; without it they are
+    listed under `mentions`."""
+    return 200, deleted(req, Store().delete_turns([int(turn_id)], req.flag("with_mentions")))
 
 
 def search(req: Request) -> tuple[int, dict]:

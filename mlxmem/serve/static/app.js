@@ -151,26 +151,32 @@ async function remove(path) {
   await refresh();
 }
 
-const deleteTurn = (id) => remove(`/v1/memory/turns/${id}`);
+// Deleting a fact lists the turns of the log that still quote it, and deleting a message
+// the turns that may repeat it (its reply): the API's `mentions`, each with a way to delete
+// it, as `mlxmem memory rm` and `mlxmem history rm` do.
+const deleteTurn = (id) => removeQuoted(`/v1/memory/turns/${id}`, "message");
+const deleteFact = (id) => removeQuoted(`/v1/memory/facts/${id}`, "fact");
+const deleteConversation = (name) =>
+  remove(`/v1/memory/conversations/${encodeURIComponent(name)}`);
 
-// Deleting a fact lists the turns of the log that still quote it (the API's `mentions`),
-// each with a way to delete it, as `mlxmem memory rm` does.
-async function deleteFact(id) {
+async function removeQuoted(path, what) {
   let deletion = null;
   try {
-    deletion = await api("DELETE", `/v1/memory/facts/${id}`);
+    deletion = await api("DELETE", path);
     say(deletion.message);
   } catch (error) {
     say(error.message, true);
   }
-  showMentions(deletion ? deletion.mentions : []);
+  showMentions(deletion ? deletion.mentions : [], what);
   await refresh();
 }
 
-let mentions = []; // the turns listed as still quoting a deleted fact
+let mentions = []; // the turns listed as still quoting what was deleted
+let mentionsOf = "fact"; // what that was: a "fact" or a "message"
 
-function showMentions(turns) {
+function showMentions(turns, what = mentionsOf) {
   mentions = turns;
+  mentionsOf = what;
   const box = $("mentions");
   const items = turns.map((turn) => el("li", { class: "mention", "data-id": turn.id },
     el("span", { class: "where" }, `${turn.conversation} #${turn.seq} ${turn.role}`),
@@ -181,8 +187,9 @@ function showMentions(turns) {
   if (!items.length) return;
   const one = items.length === 1;
   box.append(
-    el("p", {}, `${one ? "This turn" : `These ${items.length} turns`} of the log still`
-      + ` quote${one ? "s" : ""} the deleted fact:`),
+    el("p", {}, `${one ? "This turn" : `These ${items.length} turns`} of the log `
+      + (what === "fact" ? `still quote${one ? "s" : ""} the deleted fact:`
+        : "may still repeat the deleted message:")),
     el("ul", {}, ...items),
     el("button", { class: "delete-all",
       onclick: () => deleteMentions(turns.map((turn) => turn.id)) },
