@@ -55,9 +55,14 @@ def db_path() -> Path:
 
 
 def cache_dir() -> Path:
-    """The KV cache folder. Made when a cache is first saved (SlotPool.save), so that a file
-    in its place costs the cache, not the command."""
-    return data_dir() / CACHE_DIRNAME
+    """The KV cache folder, made if missing. A file in its place costs the cache, not the
+    command: saving a cache then warns (SlotPool.save), and reading one finds nothing."""
+    path = data_dir() / CACHE_DIRNAME
+    try:
+        ensure_private_dir(path)
+    except OSError:
+        pass
+    return path
 
 
 def models_dir() -> Path:

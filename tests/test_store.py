@@ -74,6 +74,7 @@ FACTS_SCHEMA = {
         ("message_id", "BIGINT"),
         ("uid", "VARCHAR"),
         ("device_uid", "VARCHAR"),
+        ("version", "BIGINT"),
     ],
 }
 
@@ -117,6 +118,8 @@ def test_empty_database_migrates_to_exact_schema():
             ("m006_facts_own_file",),
             ("m007_sync_ids",),
             ("m008_recall_index",),
+            ("m009_fact_versions",),
+            ("m010_edited_facts_version_1",),
         ]
     assert store.path == paths.db_path()
 
