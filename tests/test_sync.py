@@ -802,3 +802,62 @@ def test_a_file_unreadable_for_longer_than_a_copy_takes_is_called_damaged(device
     report = sync_json(a)
     assert report["damaged"] == [str(change)] == report["skipped"]
     assert "damaged" in on(a, "sync").output
+
+
+def own_records(folder, home):
+    """Every record in `home`'s device stream, read as the next sync would."""
+    from mlxmem.sync.folder import DeviceFolder
+
+    os.environ["MLXMEM_HOME"] = str(home)
+    mine = DeviceFolder(folder, Store().device()[0])
+    return [r for f in mine.files() for r in mine.read(f, None).records]
+
+
+def test_many_small_files_are_compacted_and_another_devices_cursor_survives(devices, monkeypatch):
+    from mlxmem.sync import run
+
+    monkeypatch.setattr(run, "COMPACT_FILES", 3)
+    a, b, folder = devices
+    for i in range(4):
+        on(a, "memory", "add", f"fact {i}")
+        on(a, "sync", str(folder))
+    assert sync_json(b, str(folder))["read"] == 4
+    on(a, "memory", "add", "fact 4")
+    assert sync_json(a)["compacted"] == 4  # files 1-4 into one; the new change is file 5
+    assert len(change_files(folder)) == 2  # 5 and 6 (B has nothing to write)
+    assert sync_json(b)["read"] == 2
+    assert sync_json(b)["read"] == 0
+    assert facts(b) == facts(a)
+    storage = json.loads(on(a, "sync", "--status", "--json").stdout)["storage"]
+    assert storage["own_files"] == 2
+    assert storage["own_live_bytes"] <= storage["own_bytes"] < storage["folder_bytes"]
+
+
+def test_a_compaction_cut_short_is_finished_and_duplicates_nothing(devices, monkeypatch):
+    from mlxmem.memory import db
+    from mlxmem.sync import run
+
+    monkeypatch.setattr(run, "COMPACT_FILES", 3)
+    a, b, folder = devices
+    for i in range(4):
+        on(a, "memory", "add", f"fact {i}")
+        on(a, "sync", str(folder))
+
+    def crash(name):
+        if name == "sync:compacted":
+            raise KeyboardInterrupt  # as a kill there would: the new file whole, the old ones left
+
+    monkeypatch.setattr(db, "fault_hook", crash)
+    on(a, "memory", "add", "fact 4")
+    os.environ["MLXMEM_HOME"] = str(a)
+    with pytest.raises(KeyboardInterrupt):
+        run.sync(Store(), folder)
+    monkeypatch.setattr(db, "fault_hook", None)
+    assert len(own_records(folder, a)) > 5  # the records twice, for now
+    on(a, "sync")
+    records = own_records(folder, a)
+    assert sorted(r["text"] for r in records) == [f"fact {i}" for i in range(5)]
+    again = sync_json(a)
+    assert again["written"] == again["rewritten"] == again["compacted"] == 0
+    on(b, "sync", str(folder))
+    assert facts(b) == facts(a)

@@ -150,6 +150,11 @@ def _print_status(found: dict, as_json: bool) -> None:
         last = local_time(datetime.fromisoformat(d["last_sync"])) if d["last_sync"] else "never"
         table.add_row(d["device"][:8], Text(name), last, str(d["files"]), encrypted)
     Console().print(table)
+    s = found["storage"]
+    typer.echo(
+        f"Folder: {s['folder_bytes'] / 1e6:.1f} MB; this device's {plural(s['own_files'], 'file')}:"
+        f" {s['own_bytes'] / 1e6:.1f} MB for {s['own_live_bytes'] / 1e6:.1f} MB of live records."
+    )
     p = found["pending"]
     typer.echo(
         f"Pending here: {plural(p['messages'], 'turn')}, {plural(p['facts'], 'fact version')}, "

@@ -19,6 +19,7 @@ files, unless the cursor shows that neither changed since the last sync (mlxmem.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from mlxmem.memory.db import crash_point
 from mlxmem.memory.merge import MergeResult
 from mlxmem.memory.records import Record, iso, version
 from mlxmem.memory.store import SYNC_DIR_KEY, Store
+from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import Cipher
 from mlxmem.sync.cursor import (
     CURSOR_KEY,
@@ -46,6 +48,11 @@ from mlxmem.text import to_db, utc_now
 # A file unreadable for longer than a sync tool takes to copy one is damaged or tampered with,
 # not still arriving.
 COPY_GRACE_S = 15 * 60
+# Compaction: a stream of more than COMPACT_FILES files (each sync adds one) has its files
+# under COMPACT_SMALL_BYTES merged into one new file; big files stay, so another device
+# rereads only the small ones' records.
+COMPACT_FILES = 32
+COMPACT_SMALL_BYTES = 4 << 20
 
 Progress = Callable[[str], None]
 
@@ -61,6 +68,7 @@ class SyncReport:
     skipped: list[str] = field(default_factory=list)  # files that could not be read whole
     damaged: list[str] = field(default_factory=list)  # of those, the ones unreadable for long
     read: int = 0  # other devices' files read (the rest were merged before, unchanged since)
+    compacted: int = 0  # own files merged into one
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,7 @@ class Plan:
     rewrites: dict[Path, tuple[ChangeFile, list[Record]]]
     new: list[Record]
     sequence: int = 0  # the highest sequence among this device's files
+    kept: list[tuple[ChangeFile, list[Record]]] = field(default_factory=list)  # every file
 
 
 @dataclass
@@ -135,6 +144,7 @@ def sync(
             mine.write(number, plan.new, cipher, sequence)
             sequences.note(device, number, sequence)
         crash_point("sync:written")
+        compacted = _compact(mine, plan, cipher, sequence, sequences)
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
         cursor.streams = reading.streams
         cursor.own = own_state(digest, encrypted, _identities(mine))
@@ -155,6 +165,7 @@ def sync(
         reading.skipped,
         reading.damaged,
         reading.read,
+        compacted,
     )
 
 
@@ -183,6 +194,13 @@ def status(store: Store, root: Path | None = None, passphrase: str | None = None
             }
         )
     kinds = [r["kind"] for r in plan.new]
+    live = [r for _, keep in plan.kept for r in keep] + plan.new
+    storage = {
+        "folder_bytes": sum(p.stat().st_size for p in (root / "mlxmem").rglob("*") if p.is_file()),
+        "own_files": len(plan.kept),
+        "own_bytes": sum((f.identity() or [0])[0] for f, _ in plan.kept),
+        "own_live_bytes": sum(len(json.dumps(r, ensure_ascii=False).encode()) + 1 for r in live),
+    }
     return {
         "folder": str(root),
         "device": {"device": device, "name": name},
@@ -193,6 +211,7 @@ def status(store: Store, root: Path | None = None, passphrase: str | None = None
             "tombstones": kinds.count("tombstone"),
             "files_to_rewrite": len(plan.rewrites),
         },
+        "storage": storage,
     }
 
 
@@ -269,12 +288,14 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
     held: set = set()
     rewrites = {}
     sequence = 0
+    kept_by_file = []
     for file in mine.files():
         found = mine.read(file, cipher if file.encrypted else None)
         records = found and found.records
         sequence = max(sequence, found.sequence if found else 0)
         keep = [r for r in records or () if version(r) in live and version(r) not in held]
         held |= {version(r) for r in keep}
+        kept_by_file.append((file, keep))
         if (
             found is None
             or found.sequence == 0  # format 1: rewritten framed
@@ -290,7 +311,7 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
         if r["kind"] == "tombstone" or r["device"] == device or r["device"] not in others
     ]
     new = [r for r in ours if version(r) not in held]
-    return Plan(rewrites, new, sequence)
+    return Plan(rewrites, new, sequence, kept_by_file)
 
 
 def sync_root(store: Store, root: Path | None) -> Path:
@@ -327,6 +348,32 @@ def _write_info(mine: DeviceFolder, name: str, cipher: Cipher | None, last_sync)
     if cipher is not None:
         info["encryption"] = cipher.describe(mine.device)
     mine.write_info(info)
+
+
+def _compact(
+    mine: DeviceFolder, plan: Plan, cipher: Cipher | None, sequence: int, sequences: Sequences
+) -> int:
+    """Merge this device's small files into one new file when it has many (see
+    COMPACT_FILES); return how many were merged. Crash-safe: the new file is written whole
+    (fsync, rename) before the old ones are removed; a crash between leaves records twice,
+    and the next full sync keeps the first copy (the duplicate is rewritten out). Another
+    device's cursor survives: it reads the new file and forgets the removed ones."""
+    if len(plan.kept) <= COMPACT_FILES:
+        return 0
+    small = [(f, keep) for f, keep in plan.kept if (f.identity() or [0])[0] < COMPACT_SMALL_BYTES]
+    if len(small) < 2:
+        return 0
+    # The files as written by this sync: the rewrites kept `keep`; the new file is not in it.
+    records = [r for _, keep in small for r in keep]
+    number, sequence = _next_number(mine), next_sequence(sequence)
+    mine.write(number, records, cipher, sequence)
+    sequences.note(mine.device, number, sequence)
+    crash_point("sync:compacted")
+    for file, _ in small:  # either kind: a rewrite may have sealed it under the other name
+        for name in (f"{file.number:06d}.jsonl", f"{file.number:06d}.jsonl.enc"):
+            (mine.path / name).unlink(missing_ok=True)
+    fsync_path(mine.path)
+    return len(small)
 
 
 def _identities(mine: DeviceFolder) -> dict[str, list[int] | None]:
