@@ -356,14 +356,16 @@ class Store(TurnLog, SummaryLog, FactList):
 
 
 def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
+    # list_contains(list, NULL) is NULL for a list with items and false for an empty one: a
+    # row written here (device NULL) must hash alike under both.
     (digest,) = con.execute(
         "SELECT concat_ws(':',"
         " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, device_uid)), 0) FROM messages"
         "  WHERE device_uid IS NULL OR NOT list_contains($1::VARCHAR[], device_uid)),"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, list_contains($1::VARCHAR[],"
-        "  device_uid))), 0) FROM facts f),"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t, list_contains($1::VARCHAR[],"
-        "  device_uid))), 0) FROM tombstones t))",
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, coalesce(list_contains("
+        "  $1::VARCHAR[], device_uid), false))), 0) FROM facts f),"
+        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t, coalesce(list_contains("
+        "  $1::VARCHAR[], device_uid), false))), 0) FROM tombstones t))",
         [others],
     ).fetchone()
     return digest
