@@ -861,3 +861,14 @@ def test_a_compaction_cut_short_is_finished_and_duplicates_nothing(devices, monk
     assert again["written"] == again["rewritten"] == again["compacted"] == 0
     on(b, "sync", str(folder))
     assert facts(b) == facts(a)
+
+
+def test_a_record_changed_in_a_devices_own_file_is_rewritten_as_its_store_has_it(devices):
+    a, _, folder = devices
+    on(a, "memory", "add", "the honest fact")
+    on(a, "sync", str(folder))
+    (change,) = change_files(folder)
+    change.write_bytes(change.read_bytes().replace(b"honest", b"forged"))
+    assert sync_json(a)["rewritten"] == 1  # its files changed: compared with the store
+    assert b"honest" in change.read_bytes() and b"forged" not in change.read_bytes()
+    assert sync_json(a)["rewritten"] == 0

@@ -94,9 +94,11 @@ class DeviceFolder:
             )
         return Cipher.from_description(passphrase, described, self.device)
 
-    def read(self, file: ChangeFile, cipher: Cipher | None) -> Contents | None:
+    def read(self, file: ChangeFile, cipher: Cipher | None, check: bool = True) -> Contents | None:
         """The records of a change file and its sequence, or None if it cannot be read whole
-        (still being copied by the sync tool, damaged, or sealed without a key we have)."""
+        (still being copied by the sync tool, damaged, or sealed without a key we have).
+        `check=False`: the lines as parsed, unchecked (a device comparing its own files with
+        its store's records, which it trusts instead)."""
         try:
             data = file.path.read_bytes()
         except OSError:
@@ -117,7 +119,8 @@ class DeviceFolder:
                     return None
             else:
                 sequence = 0  # format 1: no frame
-            return Contents([check_record(json.loads(line)) for line in lines], sequence)
+            parsed = [json.loads(line) for line in lines]
+            return Contents([check_record(r) for r in parsed] if check else parsed, sequence)
         except (UnicodeDecodeError, ValueError, RecursionError, MlxmemError):
             return None
 

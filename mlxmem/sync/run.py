@@ -284,22 +284,25 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
     the folder (imported from an export, or from a device whose folder was removed)."""
     device, _ = store.device()
     local = store.changes()
-    live = {version(r) for r in local}
+    live = {version(r): r for r in local}
     held: set = set()
     rewrites = {}
     sequence = 0
     kept_by_file = []
     for file in mine.files():
-        found = mine.read(file, cipher if file.encrypted else None)
-        records = found and found.records
+        # Unchecked: a record is kept as the store has it, and a file holding anything else
+        # (a record changed in the folder, or written by an older mlxmem) is rewritten.
+        found = mine.read(file, cipher if file.encrypted else None, check=False)
+        records = found.records if found else []
         sequence = max(sequence, found.sequence if found else 0)
-        keep = [r for r in records or () if version(r) in live and version(r) not in held]
-        held |= {version(r) for r in keep}
+        versions = [_version(r) for r in records]
+        keep = [live[v] for v in dict.fromkeys(versions) if v in live and v not in held]
+        held.update(version(r) for r in keep)
         kept_by_file.append((file, keep))
         if (
             found is None
             or found.sequence == 0  # format 1: rewritten framed
-            or len(keep) != len(records)
+            or keep != records
             or file.encrypted != (cipher is not None)
         ):
             rewrites[file.path] = (file, keep)
@@ -312,6 +315,15 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
     ]
     new = [r for r in ours if version(r) not in held]
     return Plan(rewrites, new, sequence, kept_by_file)
+
+
+def _version(record: object) -> tuple | None:
+    """version() of a record read unchecked from this device's own file; None for one that is
+    not a record."""
+    try:
+        return version(record)  # type: ignore[arg-type]
+    except (KeyError, TypeError, AttributeError):
+        return None
 
 
 def sync_root(store: Store, root: Path | None) -> Path:
