@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from mlxmem.bench.eval_locomo import default_data_dir, exchanges, load_conversation
 from mlxmem.engine import MLXEngine
+from mlxmem.eval.locomo import default_data_dir, exchanges, load_conversation
 from mlxmem.memory.extraction import FactExtractor, should_extract
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from mlxmem.bench.eval_locomo import default_data_dir, exchanges, load_conversation
 from mlxmem.engine import Message, MLXEngine
+from mlxmem.eval.locomo import default_data_dir, exchanges, load_conversation
 
 BITS = 8
 

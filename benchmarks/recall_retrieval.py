@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlxmem.bench.eval_locomo import (
+from mlxmem.eval.locomo import (
     CATEGORIES,
     SCORED,
     default_data_dir,

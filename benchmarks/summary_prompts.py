@@ -16,13 +16,13 @@ import json
 import re
 from pathlib import Path
 
-from mlxmem.bench.eval_locomo import (
+from mlxmem.engine import Message, MLXEngine
+from mlxmem.eval.locomo import (
     default_data_dir,
     exchanges,
     load_conversation,
     named_entities,
 )
-from mlxmem.engine import Message, MLXEngine
 from mlxmem.memory.companion import INSTRUCTIONS
 from mlxmem.memory.window import SUMMARY_MAX_TOKENS, SUMMARY_REQUEST
 

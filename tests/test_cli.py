@@ -249,7 +249,7 @@ def locomo10_sample() -> dict:
 def test_eval_convert_locomo_writes_the_evals_layout(tmp_path):
     from conftest import cli
 
-    from mlxmem.bench import eval_locomo as ev
+    from mlxmem.eval import locomo as ev
 
     source = tmp_path / "locomo10.json"
     source.write_text(json.dumps([locomo10_sample()]))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import cli
 
-from mlxmem.bench import eval_locomo as ev
 from mlxmem.bench import history
+from mlxmem.eval import locomo as ev
 from mlxmem.testing import FakeEngine
 
 LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "locomo"

@@ -256,7 +256,7 @@ def headline(run: BenchRun) -> dict[str, Any]:
                 figures[f"{key}@{n}"] = row[key]
         return figures
     if run.kind == "eval":
-        from mlxmem.bench.eval_locomo import headline as eval_headline
+        from mlxmem.eval.locomo import headline as eval_headline
 
         return eval_headline(results)
     keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE

@@ -27,7 +27,7 @@ def _pyplot():
 
 def plot_eval(results: dict, path: str | Path, title: str = "") -> Path:
     """Write a PNG of F1 per category for each configuration of an eval run, with 95% bars."""
-    from mlxmem.bench.eval_locomo import CATEGORIES, CONFIGS
+    from mlxmem.eval.locomo import CATEGORIES, CONFIGS
 
     plt = _pyplot()
     groups = [*CATEGORIES.values(), "overall"]

@@ -1,4 +1,4 @@
-"""`mlxmem eval`: does the memory remember? A thin layer over mlxmem.bench.eval_locomo."""
+"""`mlxmem eval`: does the memory remember? A thin layer over mlxmem.eval.locomo."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from mlxmem import bench
-from mlxmem.bench import eval_locomo as ev
 from mlxmem.bench.locomo_data import convert_locomo
 from mlxmem.errors import InputError
+from mlxmem.eval import locomo as ev
 
 from .bench import DB, SEED, _model, _print_json, _progress
 from .common import JSON, err, plain_typer
