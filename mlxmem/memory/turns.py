@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from dataclasses import dataclass
@@ -205,6 +206,7 @@ def conversation_id(
     ).fetchone()[0]
 
 
+@functools.lru_cache(maxsize=4096)  # a sync names every turn's conversation: 100,000 uuid5s
 def conversation_uid(name: str) -> str:
     """The globally unique id of the conversation named `name`, the same on every device."""
     return str(uuid.uuid5(CONVERSATION_NAMESPACE, name))
