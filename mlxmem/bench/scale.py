@@ -9,8 +9,8 @@ into a summary) and 300 facts, built with bulk SQL; then the operations a person
 - history_rm_s: `mlxmem history rm` (erasing one turn for good);
 - sync_first_s: the first `mlxmem sync` into an empty folder (the whole log written);
   sync_noop_s: a sync with nothing new; sync_one_new_s: a sync that merges one new turn from
-  another device (its file arrives as a sync tool would bring it); sync_folder_bytes: the
-  folder's size after them.
+  another device (its file arrives as a sync tool would bring it); sync_own_new_s: a sync
+  that writes one new turn of this device; sync_folder_bytes: the folder's size after them.
 
 No model runs: the figures are the store's, which a ten-year log must not slow down.
 """
@@ -143,6 +143,8 @@ def _measure_sync(home: Path, store: Store, trials: int, times: dict[str, list[f
         stream = Path("mlxmem", "devices", other_device)
         shutil.copytree(aside / stream, shared / stream, dirs_exist_ok=True)
         _time(times, "sync_one_new_s", lambda: sync(store, shared))
+        store.append_turn(SCALE_CONVERSATION, "user", f"A new turn here: {i}.", 6)
+        _time(times, "sync_own_new_s", lambda: sync(store, shared))
     return sum(p.stat().st_size for p in shared.rglob("*") if p.is_file())
 
 
