@@ -283,6 +283,16 @@ def test_eval_locomo_takes_the_published_file(tmp_path):
 
     source = tmp_path / "locomo10.json"
     source.write_text(json.dumps([locomo10_sample()]))
-    args = ["eval", "locomo", "--data", str(source), "--context-tokens", "1024", "--json"]
+    args = [
+        "eval",
+        "locomo",
+        "--data",
+        str(source),
+        "-M",
+        "tiny",
+        "--context-tokens",
+        "1024",
+        "--json",
+    ]
     report = json.loads(cli(*args, "--db", str(tmp_path / "bench.duckdb")).stdout)
     assert list(report["per_conversation"]) == ["conv-7"]

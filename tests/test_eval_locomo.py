@@ -187,6 +187,7 @@ def test_cli_eval_locomo_on_the_tiny_model(tmp_path):
     data = write_dataset(tmp_path / "locomo", sessions=2, chatter=2)
     out = cli(
         "eval", "locomo", "--data", str(data), "--limit", "2", "--context-tokens", "1024",
+        "-M", "tiny",
         "--json",
     )  # fmt: skip
     report = json.loads(out.stdout)
@@ -196,6 +197,7 @@ def test_cli_eval_locomo_on_the_tiny_model(tmp_path):
     assert set(run.results) >= set(ev.CONFIGS)
     out = cli(
         "eval", "locomo", "--data", str(data), "--limit", "2", "--context-tokens", "1024",
+        "-M", "tiny",
         "--no-answers",
     )  # fmt: skip
     assert "What reached the prompt" in out.stdout and "evidence" in out.stdout

@@ -17,7 +17,7 @@ from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import JSON, err, plain_typer
+from .common import JSON, err, model_or_default, plain_typer
 
 app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
@@ -47,7 +47,11 @@ def locomo(
         None, "--limit", min=1, help="Ask at most N questions per conversation, spread evenly."
     ),
     model: str = typer.Option(
-        None, "--model", help="A registry alias or a model directory (default: random tiny)."
+        None,
+        "--model",
+        "-M",
+        help="A registry alias or a model directory (default: your default model, as chat's; "
+        "`tiny` is random weights: it measures the machinery, not the memory).",
     ),
     data: Path = DATA,
     context_tokens: int = typer.Option(
@@ -77,7 +81,7 @@ def locomo(
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(f"no LoCoMo questions under {folder} (give --data)")
-        chosen = _model(model, None, None, seed, as_json)
+        chosen = _model(model_or_default(model), None, None, seed, as_json)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
             result = ev.run_locomo(
                 engine,
