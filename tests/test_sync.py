@@ -790,7 +790,11 @@ def test_a_framed_file_cut_at_a_line_end_is_skipped_and_old_unframed_files_are_r
     assert json.loads(change.read_bytes().splitlines()[0])["records"] == len(lines) - 1
 
 
-def test_a_file_unreadable_for_longer_than_a_copy_takes_is_called_damaged(devices):
+def test_a_file_unreadable_for_longer_than_a_copy_takes_is_called_damaged(devices, monkeypatch):
+    from types import SimpleNamespace
+
+    from mlxmem.sync import run
+
     a, b, folder = devices
     on(b, "memory", "add", "first fact")
     on(b, "sync", str(folder))
@@ -798,7 +802,10 @@ def test_a_file_unreadable_for_longer_than_a_copy_takes_is_called_damaged(device
     change.write_bytes(change.read_bytes()[:-10])
     assert "still copying?" in on(a, "sync", str(folder)).output
     old = time.time() - 3600
-    os.utime(change, (old, old))
+    os.utime(change, (old, old))  # a sync tool may keep the source's mtime while copying
+    assert "still copying?" in on(a, "sync").output
+    later = time.time() + 3600
+    monkeypatch.setattr(run, "time", SimpleNamespace(time=lambda: later))
     report = sync_json(a)
     assert report["damaged"] == [str(change)] == report["skipped"]
     assert "damaged" in on(a, "sync").output

@@ -258,7 +258,7 @@ def read_streams(
             reading.read += 1
             if found is None:
                 reading.skipped.append(str(file.path))
-                if identity and time.time() - identity[1] / 1e9 > COPY_GRACE_S:
+                if _unchanged_for(file.path) > COPY_GRACE_S:
                     reading.damaged.append(str(file.path))
                 continue
             last = sequences.last(folder.device, file.number)
@@ -386,6 +386,17 @@ def _compact(
             (mine.path / name).unlink(missing_ok=True)
     fsync_path(mine.path)
     return len(small)
+
+
+def _unchanged_for(path: Path) -> float:
+    """Seconds since `path` last changed here: its mtime or its ctime, the later (a sync tool
+    may give a file its source's mtime while still writing it; the ctime moves with every
+    write)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return 0.0
+    return time.time() - max(st.st_mtime, st.st_ctime)
 
 
 def _identities(mine: DeviceFolder) -> dict[str, list[int] | None]:
