@@ -879,3 +879,24 @@ def test_a_record_changed_in_a_devices_own_file_is_rewritten_as_its_store_has_it
     assert sync_json(a)["rewritten"] == 1  # its files changed: compared with the store
     assert b"honest" in change.read_bytes() and b"forged" not in change.read_bytes()
     assert sync_json(a)["rewritten"] == 0
+
+
+def test_a_sealed_file_written_before_the_frame_is_read_and_rewritten_framed(devices, monkeypatch):
+    from mlxmem.sync.folder import DeviceFolder
+
+    passphrase = "correct horse battery staple"
+    monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", passphrase)
+    a, b, folder = devices
+    on(b, "memory", "add", "sealed fact")
+    on(b, "sync", str(folder))
+    os.environ["MLXMEM_HOME"] = str(b)
+    stream = DeviceFolder(folder, Store().device()[0])
+    cipher = stream.cipher(passphrase)
+    (change,) = stream.files()
+    aad = f"{stream.device}/{change.number}"  # what format 1 sealed under, as now
+    framed = cipher.open(change.path.read_bytes(), aad)
+    change.path.write_bytes(cipher.seal(framed.split(b"\n", 1)[1], aad))  # format 1: no frame
+    assert sync_json(a, str(folder))["skipped"] == []
+    assert facts(a) == [("sealed fact", "manual")]
+    assert sync_json(b)["rewritten"] == 1
+    assert cipher.open(change.path.read_bytes(), aad).startswith(b'{"format": 2')
