@@ -135,6 +135,10 @@ def _merged(merged: MergeResult) -> str:
     return ", ".join(parts)
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
 def _print_status(found: dict, as_json: bool) -> None:
     if as_json:
         print_json(found)
@@ -152,8 +156,8 @@ def _print_status(found: dict, as_json: bool) -> None:
     Console().print(table)
     s = found["storage"]
     typer.echo(
-        f"Folder: {s['folder_bytes'] / 1e6:.1f} MB; this device's {plural(s['own_files'], 'file')}:"
-        f" {s['own_bytes'] / 1e6:.1f} MB for {s['own_live_bytes'] / 1e6:.1f} MB of live records."
+        f"Folder: {_size(s['folder_bytes'])}; this device's {plural(s['own_files'], 'file')}:"
+        f" {_size(s['own_bytes'])} for {_size(s['own_live_bytes'])} of live records."
     )
     p = found["pending"]
     typer.echo(
