@@ -27,6 +27,20 @@ def cli(*args: str, code: int = 0):
     return result
 
 
+def on(home: Path, *args: str, code: int = 0):
+    """Run `mlxmem ARGS...` with `home` as the data directory (one device of a sync test)."""
+    os.environ["MLXMEM_HOME"] = str(home)
+    return cli(*args, code=code)
+
+
+@pytest.fixture
+def devices(tmp_path):
+    """Two data directories and the folder they share."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    return tmp_path / "A", tmp_path / "B", folder
+
+
 def files_containing(root: Path, marker: str) -> list[Path]:
     """Every file under `root` whose bytes contain `marker`."""
     needle = marker.encode()

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import duckdb
 import pytest
-from conftest import cli, files_containing
+from conftest import cli, files_containing, on
 
 from mlxmem import paths
 from mlxmem.memory.companion import ChatSettings, Companion
@@ -23,20 +23,6 @@ from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-SYNC-4711"
-
-
-@pytest.fixture
-def devices(tmp_path):
-    """Two data directories and the folder they share."""
-    folder = tmp_path / "shared"
-    folder.mkdir()
-    return tmp_path / "A", tmp_path / "B", folder
-
-
-def on(home, *args, code=0):
-    """Run `mlxmem ARGS...` with `home` as the data directory."""
-    os.environ["MLXMEM_HOME"] = str(home)
-    return cli(*args, code=code)
 
 
 ENGINES: dict = {}

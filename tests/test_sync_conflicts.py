@@ -3,12 +3,11 @@ Medium 4): a device whose clock is a year slow still wins with its later edit, a
 made on two devices before they met are both kept, and reported."""
 
 import json
-import os
 from datetime import timedelta
 
 import duckdb
 import pytest
-from conftest import cli, files_containing
+from conftest import files_containing, on
 
 from mlxmem.errors import InputError
 from mlxmem.memory import store as store_module
@@ -17,18 +16,6 @@ from mlxmem.memory.records import check_record, fact_key, fact_version
 from mlxmem.memory.store import Store
 
 MARKER = "MARKER-CONFLICT-5150"
-
-
-@pytest.fixture
-def devices(tmp_path):
-    folder = tmp_path / "shared"
-    folder.mkdir()
-    return tmp_path / "A", tmp_path / "B", folder
-
-
-def on(home, *args, code=0):
-    os.environ["MLXMEM_HOME"] = str(home)
-    return cli(*args, code=code)
 
 
 def facts(home):

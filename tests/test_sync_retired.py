@@ -7,18 +7,13 @@ import json
 import os
 import shutil
 
-from conftest import cli, files_containing
+from conftest import files_containing, on
 
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-RETIRED-6021"
-
-
-def on(home, *args, code=0):
-    os.environ["MLXMEM_HOME"] = str(home)
-    return cli(*args, code=code)
 
 
 def facts(home):
