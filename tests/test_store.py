@@ -75,6 +75,8 @@ FACTS_SCHEMA = {
         ("uid", "VARCHAR"),
         ("device_uid", "VARCHAR"),
         ("version", "BIGINT"),
+        ("message_uid", "VARCHAR"),
+        ("fork_of", "VARCHAR"),
     ],
 }
 
@@ -120,6 +122,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m008_recall_index",),
             ("m009_fact_versions",),
             ("m010_edited_facts_version_1",),
+            ("m011_fact_provenance",),
         ]
     assert store.path == paths.db_path()
 

@@ -72,9 +72,9 @@ def insert_fact(
     counter = "UPDATE fact_counter SET last_id = last_id + 1 RETURNING last_id"
     (fid,) = con.execute(counter).fetchone()
     con.execute(
-        "INSERT INTO facts (id, text, source, created_at, updated_at, message_id)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        [fid, text, source, to_db(now), to_db(now), message_id],
+        "INSERT INTO facts (id, text, source, created_at, updated_at, message_id, message_uid)"
+        " SELECT ?, ?, ?, ?, ?, ?, (SELECT uid FROM messages WHERE id = ?)",
+        [fid, text, source, to_db(now), to_db(now), message_id, message_id],
     )
     return Fact(fid, text, source, now, now, message_id)
 

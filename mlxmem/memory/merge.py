@@ -102,6 +102,11 @@ def _merge_messages(store: Store, records: list[Record], device: str, result: Me
             # cache from before; the caches may mirror the old order.
             store.invalidate(con)
         result.messages += len(new)
+    with store.connect() as con:  # facts that came before their turn: linked to it now
+        con.execute(
+            "UPDATE facts SET message_id = m.id FROM messages m"
+            " WHERE facts.message_id IS NULL AND facts.message_uid = m.uid"
+        )
 
 
 def _merge_turns(
@@ -163,6 +168,7 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
     if not newest:
         return
     edits = {}
+    late = []  # facts of a deleted turn or fact: deleted here too, in the main file
     with store.connect() as con:
         dead = _uids(con, "SELECT uid FROM tombstones")
         local = {
@@ -176,13 +182,11 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
         for uid, r in newest.items():
             if uid in dead:
                 continue
-            if uid not in local and r.get("message_uid") in dead:
-                # Taken from a turn deleted here before the fact arrived: deleting a turn
-                # deletes its automatic facts, so this one is deleted too, and that travels.
-                con.execute(
-                    "INSERT OR IGNORE INTO tombstones VALUES (?, 'fact', ?, NULL)",
-                    [uid, to_db(utc_now())],
-                )
+            if uid not in local and dead & {r.get("message_uid"), r.get("fork_of")}:
+                # Taken from a turn deleted here before the fact arrived (deleting a turn
+                # deletes its automatic facts), or forked from a deleted fact: deleted too,
+                # and that travels.
+                late.append(uid)
                 continue
             if uid not in local:
                 _insert_fact(con, r, device)
@@ -201,6 +205,14 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
                     result.conflicts.append((fid, fork, dev))
             edits[fid] = FactEdit(
                 r["text"], timestamp(r["updated_at"]), _origin(r, device), fact_version(r)
+            )
+    if late:
+        # Its own transaction: one transaction writes to one file, and the facts went to the
+        # facts file.
+        with store.connect() as con:
+            con.execute(
+                "INSERT OR IGNORE INTO tombstones SELECT unnest(?), 'fact', ?, NULL",
+                [late, to_db(utc_now())],
             )
     if edits:
         store.replace_fact_versions(edits)
@@ -225,8 +237,8 @@ def _fork_fact(
         return None
     fact = insert_fact(con, text, source, message_id, updated_at)
     con.execute(
-        "UPDATE facts SET uid = ?, device_uid = ? WHERE id = ?",
-        [fork, None if dev == device else dev, fact.id],
+        "UPDATE facts SET uid = ?, device_uid = ?, fork_of = ? WHERE id = ?",
+        [fork, None if dev == device else dev, uid, fact.id],
     )
     return fact.id
 
@@ -235,8 +247,17 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
     row = con.execute("SELECT id FROM messages WHERE uid = ?", [r["message_uid"]]).fetchone()
     fact = insert_fact(con, r["text"], r["source"], row and row[0], timestamp(r["created_at"]))
     con.execute(
-        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ? WHERE id = ?",
-        [r["uid"], _origin(r, device), timestamp(r["updated_at"]), fact_version(r), fact.id],
+        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, message_uid = ?,"
+        " fork_of = ? WHERE id = ?",
+        [
+            r["uid"],
+            _origin(r, device),
+            timestamp(r["updated_at"]),
+            fact_version(r),
+            r["message_uid"],
+            r.get("fork_of"),
+            fact.id,
+        ],
     )
 
 

@@ -299,6 +299,22 @@ def m010_edited_facts_version_1(con: duckdb.DuckDBPyConnection) -> None:
     con.begin()
 
 
+# Provenance a deletion follows across devices: the uid of the turn a fact was taken from (a
+# fact may arrive before its turn, or with its turn skipped once), and the fact a conflict's
+# losing text was forked from (deleting that fact deletes the fork, on every device).
+@migration
+def m011_fact_provenance(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    con.execute(f"ALTER TABLE {FACTS_DB}.facts ADD COLUMN IF NOT EXISTS message_uid VARCHAR")
+    con.execute(f"ALTER TABLE {FACTS_DB}.facts ADD COLUMN IF NOT EXISTS fork_of VARCHAR")
+    con.execute(
+        f"UPDATE {FACTS_DB}.facts SET message_uid = m.uid FROM messages m"
+        f" WHERE {FACTS_DB}.facts.message_id = m.id"
+    )
+    con.commit()
+    con.begin()
+
+
 FACTS_DB = "facts_db"
 
 

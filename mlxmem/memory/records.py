@@ -60,8 +60,8 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     ).fetchall()
     facts = con.execute(
         "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
-        " m.uid, coalesce(f.version, 0) FROM facts f LEFT JOIN messages m ON m.id = f.message_id"
-        " ORDER BY f.id",
+        " coalesce(m.uid, f.message_uid), coalesce(f.version, 0), f.fork_of FROM facts f"
+        " LEFT JOIN messages m ON m.id = f.message_id ORDER BY f.id",
         [device],
     ).fetchall()
     tombstones = con.execute(
@@ -91,9 +91,9 @@ def message_record(uid, conversation, role, text, created_at, device, interrupte
 
 
 def fact_record(
-    uid, text, source, created_at, updated_at, device, message_uid, version=0
+    uid, text, source, created_at, updated_at, device, message_uid, version=0, fork_of=None
 ) -> Record:
-    return {
+    record = {
         "kind": "fact",
         "uid": uid,
         "text": text,
@@ -104,6 +104,9 @@ def fact_record(
         "message_uid": message_uid,
         "version": version,
     }
+    if fork_of is not None:  # the losing text of a sync conflict: the fact it came from
+        record["fork_of"] = fork_of
+    return record
 
 
 def tombstone_record(uid, of, deleted_at, device) -> Record:
@@ -241,5 +244,6 @@ _FIELDS = {
 _OPTIONAL = {
     "fact": {
         "version": lambda v: type(v) is int and 0 <= v <= MAX_VERSION,
+        "fork_of": _is_uuid,
     },
 }

@@ -281,7 +281,11 @@ class Store(TurnLog, SummaryLog, FactList):
             uids = [t.uid for t in tombstones]
             rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
             turns = _delete_turns(erasure, [turn_of(row) for row in rows])
-            rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, uid)", [uids]).fetchall()
+            # Facts by uid, and those taken from a tombstoned turn not (yet) linked to it here.
+            rows = con.execute(
+                f"{SELECT_FACTS} WHERE list_contains(?, uid) OR list_contains(?, message_uid)",
+                [uids, uids],
+            ).fetchall()
             gone = {f.id for f in turns.facts}
             facts = _delete_facts(erasure, [f for f in map(fact_of, rows) if f.id not in gone])
             names = [
@@ -436,6 +440,15 @@ def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
 def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
     """Delete facts (from the facts file, once the main file has committed), and in every
     conversation the summaries that had them in their prompt."""
+    ids = [f.id for f in victims]
+    # The texts forked from these facts in a sync conflict go with them, on every device
+    # alike (each applies the same rule to the tombstones).
+    forks = erasure.con.execute(
+        f"{SELECT_FACTS} WHERE fork_of IN (SELECT uid FROM facts WHERE list_contains(?, id))"
+        " AND NOT list_contains(?, id)",
+        [ids, ids],
+    ).fetchall()
+    victims = victims + [fact_of(row) for row in forks]
     ids = [f.id for f in victims]
     hit = _summaries_that_saw(erasure.con, ids)
     add_tombstones(erasure.con, "fact", "facts", ids)

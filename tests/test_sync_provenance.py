@@ -1,0 +1,102 @@
+"""What a deletion follows across devices: a fact synced before its turn is linked to it when
+the turn comes, a fact forked from a sync conflict dies with the fact it came from, and a batch
+mixing late facts of deleted turns with new facts merges (two files, two transactions)."""
+
+import uuid
+
+from conftest import files_containing
+
+from mlxmem.memory.records import conversation_uid
+from mlxmem.memory.store import Store
+
+OTHER = str(uuid.uuid4())  # another device
+T0 = "2026-11-01T10:00:00+00:00"
+
+
+def uid() -> str:
+    return str(uuid.uuid4())
+
+
+def message(mid: str, text: str) -> dict:
+    return {
+        "kind": "message", "uid": mid, "conversation": "default",
+        "conversation_uid": conversation_uid("default"), "role": "user", "text": text,
+        "created_at": T0, "device": OTHER, "interrupted": False,
+    }  # fmt: skip
+
+
+def fact(fid: str, text: str, message_uid=None, fork_of=None) -> dict:
+    record = {
+        "kind": "fact", "uid": fid, "text": text, "source": "automatic", "created_at": T0,
+        "updated_at": T0, "device": OTHER, "message_uid": message_uid, "version": 0,
+    }  # fmt: skip
+    return record | ({"fork_of": fork_of} if fork_of else {})
+
+
+def tombstone(of: str, what: str) -> dict:
+    return {"kind": "tombstone", "uid": of, "of": what, "deleted_at": T0, "device": OTHER}
+
+
+def texts(store: Store) -> list[str]:
+    return sorted(f.text for f in store.facts())
+
+
+def test_late_facts_of_a_deleted_turn_and_new_facts_merge_in_one_batch(mlxmem_home):
+    store = Store()
+    gone = uid()
+    store.merge([message(gone, "I keep bees SECRET-BEES")])
+    store.merge(
+        [
+            tombstone(gone, "message"),
+            fact(uid(), "The user keeps bees SECRET-BEES.", message_uid=gone),
+            fact(uid(), "The user likes tea."),
+        ]
+    )
+    assert texts(store) == ["The user likes tea."]
+    assert files_containing(mlxmem_home, "SECRET-BEES") == []
+
+
+def test_a_fact_synced_before_its_turn_is_deleted_with_the_turn(mlxmem_home):
+    store = Store()
+    turn = uid()
+    store.merge([fact(uid(), "The user's PIN is PIN-4242.", message_uid=turn)])
+    store.merge([message(turn, "my PIN is PIN-4242")])  # the turn's file came later
+    (logged,) = store.turns("default")
+    assert [f.message_id for f in store.facts()] == [logged.id]
+    store.delete_turns([logged.id])
+    assert store.facts() == [] and files_containing(mlxmem_home, "PIN-4242") == []
+
+
+def test_a_tombstone_for_a_turn_reaches_a_fact_not_yet_linked_to_it(mlxmem_home):
+    store = Store()
+    turn = uid()
+    store.merge([fact(uid(), "The user's code is CODE-777.", message_uid=turn)])
+    store.merge([tombstone(turn, "message")])
+    assert store.facts() == [] and files_containing(mlxmem_home, "CODE-777") == []
+
+
+def test_a_fork_dies_with_the_fact_it_came_from(mlxmem_home):
+    store = Store()
+    original, fork = uid(), uid()
+    store.merge(
+        [fact(original, "Lives in Lisbon."), fact(fork, "Lives in LOST-TEXT.", None, original)]
+    )
+    assert len(store.facts()) == 2
+    store.merge([tombstone(original, "fact")])
+    assert store.facts() == [] and files_containing(mlxmem_home, "LOST-TEXT") == []
+    # A fork arriving after its fact was deleted stays out, and its deletion travels.
+    late = uid()
+    store.merge([fact(late, "Lives in LATE-TEXT.", None, original)])
+    assert store.facts() == [] and late in {r["uid"] for r in store.changes()}
+
+
+def test_deleting_a_fact_here_deletes_its_forks(mlxmem_home):
+    store = Store()
+    original, fork = uid(), uid()
+    store.merge(
+        [fact(original, "Drinks coffee."), fact(fork, "Drinks FORKED-TEA.", None, original)]
+    )
+    (kept,) = [f for f in store.facts() if f.text == "Drinks coffee."]
+    deletion = store.delete_facts([kept.id])
+    assert len(deletion.facts) == 2 and store.facts() == []
+    assert files_containing(mlxmem_home, "FORKED-TEA") == []
