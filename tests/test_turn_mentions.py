@@ -82,3 +82,20 @@ def test_the_api_lists_them_or_deletes_them(mlxmem_home):
         )
         assert status == 200 and body["turns"] == [reply.id]
     assert [t.text for t in store.turns("notes")] == [elsewhere.text]  # listed, kept
+
+
+def test_a_short_message_or_a_part_of_a_word_is_not_a_quote(mlxmem_home):
+    store = Store()
+    hi = store.append_turn("default", "user", "hi")
+    reply = store.append_turn("default", "assistant", "Hello!")
+    unrelated = [
+        store.append_turn("notes", "user", text).id
+        for text in ("I think this is fine", "Which school was it?", "hi there, hi again")
+    ]
+    deletion = store.delete_turns([hi.id], with_mentions=True)
+    assert {t.id for t in deletion.turns} == {hi.id, reply.id}  # its reply, nothing else
+    assert [t.id for t in store.turns("notes")] == unrelated
+    fact = store.add_fact("The user likes tea.", source="manual")
+    store.append_turn("notes", "user", "the user likes teapots, not tea")  # no whole quote
+    quoted = store.append_turn("notes", "assistant", "Noted: THE USER LIKES  TEA.")
+    assert [t.id for t in store.mentions(fact)] == [quoted.id]

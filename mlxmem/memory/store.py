@@ -312,7 +312,8 @@ class Store(TurnLog, SummaryLog, FactList):
 
     def mentions(self, fact: Fact) -> list[Turn]:
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
-        return self.search(fact.text, limit=SEARCH_LIMIT)
+        with self.connect() as con:
+            return quoting_turns(con, fact.text)
 
     def delete_turns(self, ids: list[int], with_mentions: bool = False) -> Deletion:
         """Delete turns by id, and every summary whose range covers one of them. Turns left
@@ -394,6 +395,26 @@ def _snapshot(
     )
 
 
+# A text shorter than this ("hi", "Tea") is no quote: as a substring it is in many unrelated
+# turns, and `--with-mentions` would delete them.
+MIN_QUOTE_WORDS = 3
+
+
+def quoting_turns(con: duckdb.DuckDBPyConnection, text: str) -> list[Turn]:
+    """Turns that contain `text` whole, as words (case-insensitive), oldest first; none for a
+    text of fewer than MIN_QUOTE_WORDS words."""
+    text = " ".join(text.split())
+    if len(re.findall(r"\w+", text)) < MIN_QUOTE_WORDS:
+        return []
+    words = r"\s+".join(re.escape(w) for w in text.split(" "))
+    pattern = rf"(^|\W){words}(\W|$)"
+    rows = con.execute(
+        f"{SELECT_TURNS} WHERE regexp_matches(m.text, ?, 'i') ORDER BY m.id LIMIT ?",
+        [pattern, SEARCH_LIMIT],
+    ).fetchall()
+    return [turn_of(row) for row in rows]
+
+
 def _turn_mentions(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> list[Turn]:
     """The turns left in the log that may repeat a deleted user turn: its reply (the
     assistant turns after it, up to the next user turn), and any turn containing its whole
@@ -409,12 +430,7 @@ def _turn_mentions(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> list[
             if turn.role != "assistant":
                 break
             found.setdefault(turn.id, turn)
-        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", victim.text.strip()) + "%"
-        quoting = con.execute(
-            f"{SELECT_TURNS} WHERE m.text ILIKE ? ESCAPE '\\' ORDER BY m.id LIMIT ?",
-            [pattern, SEARCH_LIMIT],
-        ).fetchall()
-        for turn in map(turn_of, quoting):
+        for turn in quoting_turns(con, victim.text):
             found.setdefault(turn.id, turn)
     return sorted((t for t in found.values() if t.id not in gone), key=lambda t: t.id)
 
