@@ -70,8 +70,8 @@ def test_a_tombstone_with_a_crafted_deletion_time_is_refused(tmp_path, mlxmem_ho
 def test_a_sync_folder_file_with_a_crafted_time_is_skipped_not_a_crash(tmp_path, mlxmem_home):
     folder = tmp_path / "shared"
     folder.mkdir()
-    stranger = folder / "0f6c6a0e-1f7e-4a43-9d0b-3b8f1f0a0c11"
-    stranger.mkdir()
+    stranger = folder / "mlxmem" / "devices" / "0f6c6a0e-1f7e-4a43-9d0b-3b8f1f0a0c11"
+    stranger.mkdir(parents=True)
     record = {
         "kind": "tombstone",
         "uid": "00000000-0000-4000-8000-000000000002",
@@ -80,8 +80,8 @@ def test_a_sync_folder_file_with_a_crafted_time_is_skipped_not_a_crash(tmp_path,
         "device": stranger.name,
     }
     (stranger / "000001.jsonl").write_text(json.dumps(record) + "\n")
-    cli("sync", str(folder))  # the file cannot be read whole: skipped, reported, no traceback
-    assert len(Store().turns("default")) == 0
+    result = cli("sync", str(folder))  # the file cannot be read whole: skipped, no traceback
+    assert "000001.jsonl" in result.output and len(Store().turns("default")) == 0
 
 
 @pytest.mark.parametrize("command", [["sync", ""], ["export", ""], ["import", " "]])
@@ -99,3 +99,32 @@ def test_an_import_nested_too_deep_is_refused(tmp_path, mlxmem_home):
     path.write_text("[" * 100_000 + "]" * 100_000)
     result = cli("import", str(path), code=1)
     assert "nested too deep" in result.output
+
+
+def test_a_folder_in_place_of_the_sync_lock_is_a_clear_error(tmp_path, mlxmem_home):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    Store()  # the data directory and its database
+    (mlxmem_home / "mlxmem.duckdb.sync-lock").mkdir()
+    result = cli("sync", str(folder), code=1)
+    assert "Error:" in result.output and "sync-lock" in result.output
+
+
+def test_a_device_json_with_nonsense_fields_does_not_break_sync_status(tmp_path, mlxmem_home):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    cli("sync", str(folder))
+    stranger = folder / "mlxmem" / "devices" / "0f6c6a0e-1f7e-4a43-9d0b-3b8f1f0a0c11"
+    stranger.mkdir(parents=True)
+    (stranger / "device.json").write_text(json.dumps({"name": ["x"], "last_sync": "soon"}))
+    record = {
+        "kind": "tombstone",
+        "uid": "00000000-0000-4000-8000-000000000003",
+        "of": "message",
+        "deleted_at": "2026-01-01T00:00:00+00:00",
+        "device": stranger.name,
+    }
+    (stranger / "000001.jsonl").write_text(json.dumps(record) + "\n")
+    listed = json.loads(cli("sync", "--status", "--json").stdout)["devices"]
+    assert {(d["name"], d["last_sync"]) for d in listed if not d["this_device"]} == {("?", None)}
+    assert "never" in cli("sync", "--status").output

@@ -226,20 +226,7 @@ class Database:
     def _lock(self) -> Iterator[None]:
         # DuckDB's own lock lives on the database file, which compaction replaces: a separate
         # lock file keeps other mlxmem processes out from the delete until the replacement.
-        lock = self._sibling(".lock")
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:  # a folder in its place, or no right to write it
-            raise StoreError(
-                f"cannot use {lock} as mlxmem's lock file ({exc.strerror}); it must be a file"
-                " mlxmem can write: remove or rename what is there, and retry"
-            ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device: not a lock file
-            os.close(fd)
-            raise StoreError(
-                f"cannot use {lock} as mlxmem's lock file: it is not a regular file; remove or"
-                " rename what is there, and retry"
-            )
+        fd = open_lock_file(self._sibling(".lock"))
         try:
             self._retry(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), self._holder_pid)
             os.ftruncate(fd, 0)
@@ -380,6 +367,25 @@ class Database:
         for path in (self.path, self.facts_path):
             paths.make_private(path)
             paths.make_private(Path(f"{path}.wal"))
+
+
+def open_lock_file(lock: Path) -> int:
+    """The descriptor of lock file `lock` (made private if new); StoreError, saying what to
+    remove, if something else is in its place."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # a folder in its place, or no right to write it
+        raise StoreError(
+            f"cannot use {lock} as mlxmem's lock file ({exc.strerror}); it must be a file"
+            " mlxmem can write: remove or rename what is there, and retry"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device: not a lock file
+        os.close(fd)
+        raise StoreError(
+            f"cannot use {lock} as mlxmem's lock file: it is not a regular file; remove or"
+            " rename what is there, and retry"
+        )
+    return fd
 
 
 def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:

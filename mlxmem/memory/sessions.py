@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
@@ -63,10 +64,13 @@ class Sessions:
         """Called with each turn's forget epoch. When it moved (a deletion, through any front
         end), the other conversations' slots in memory may hold the deleted text: drop them
         and their Companions (rebuilt from the store at their next turn). The current one's
-        slot is trimmed by its own turn, and it drops the fact extractor's slot itself."""
+        slot is trimmed by its own turn, and the fact extractor's slot goes too."""
         if self._epoch is not None and epoch != self._epoch:
             for name, companion in list(self._companions.items()):
                 if companion is not current:
                     engine.drop_slot(companion.slot)
                     del self._companions[name]
+            # The extractor's slot is shared: a Companion made after the deletion never saw
+            # the epoch move, so it would not drop it.
+            engine.drop_slot(FACTS_SLOT)
         self._epoch = epoch

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxmem.errors import InputError, StoreError
-from mlxmem.memory.db import crash_point
+from mlxmem.memory.db import crash_point, open_lock_file
 from mlxmem.memory.merge import MergeResult
-from mlxmem.memory.records import Record, iso, version
+from mlxmem.memory.records import Record, iso, timestamp, version
 from mlxmem.memory.store import SYNC_DIR_KEY, Store
 from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import Cipher
@@ -186,9 +186,9 @@ def status(store: Store, root: Path | None = None, passphrase: str | None = None
         devices.append(
             {
                 "device": folder.device,
-                "name": info.get("name", "?"),
+                "name": _text(info.get("name")) or "?",
                 "this_device": folder.device == device,
-                "last_sync": info.get("last_sync"),
+                "last_sync": _time(info.get("last_sync")),
                 "files": len(folder.files()),
                 "encrypted": bool(info.get("encryption")),
             }
@@ -410,7 +410,7 @@ def _next_number(mine: DeviceFolder) -> int:
 @contextmanager
 def _sync_lock(store: Store) -> Iterator[None]:
     """One sync at a time per data directory (its own-file numbering depends on it)."""
-    fd = os.open(f"{store.path}.sync-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_lock_file(Path(f"{store.path}.sync-lock"))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -419,3 +419,17 @@ def _sync_lock(store: Store) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _text(value: object) -> str | None:
+    """A string another device wrote into its device.json, or None (anyone with access to the
+    folder can write anything there)."""
+    return value if isinstance(value, str) else None
+
+
+def _time(value: object) -> str | None:
+    """An ISO 8601 time from another device's device.json, or None."""
+    try:
+        return iso(timestamp(value)) if isinstance(value, str) else None
+    except InputError:
+        return None
