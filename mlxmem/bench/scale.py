@@ -32,6 +32,7 @@ from mlxmem.bench.synth import ACTIVITIES, FEELINGS, PEOPLE, PLACES
 from mlxmem.engine import GenerationStats
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.memory.terms import index_missing
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
 
@@ -195,6 +196,7 @@ def build_log(path: Path, messages: int, seed: int = DEFAULT_BENCH_SEED) -> Stor
                 "n": messages,
             },
         )
+        index_missing(con)  # a bulk load bypasses the store's insert, which indexes each turn
         last_folded = max(0, messages - SCALE_WINDOW_TURNS)
         if last_folded:
             con.execute(
