@@ -235,3 +235,14 @@ def test_a_missing_path_is_never_taken_for_a_hub_repo_to_download(monkeypatch):
     assert (
         "models pull some/dir" in mlxmem("chat", "--model", "some/dir", "-m", "hi", code=1).output
     )
+
+
+def test_the_default_model_survives_odd_text_and_hand_edits_of_the_config(mlxmem_home):
+    from mlxmem.models.choice import config_path
+
+    cli("models", "default", "tiny")
+    path = config_path()
+    path.write_text(path.read_text() + 'note = "a\\u007fb"\n[extra]\nkey = 1\n')
+    cli("models", "default", "tiny")  # rewritten: still valid TOML, the table dropped
+    assert "extra" not in path.read_text()
+    assert cli("models", "default").output.strip().startswith("tiny")

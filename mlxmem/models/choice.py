@@ -3,15 +3,15 @@ chose (`mlxmem models default NAME`, kept in the data directory), else DEFAULT_M
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlxmem import paths
 from mlxmem.defaults import DEFAULT_MODEL
 from mlxmem.errors import MlxmemError
-from mlxmem.models.registry import load_registry, resolve
+from mlxmem.models.registry import load_registry, resolve, toml_value
 
 try:
     import tomllib
@@ -71,14 +71,24 @@ def _read_config() -> dict:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise MlxmemError(f"{path}: invalid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MlxmemError(f"cannot read {path}: {exc}") from None
 
 
 def _write_config(config: dict) -> None:
     path = config_path()
     lines = ["# mlxmem's settings (`mlxmem models default` writes default_model)."]
-    # JSON strings are valid TOML strings; only plain string values are kept here.
-    lines += [f"{key} = {json.dumps(value, ensure_ascii=False)}" for key, value in config.items()]
+    # Only plain values are kept: a table or a date someone added by hand is dropped.
+    lines += [
+        f"{key} = {toml_value(value)}"
+        for key, value in config.items()
+        if isinstance(value, (str, int, bool)) and re.fullmatch(r"[A-Za-z0-9_-]+", key)
+    ]
     tmp = path.with_name(f".{CONFIG_FILENAME}.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    paths.make_private(tmp)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        paths.make_private(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MlxmemError(f"cannot write {path}: {exc.strerror or exc}") from None

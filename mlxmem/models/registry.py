@@ -347,13 +347,13 @@ def register_local_model(
 def _to_toml(entries: dict[str, dict[str, Any]]) -> str:
     lines = ["# Models added to mlxmem's registry (see `mlxmem models list`); edit freely.", ""]
     for alias, fields in entries.items():
-        lines.append(f"[models.{_toml_value(alias)}]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
+        lines.append(f"[models.{toml_value(alias)}]")
+        lines += [f"{key} = {toml_value(value)}" for key, value in fields.items()]
         lines.append("")
     return "\n".join(lines)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     """A TOML string, integer or boolean. Strings escape what TOML forbids in them: quotes,
     backslashes and every control character (U+0000-U+001F and U+007F, which json.dumps
     leaves as is); lone surrogates (from a file name that is not UTF-8) become U+FFFD."""
