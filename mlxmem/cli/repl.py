@@ -4,8 +4,9 @@ Line editing and history come from the standard library's `readline` (GNU readli
 libedit on macOS): no new dependency, and `input()` gains Emacs keys and the Up arrow as soon as
 it is imported. prompt_toolkit would add multi-line editing, but it is not a dependency of
 mlxmem and `\"\"\"` covers several lines. The history is never written to a file of its own: it
-is seeded from the conversation's own messages in the log, so it lasts across sessions, is as
-private as the log, and a turn deleted from the log leaves it too (invariant 5).
+is seeded from the conversation's own messages in the log, so it lasts across sessions and
+is as private as the log: a turn deleted from the log is not in the next session's history, nor
+after /new, /clear or /model (within a session, the lines typed stay in memory, never on disk).
 """
 
 from __future__ import annotations
