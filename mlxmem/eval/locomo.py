@@ -88,9 +88,6 @@ class LocomoConversation:
     turns: list[dict]  # role, text, session, session_time, id
     questions: list[Question]
 
-    def session_times(self) -> dict[int, str]:
-        return {t["session"]: t.get("session_time") or "" for t in self.turns}
-
 
 def default_data_dir() -> Path:
     """$MLXMEM_LOCOMO, else ../shared/corpora/locomo beside the working directory or the
