@@ -82,7 +82,7 @@ def write_tokenizer(
 def build_tokenizer(metadata: dict[str, Any]):
     if metadata.get("tokenizer.ggml.model") == "llama":
         return build_sentencepiece_tokenizer(metadata)
-    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from tokenizers import Tokenizer, decoders, models
 
     tokens = metadata["tokenizer.ggml.tokens"]
     vocab: dict[str, int] = {}
@@ -94,12 +94,7 @@ def build_tokenizer(metadata: dict[str, Any]):
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = _post_processor(metadata)
     types = metadata.get("tokenizer.ggml.token_type", [])
-    added = [
-        AddedToken(tokens[i], special=(kind == CONTROL), normalized=False)
-        for i, kind in enumerate(types)
-        if kind in (CONTROL, USER_DEFINED)
-    ]
-    tokenizer.add_tokens(added)
+    _add_marked_tokens(tokenizer, tokens, types)
     return tokenizer
 
 
@@ -108,7 +103,7 @@ def build_sentencepiece_tokenizer(metadata: dict[str, Any]):
     with byte fallback. SentencePiece keeps no merge list: a piece is formed from two pieces
     whose concatenation it is, in the order of the merged piece's score (as transformers'
     SentencePieceExtractor rebuilds it)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     tokens = metadata["tokenizer.ggml.tokens"]
     scores = metadata["tokenizer.ggml.scores"]
@@ -148,13 +143,21 @@ def build_sentencepiece_tokenizer(metadata: dict[str, Any]):
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos[0]}:0 $A:0", pair=f"{bos[0]}:0 $A:0 {bos[0]}:1 $B:1", special_tokens=[bos]
         )
+    _add_marked_tokens(tokenizer, tokens, types)
+    return tokenizer
+
+
+def _add_marked_tokens(tokenizer, tokens: list[str], types: list[int]) -> None:
+    """The tokens the GGUF marks as control (added as special) or user-defined, added whole to
+    the tokenizer, as both builders need."""
+    from tokenizers import AddedToken
+
     added = [
         AddedToken(tokens[i], special=(kind == CONTROL), normalized=False)
         for i, kind in enumerate(types)
         if kind in (CONTROL, USER_DEFINED)
     ]
     tokenizer.add_tokens(added)
-    return tokenizer
 
 
 def _pre_tokenizer(pre: str):
