@@ -9,8 +9,6 @@ import typer
 
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
-    DEFAULT_MAX_MESSAGE_CHARS,
-    DEFAULT_RECALL,
     DEFAULT_SEED,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
@@ -18,7 +16,16 @@ from mlxmem.defaults import (
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings, Companion, open_companion
 
-from .common import MODEL, err, model_or_default, print_json
+from .common import (
+    CONTEXT_TOKENS,
+    FACTS,
+    MAX_MESSAGE_CHARS,
+    MODEL,
+    RECALL,
+    err,
+    model_or_default,
+    print_json,
+)
 from .repl import Opener, Session
 from .terminal import Terminal, report_after
 
@@ -63,25 +70,10 @@ def chat(
         max=2**64 - 1,
         help="Random seed for sampling.",
     ),
-    context_tokens: int = typer.Option(
-        None, help="Context budget in tokens, overriding the model's (try a small window)."
-    ),
-    facts: bool = typer.Option(
-        True, "--facts/--no-facts", help="Let the model note durable facts about you."
-    ),
-    recall: bool = typer.Option(
-        DEFAULT_RECALL,
-        "--recall/--no-recall",
-        help="When a message may refer to the past, recall a few old turns from the log into "
-        "it (BM25 over the turns that left the window).",
-    ),
-    max_message_chars: int = typer.Option(
-        DEFAULT_MAX_MESSAGE_CHARS,
-        "--max-message-chars",
-        min=1,
-        help="Refuse longer messages (the log keeps a message whole; the prompt, its head and "
-        "tail).",
-    ),
+    context_tokens: int = CONTEXT_TOKENS,
+    facts: bool = FACTS,
+    recall: bool = RECALL,
+    max_message_chars: int = MAX_MESSAGE_CHARS,
     json_output: bool = typer.Option(
         False, "--json", help="With -m or stdin: print one JSON object with the reply and stats."
     ),

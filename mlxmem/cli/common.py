@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from mlxmem.defaults import DEFAULT_MODEL
+from mlxmem.defaults import DEFAULT_MAX_MESSAGE_CHARS, DEFAULT_MODEL, DEFAULT_RECALL
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.text import as_record, plural  # noqa: F401 - the commands import them from here
 
@@ -28,6 +28,25 @@ MODEL = typer.Option(
     show_default=False,
     help="A registry alias (see `mlxmem models list`) or a path. Default: $MLXMEM_MODEL, else "
     f"the one set with `mlxmem models default`, else {DEFAULT_MODEL}.",
+)
+
+
+# The memory options every command that runs a turn takes (chat, serve): one declaration each.
+CONTEXT_TOKENS = typer.Option(
+    None, help="Context budget in tokens, overriding the model's (try a small window)."
+)
+FACTS = typer.Option(True, "--facts/--no-facts", help="Let the model note durable facts about you.")
+RECALL = typer.Option(
+    DEFAULT_RECALL,
+    "--recall/--no-recall",
+    help="When a message may refer to the past, recall a few old turns from the log into it "
+    "(BM25 over the turns that left the window).",
+)
+MAX_MESSAGE_CHARS = typer.Option(
+    DEFAULT_MAX_MESSAGE_CHARS,
+    "--max-message-chars",
+    min=1,
+    help="Refuse longer messages (the log keeps a message whole; the prompt, its head and tail).",
 )
 
 

@@ -11,15 +11,21 @@ import typer
 from mlxmem import paths
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
-    DEFAULT_MAX_MESSAGE_CHARS,
-    DEFAULT_RECALL,
 )
 from mlxmem.engine import MLXEngine
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
 from mlxmem.models import ensure_local, resolve
 
-from .common import MODEL, err, model_or_default
+from .common import (
+    CONTEXT_TOKENS,
+    FACTS,
+    MAX_MESSAGE_CHARS,
+    MODEL,
+    RECALL,
+    err,
+    model_or_default,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -44,18 +50,10 @@ def serve(
         "-c",
         help="The conversation of a request that names none.",
     ),
-    context_tokens: int = typer.Option(
-        None, help="Context budget in tokens, overriding the model's."
-    ),
-    facts: bool = typer.Option(
-        True, "--facts/--no-facts", help="Let the model note durable facts about you."
-    ),
-    recall: bool = typer.Option(
-        DEFAULT_RECALL, "--recall/--no-recall", help="Recall old turns from the log (as chat)."
-    ),
-    max_message_chars: int = typer.Option(
-        DEFAULT_MAX_MESSAGE_CHARS, "--max-message-chars", min=1, help="Refuse longer messages."
-    ),
+    context_tokens: int = CONTEXT_TOKENS,
+    facts: bool = FACTS,
+    recall: bool = RECALL,
+    max_message_chars: int = MAX_MESSAGE_CHARS,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not log each request."),
 ) -> None:
     """Serve the model over HTTP: OpenAI's /v1/chat/completions, a memory API under
@@ -71,10 +69,14 @@ def serve(
     model = model_or_default(model)
     spec = resolve(model)
     path = ensure_local(spec)
-    settings = ChatSettings(extract_facts=facts, recall=recall, max_message_chars=max_message_chars)
-    config = ServeConfig(
-        model, context_tokens or spec.context_tokens, spec.response_reserve, settings
+    settings = ChatSettings(
+        extract_facts=facts,
+        recall=recall,
+        max_message_chars=max_message_chars,
+        context_tokens=context_tokens,
     )
+    budget = settings.context_tokens or spec.context_tokens
+    config = ServeConfig(model, budget, spec.response_reserve, settings)
     try:
         server = make_server(
             lambda: MLXEngine(path, cache_dir=paths.cache_dir()),  # on the model's own thread
