@@ -1,10 +1,12 @@
 """`/v1/memory/...`: the facts, the chat log and the context, as JSON. Each endpoint makes the
 same store call as the `mlxmem memory` / `mlxmem history` command of the same purpose, so a
-deletion here is the same durable erase, with the same guarantees."""
+deletion here is the same durable erase, with the same guarantees, answered with
+`Deletion.to_record()`. (A deletion bumps the store's forget epoch; the model's thread sees it at
+the next turn and drops the KV slots it holds in memory.)"""
 
 from __future__ import annotations
 
-from mlxmem.memory.store import LAST_SEQ, Deletion, Store
+from mlxmem.memory.store import LAST_SEQ, Store
 from mlxmem.memory.turns import SEARCH_LIMIT
 from mlxmem.text import as_record
 
@@ -29,7 +31,7 @@ def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
 def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     """`?with_mentions=true` also deletes the turns that quote the fact (as `memory rm
     --with-mentions`); without it they are listed under `mentions`."""
-    return 200, deleted(req, Store().delete_facts([int(fact_id)], req.flag("with_mentions")))
+    return 200, Store().delete_facts([int(fact_id)], req.flag("with_mentions")).to_record()
 
 
 def list_conversations(req: Request) -> tuple[int, dict]:
@@ -49,15 +51,15 @@ def delete_conversation(req: Request, name: str) -> tuple[int, dict]:
     """The whole conversation, or with `?from=A&to=B` the turns numbered A to B."""
     first, last = req.number("from"), req.number("to")
     if first is None and last is None:
-        return 200, deleted(req, Store().delete_conversation(name))
-    return 200, deleted(req, Store().delete_turn_range(name, first or 1, last or LAST_SEQ))
+        return 200, Store().delete_conversation(name).to_record()
+    return 200, Store().delete_turn_range(name, first or 1, last or LAST_SEQ).to_record()
 
 
 def delete_turn(req: Request, turn_id: str) -> tuple[int, dict]:
     """`?with_mentions=true` also deletes the turns that may repeat a deleted message (its
     reply, a turn quoting it whole), as `history rm --with-mentions`; without it they are
     listed under `mentions`."""
-    return 200, deleted(req, Store().delete_turns([int(turn_id)], req.flag("with_mentions")))
+    return 200, Store().delete_turns([int(turn_id)], req.flag("with_mentions")).to_record()
 
 
 def search(req: Request) -> tuple[int, dict]:
@@ -79,10 +81,3 @@ def context(req: Request) -> tuple[int, dict]:
 
 def listing(items: list) -> dict:
     return {"object": "list", "data": [as_record(item) for item in items]}
-
-
-def deleted(req: Request, deletion: Deletion) -> dict:
-    """What a deletion removed, with the sentence the CLI prints. (The deletion bumps the
-    store's forget epoch; the model's thread sees it at the next turn and drops the KV slots
-    it holds in memory.)"""
-    return deletion.to_record()
