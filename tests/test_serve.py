@@ -551,3 +551,14 @@ def test_an_unexpected_failure_still_logs_its_traceback(capsys):
     with fake_server(FakeEngine(broken)) as server:
         assert_error(post_chat(server, "hello"), 500)
     assert "ZeroDivisionError: a bug" in capsys.readouterr().err
+
+
+def test_a_deletion_drops_the_fact_extractors_slot_even_for_a_new_conversation():
+    engine = FakeEngine()
+    long = "My neighbour's name is Berta and she keeps three goats on the roof of her house."
+    with fake_server(engine, extract_facts=True) as server:
+        ask(server, long, user="a")
+        assert "facts" in engine.slots  # the extractor read the message
+        Store().delete_conversation("a")  # as `mlxmem history rm -c a --all` would
+        ask(server, "hello", user="b")  # a Companion made after the deletion
+        assert "facts" not in engine.slots
