@@ -235,11 +235,11 @@ class Store(TurnLog, SummaryLog, FactList):
         summaries that had them in their prompt; their bytes are erased from the files and
         every KV cache. Turns of the log that quote a fact (a reply that repeated it) are
         deleted in the same operation `with_mentions`, else listed as the `mentions`."""
-        facts = [self.get_fact(fid) for fid in dict.fromkeys(ids)]
-        quoting = list({t.id: t for f in facts for t in self.mentions(f)}.values())
-        with self.forgetting() as erasure:
+        with self.forgetting() as erasure:  # one open: the facts, their quotes, the erase
             con = erasure.con
-            deleted = _delete_facts(erasure, [get_fact(con, f.id) for f in facts])
+            facts = [get_fact(con, fid) for fid in dict.fromkeys(ids)]
+            quoting = list({t.id: t for f in facts for t in quoting_turns(con, f.text)}.values())
+            deleted = _delete_facts(erasure, facts)
             if not with_mentions:
                 return replace(deleted, mentions=quoting)
             turns = _delete_turns(erasure, [get_turn(con, t.id) for t in quoting])
