@@ -6,11 +6,13 @@ turn uses, with the facts kept so far as the known ones.
 Prints one JSON object: the outcome of each message sent (kept, duplicate, or the filter that
 rejected the model's answer; see mlxmem.memory.extraction), facts per 100 messages, each kept
 fact beside its message (to be read by a person: is it true, durable, about the user?) and
-every answer the model gave with its outcome.
+every answer the model gave with its outcome. On stderr, one JSON line per message as it goes.
 """
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
 from mlxmem.engine import MLXEngine
@@ -33,6 +35,7 @@ def main() -> None:
     kept: list[dict] = []
     answers: list[dict] = []
     seen = considered = 0
+    start = time.perf_counter()
     for text in messages:
         if seen == args.messages:
             break
@@ -44,6 +47,10 @@ def main() -> None:
         answers.append({"outcome": extractor.last_outcome, "answer": extractor.last_answer})
         if fact is not None:
             kept.append({"message": text, "fact": fact})
+        # One line per message on stderr, so that a run stopped early still says what it did.
+        line = {"n": seen, "considered": considered, "s": round(time.perf_counter() - start, 1)}
+        line |= {"outcome": extractor.last_outcome, "answer": extractor.last_answer}
+        print(json.dumps(line | {"message": text}), file=sys.stderr, flush=True)
     print(
         json.dumps(
             {
