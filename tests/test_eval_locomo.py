@@ -90,6 +90,23 @@ def test_sessions_are_dated_and_dialogue_ids_map_to_log_seqs(tmp_path):
     assert seq_of["D1:1"] == 1 and seq_of["D2:1"] == 5
 
 
+def test_first_sessions_keep_only_the_questions_they_hold(tmp_path):
+    data = write_dataset(tmp_path, sessions=6, chatter=1)
+    conv = ev.first_sessions(ev.load_conversation(data, "conv-1"), 2)
+    assert {t["session"] for t in conv.turns} == {1, 2}
+    # Sessions 3-6's questions and the adversarial one (no evidence turns) are left out.
+    assert [q.answer for q in conv.questions] == ["Lisbon", "Oslo"]
+    assert ev.first_sessions(conv, None) is conv
+    with pytest.raises(ev.InputError):
+        ev.first_sessions(conv, 0)
+    result = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 1000, 120, sessions=2)
+    report = result.to_dict()
+    assert report["settings"]["sessions"] == 2
+    assert [i["answer"] for i in report["conversations"][0]["items"]] == ["Lisbon", "Oslo"]
+    assert report["conversations"][0]["exchanges"] == 4  # two sessions of two exchanges
+    assert report["recall_vs_window"]["n"] == 2
+
+
 def test_replay_and_probes_with_the_fake_engine(tmp_path):
     data = write_dataset(tmp_path)
     engine = FakeEngine(reader)

@@ -66,6 +66,13 @@ def locomo(
         help="Generate the probes' answers; --no-answers only assembles their prompts and "
         "measures what reached them (cheap: no answer is generated).",
     ),
+    sessions: int = typer.Option(
+        None,
+        "--sessions",
+        min=1,
+        help="Replay only the first N sessions of each conversation and ask only the questions "
+        "whose evidence lies in them (for slow models; the same replay up to there).",
+    ),
     plot: Path = PLOT,
     seed: int = SEED,
     db: Path = DB,
@@ -94,6 +101,7 @@ def locomo(
                 seed=seed,
                 progress=progress,
                 answers=answers,
+                sessions=sessions,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
@@ -169,8 +177,10 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
     for cid, row in results["per_conversation"].items():
         per.add_row(cid, *(_cell(row[c]) for c in ev.CONFIGS))
     Console().print(per)
-    for key in ("recall_vs_mlxmem", "oracle_vs_no_memory"):
-        d = results[key]
+    for key in ("recall_vs_mlxmem", "recall_vs_window", "oracle_vs_no_memory"):
+        d = results.get(key)
+        if d is None:  # a run stored before this difference was recorded
+            continue
         if d["mean"] is not None:
             ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
             verdict = "beats" if d["beats"] else "does not beat (interval includes 0 or below)"

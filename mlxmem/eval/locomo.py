@@ -131,6 +131,20 @@ def load_conversation(data: Path, conv_id: str) -> LocomoConversation:
     return LocomoConversation(conv_id, qa["user"], qa["assistant"], turns, questions)
 
 
+def first_sessions(conv: LocomoConversation, sessions: int | None) -> LocomoConversation:
+    """The conversation cut after its first `sessions` sessions, with only the questions whose
+    evidence turns all lie in them (a question without evidence turns cannot be placed and is
+    left out): a smaller honest subset for slow models, the same replay up to that point."""
+    if sessions is None:
+        return conv
+    if sessions < 1:
+        raise InputError(f"--sessions must be at least 1, not {sessions}")
+    turns = [t for t in conv.turns if t["session"] <= sessions]
+    ids = {t["id"] for t in turns}
+    questions = [q for q in conv.questions if q.evidence and set(q.evidence) <= ids]
+    return replace(conv, turns=turns, questions=questions)
+
+
 def pick_questions(questions: Sequence[Question], limit: int | None) -> list[Question]:
     """`limit` questions spread evenly over the file (it runs roughly in session order, so the
     first N would all be about the first sessions)."""
@@ -505,6 +519,7 @@ class EvalResult:
             "settings": self.settings,
             **scores,
             "recall_vs_mlxmem": paired_difference(self.items, "recall", "mlxmem", seed),
+            "recall_vs_window": paired_difference(self.items, "recall", "window", seed),
             "oracle_vs_no_memory": paired_difference(self.items, "oracle", "no_memory", seed),
             "evicted_evidence": evicted_evidence(self.items, seed),
             "per_conversation": {
@@ -531,13 +546,17 @@ def run_locomo(
     seed: int = 0,
     progress: Progress = no_progress,
     answers: bool = True,
+    sessions: int | None = None,
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each);
-    without `answers`, only assemble their prompts and measure what reached them."""
+    without `answers`, only assemble their prompts and measure what reached them. With
+    `sessions`, only the first that many sessions of each and their questions
+    (`first_sessions`)."""
     settings = {
         "data": str(data),
         "conversations": list(conversation_ids),
         "limit": limit,
+        "sessions": sessions,
         "context_tokens": context_tokens,
         "response_reserve": response_reserve,
         "facts": facts,
@@ -548,7 +567,7 @@ def run_locomo(
         "entities": "capitalized words not opening a sentence",
     }
     result = EvalResult(settings)
-    convs = [load_conversation(data, cid) for cid in conversation_ids]
+    convs = [first_sessions(load_conversation(data, cid), sessions) for cid in conversation_ids]
     for conv in convs:
         result.conversations.append(
             _run_one(
