@@ -22,6 +22,9 @@ PREFILL_STEP = 512
 # Encodings remembered per engine: every turn re-assembles the same facts, summary and window,
 # and the tokenizer's Python wrapper costs ~0.1 ms a call (a few hundred calls a prompt).
 ENCODING_MEMO_ENTRIES = 4096
+# Chat templates rendered and cut per shape of conversation (its roles): a window's shapes
+# recur from one collapse to the next, with and without the generation prompt.
+LAYOUT_MEMO_ENTRIES = 512
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,22 @@ class Engine:
         """Token ids of `messages` rendered by the chat template; message contents are encoded
         as plain text, so special-token strings in them never become control tokens, and a
         message with `tokens` keeps them."""
+        return [
+            t for block in self.encode_chat_blocks(messages, add_generation_prompt) for t in block
+        ]
+
+    def encode_chat_blocks(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[list[int]]:
+        """`encode_chat`'s ids cut by message: one block per message (the template's text
+        before its content, then the content), then one more, the template's text after the
+        last content. Joined, they are `encode_chat`'s ids, exactly."""
         raise NotImplementedError
+
+    def chat_tail(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        """The last block of `encode_chat_blocks(messages, add_generation_prompt)`: what the
+        template writes after the last message (without encoding the messages, where it can)."""
+        return self.encode_chat_blocks(messages, add_generation_prompt)[-1]
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens parsed, none added)."""
@@ -202,44 +220,76 @@ class MLXEngine(Engine):
             self.restart,
         )
         self._encodings: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
-        self._renders: dict[tuple, str] = {}
+        self._renders: OrderedDict[tuple, tuple] = OrderedDict()
 
     # -- tokens ---------------------------------------------------------------------------
 
-    def encode_chat(
+    def encode_chat_blocks(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
-    ) -> list[int]:
-        if not self._system_role:
-            messages = _without_system(messages)
-        rendered = self._render_roles(tuple(m.role for m in messages), add_generation_prompt)
-        ids: list[int] = []
+    ) -> list[list[int]]:
+        merged = not self._system_role and bool(messages) and messages[0].role == "system"
+        rendered = _without_system(messages) if merged else list(messages)
+        head, pieces, tail = self._layout(tuple(m.role for m in rendered), add_generation_prompt)
+        blocks = [[*before, *self._content(rendered[index])] for before, index in pieces]
+        if [index for _, index in pieces] != list(range(len(rendered))):
+            # A template that drops or reorders messages: the ids stay exact, but they cannot
+            # be cut by message, so the last message's block holds them all.
+            every = [t for block in blocks for t in block]
+            blocks = [[] for _ in rendered]
+            blocks[-1:] = [every]
+        if not blocks:
+            return [[*head, *tail]]
+        blocks[0][:0] = head
+        if merged and len(blocks) < len(messages):
+            blocks.insert(0, [])  # the system text opens the first user message, in its block
+        return [*blocks, list(tail)]
+
+    def _content(self, message: Message) -> list[int]:
+        if message.tokens is not None:
+            return list(message.tokens)
+        return self.encode_text(message.content.strip())
+
+    def chat_tail(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        merged = not self._system_role and bool(messages) and messages[0].role == "system"
+        roles = tuple(m.role for m in (_without_system(messages) if merged else messages))
+        head, _, tail = self._layout(roles, add_generation_prompt)
+        return list(tail) if roles else [*head, *tail]
+
+    def _layout(
+        self, roles: tuple[str, ...], add_generation_prompt: bool
+    ) -> tuple[tuple[int, ...], list[tuple[tuple[int, ...], int]], tuple[int, ...]]:
+        """The template for these roles, cut at the messages' contents and encoded: the ids
+        it opens with (a BOS the tokenizer adds), then per message the ids of the template's
+        text before its content, then the ids after the last content. It depends only on the
+        roles (and the date, which some templates print): rendered once per shape and day,
+        and the most recent shapes are remembered."""
+        key = (roles, add_generation_prompt, time.strftime("%Y-%m-%d"))
+        layout = self._renders.get(key)
+        if layout is not None:
+            self._renders.move_to_end(key)
+            return layout
+        rendered = self._render(
+            [{"role": r, "content": _PLACEHOLDER.format(i)} for i, r in enumerate(roles)],
+            add_generation_prompt,
+        )
         bos = self.hf.bos_token
-        if bos and not rendered.startswith(bos) and self._adds_bos():
-            ids.append(self.hf.bos_token_id)
+        head = (
+            (self.hf.bos_token_id,)
+            if bos and not rendered.startswith(bos) and self._adds_bos()
+            else ()
+        )
+        pieces = []
         pos = 0
         for match in _PLACEHOLDER_RE.finditer(rendered):
-            ids += self._encode_template(rendered[pos : match.start()])
-            message = messages[int(match.group(1))]
-            if message.tokens is not None:
-                ids += message.tokens
-            else:
-                ids += self.encode_text(message.content.strip())
-            pos = match.end()
-        ids += self._encode_template(rendered[pos:])
-        return ids
-
-    def _render_roles(self, roles: tuple[str, ...], add_generation_prompt: bool) -> str:
-        """The template rendered with placeholder contents: it depends only on the roles (and
-        the date, which some templates print), so it is rendered once per shape and day."""
-        key = (roles, add_generation_prompt, time.strftime("%Y-%m-%d"))
-        if key not in self._renders:
-            if len(self._renders) > 64:
-                self._renders.clear()
-            self._renders[key] = self._render(
-                [{"role": r, "content": _PLACEHOLDER.format(i)} for i, r in enumerate(roles)],
-                add_generation_prompt,
+            pieces.append(
+                (tuple(self._encode_template(rendered[pos : match.start()])), int(match.group(1)))
             )
-        return self._renders[key]
+            pos = match.end()
+        layout = (head, pieces, tuple(self._encode_template(rendered[pos:])))
+        self._renders[key] = layout
+        if len(self._renders) > LAYOUT_MEMO_ENTRIES:
+            self._renders.popitem(last=False)
+        return layout
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         try:

@@ -64,18 +64,19 @@ class FakeEngine(Engine):
         # Specials typed by a user are text: the regex splits them into ordinary pieces.
         return [self._id(p) for p in _TOKEN_RE.findall(text)]
 
-    def encode_chat(
+    def encode_chat_blocks(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
-    ) -> list[int]:
+    ) -> list[list[int]]:
         bos, start, end, eot = range(4)
-        ids = [bos]
-        for m in messages:
-            ids += [start, *self.encode_text(m.role), end, self._id("\n\n")]
+        blocks = []
+        for i, m in enumerate(messages):
+            opening = [start, *self.encode_text(m.role), end, self._id("\n\n")]
             content = m.tokens if m.tokens is not None else self.encode_text(m.content.strip())
-            ids += [*content, eot]
+            blocks.append([*([eot] if i else [bos]), *opening, *content])
+        tail = [eot] if messages else [bos]
         if add_generation_prompt:
-            ids += [start, self._id("assistant"), end, self._id("\n\n")]
-        return ids
+            tail += [start, self._id("assistant"), end, self._id("\n\n")]
+        return [*blocks, tail]
 
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(self._words[t] for t in tokens)

@@ -45,3 +45,38 @@ def files_containing(root: Path, marker: str) -> list[Path]:
     """Every file under `root` whose bytes contain `marker`."""
     needle = marker.encode()
     return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def check_chat_blocks(engine, messages, hostile: int) -> None:
+    """The per-message blocks of `engine.encode_chat_blocks` against the template: joined they
+    are `encode_chat`'s ids, and, for messages of plain text, the ids of the chat template
+    rendered by the tokenizer itself; each block ends with its content's ids; the blocks of a
+    conversation are the ids of every shorter one (so a prompt's blocks can be extended); and
+    message `hostile`, whose text holds special-token strings, has no more control tokens
+    than a plain message of its role (invariant 6)."""
+    specials = {engine.hf.convert_tokens_to_ids(s) for s in engine.special_tokens}
+    plain = [m for i, m in enumerate(messages) if i != hostile]
+    for generation_prompt in (True, False):
+        blocks = engine.encode_chat_blocks(messages, generation_prompt)
+        assert len(blocks) == len(messages) + 1
+        joined = [t for b in blocks for t in b]
+        assert joined == engine.encode_chat(messages, generation_prompt)
+        assert blocks[-1] == engine.chat_tail(messages, generation_prompt)
+        for i, m in enumerate(messages):
+            content = list(m.tokens) if m.tokens else engine.encode_text(m.content.strip())
+            assert blocks[i][len(blocks[i]) - len(content) :] == content
+            shorter = [t for b in blocks[: i + 1] for t in b]
+            tail = engine.chat_tail(messages[: i + 1], generation_prompt)
+            assert shorter + tail == engine.encode_chat(messages[: i + 1], generation_prompt)
+        rendered = engine.hf.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in plain],
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+        )
+        reference = engine.hf.encode(rendered, add_special_tokens=False)
+        assert engine.encode_chat(plain, generation_prompt) == reference
+        role = messages[hostile].role
+        same_role = next(i for i, m in enumerate(messages) if m.role == role and i != hostile)
+        control = lambda ids: [t for t in ids if t in specials]  # noqa: E731
+        assert control(blocks[hostile]) == control(blocks[same_role])
+        assert messages[hostile].content in engine.decode(blocks[hostile])
