@@ -300,6 +300,14 @@ class RecordingEngine(Engine):
     ) -> list[int]:
         return self.inner.encode_chat(messages, add_generation_prompt)
 
+    def encode_chat_blocks(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[list[int]]:
+        return self.inner.encode_chat_blocks(messages, add_generation_prompt)
+
+    def chat_tail(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        return self.inner.chat_tail(messages, add_generation_prompt)
+
     def encode_text(self, text: str) -> list[int]:
         return self.inner.encode_text(text)
 

@@ -11,6 +11,7 @@ from mlxmem.errors import MlxmemError
 from mlxmem.memory.recall import RECALL_SHARE, RECALLED_TURN_TOKENS, recall_block
 
 DEFAULT_FACTS_SHARE = 0.15
+SYSTEM_MEMO_ENTRIES = 16  # system texts whose token counts a PromptBudget remembers
 # A shortened message keeps at least this many tokens (head and tail).
 MIN_MESSAGE_TOKENS = 48
 FACTS_HEADER = "What you know about the user (they can see and edit this list):"
@@ -56,6 +57,14 @@ class AssembledPrompt:
     # what the window must fit, so that no turn is shortened or left out to make room.
     natural_tokens: int = 0
     recalled: list[int] = field(default_factory=list)  # ids of the turns recalled into it
+    # `tokens` cut by message (`Engine.encode_chat_blocks`): one block per message, then the
+    # template's tail (the generation prompt); kept so that what follows the assembly (warming
+    # the cache) reuses them instead of encoding the messages again.
+    blocks: list[list[int]] = field(default_factory=list)
+
+    def body_tokens(self) -> list[int]:
+        """The ids of the messages, without the template's tail after the last one."""
+        return self.tokens[: len(self.tokens) - len(self.blocks[-1])] if self.blocks else []
 
     def fits(self, headroom: int = 0) -> bool:
         """Did every turn fit as clipped, with the reserve and `headroom` still free? If not,
@@ -98,6 +107,10 @@ class PromptBudget:
         self.budget = budget
         self.reserve = reserve
         self.facts_share = facts_share
+        # What does not change from turn to turn, computed once: the system message's token
+        # count per text, and the facts packed from the last list of facts.
+        self._system_counts: dict[str, int] = {}
+        self._packed: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
     @property
     def available(self) -> int:
@@ -105,14 +118,22 @@ class PromptBudget:
         return self.budget - self.reserve
 
     def system_tokens(self, instructions: str, facts: Sequence[str], summary: str | None) -> int:
-        return self.engine.count_chat(
-            [Message("system", system_text(instructions, facts, summary))], False
-        )
+        text = system_text(instructions, facts, summary)
+        count = self._system_counts.get(text)
+        if count is None:  # encoded once per change of instructions, facts or summary
+            count = self.engine.count_chat([Message("system", text)], False)
+            if len(self._system_counts) >= SYSTEM_MEMO_ENTRIES:
+                self._system_counts.clear()
+            self._system_counts[text] = count
+        return count
 
     def pack_facts(self, instructions: str, facts: Sequence[str]) -> list[str]:
         """The facts, in priority order, that fit the facts share. Each line is counted on its
         own (one encode per fact, not per prefix of the list); the prompt as a whole is still
         counted exactly by `assemble`, so the budget never rests on this sum."""
+        facts = tuple(facts)
+        if self._packed is not None and self._packed[0] == facts:
+            return list(self._packed[1])  # the same facts as last time: packed alike
         room = int(self.budget * self.facts_share) - self.engine.count_text(FACTS_HEADER) - 4
         used: list[str] = []
         for fact in facts:
@@ -120,6 +141,7 @@ class PromptBudget:
             if cost <= room:
                 used.append(fact)  # a long fact that does not fit leaves room for shorter ones
                 room -= cost
+        self._packed = (facts, tuple(used))
         return used
 
     @property
@@ -155,7 +177,8 @@ class PromptBudget:
         turns = clipped
         omitted = 0
         stuck: set[int] = set()  # messages that shortening no longer makes smaller
-        tokens = self.engine.encode_chat([system, *turns])
+        blocks = self.engine.encode_chat_blocks([system, *turns])
+        tokens = _joined(blocks)
         natural = len(tokens)
         while len(tokens) > self.available:
             over = len(tokens) - self.available
@@ -178,7 +201,8 @@ class PromptBudget:
                     f"a context budget of {self.budget} tokens with {self.reserve} reserved for "
                     "the reply leaves no room for a message; use a larger budget"
                 )
-            tokens = self.engine.encode_chat([system, *turns])
+            blocks = self.engine.encode_chat_blocks([system, *turns])
+            tokens = _joined(blocks)
         layers = self._layers(instructions, used, summary, len(tokens))
         return AssembledPrompt(
             messages=[system, *turns],
@@ -189,6 +213,7 @@ class PromptBudget:
             shortened=shortened,
             omitted=omitted,
             natural_tokens=natural,
+            blocks=blocks,
         )
 
     def add_recall(
@@ -205,7 +230,8 @@ class PromptBudget:
         *head, newest = prompt.messages
         while lines:
             text = recall_block([line for _, line in lines], newest.content)
-            tokens = self.engine.encode_chat([*head, Message("user", text)])
+            blocks = self.engine.encode_chat_blocks([*head, Message("user", text)])
+            tokens = _joined(blocks)
             extra = len(tokens) - len(prompt.tokens)
             if extra <= cap:
                 layers = replace(prompt.layers, recall=extra, free=prompt.layers.free - extra)
@@ -215,6 +241,7 @@ class PromptBudget:
                     tokens=tokens,
                     layers=layers,
                     recalled=[i for i, _ in lines],
+                    blocks=blocks,
                 )
             lines.pop()  # the weakest match goes first
         return prompt
@@ -243,3 +270,7 @@ class PromptBudget:
             reserve=self.reserve,
             free=self.budget - self.reserve - total,
         )
+
+
+def _joined(blocks: list[list[int]]) -> list[int]:
+    return [t for block in blocks for t in block]

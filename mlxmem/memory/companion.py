@@ -418,8 +418,10 @@ class Companion:
 
     def _warm_cache(self, prompt: AssembledPrompt) -> int:
         """After a collapse, prefill the new prefix (summary and kept turns) now, while the
-        person reads the reply, so the next turn only prefills its own message."""
-        tokens = self.engine.encode_chat(prompt.messages, False)
+        person reads the reply, so the next turn only prefills its own message. The messages'
+        tokens are the prompt's own, as assembled; only the template's tail is new (it ends
+        the last message instead of opening a reply)."""
+        tokens = prompt.body_tokens() + self.engine.chat_tail(prompt.messages, False)
         return self.engine.prefill(tokens, slot=self.slot)
 
     def _save_cache(self, epoch: int) -> None:
