@@ -1,8 +1,16 @@
 """The DuckDB file under layers 2 and 3: opening, locking, transactions, and erasing.
 
-The file is never held open between operations: DuckDB lets only one process open a file for
-writing, and the chat process shares it with `mlxmem memory` and `mlxmem history`. Every
-operation takes a lock file, opens the database, works in one transaction and closes it.
+DuckDB lets only one process open a file for writing, and the chat process shares it with
+`mlxmem memory` and `mlxmem history`. An operation takes a lock file, opens the database, works
+in one transaction and closes it. An open costs tens of milliseconds, more than a cached turn of
+a 3B model, so the interactive chat *holds* the store between operations (`holding()`): it keeps
+the lock file and one connection, and every operation reuses them. Another process still gets
+the store on demand: a process that finds the lock taken asks for it by holding a shared lock
+on a second file (`.lock.want`) while it waits, and the holder, which looks for such a request
+every few milliseconds, closes its connection and releases the lock as soon as no operation
+runs; it opens the file again at its next operation. A holder that never releases (an older
+mlxmem, a process stuck in an operation) still makes the others fail after LOCK_TIMEOUT_S with
+the holder's pid.
 
 Deleted means gone, and erasing is one durable operation owned here, not by callers. The facts
 live in their own small file (attached as `facts_db`), so erasing a fact rewrites the facts,
@@ -32,9 +40,10 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +56,9 @@ from mlxmem.errors import StaleError, StoreError
 from mlxmem.memory.migrations import FACTS_DB, attach_facts, facts_path, migrate
 
 LOCK_TIMEOUT_S = 5.0
+# How often a holder looks for another process's request for the store: the most a waiter
+# waits beyond the holder's running operation and its close.
+HOLD_POLL_S = 0.002
 ERASE_PENDING = "compaction_pending"  # the key's name predates the cache wipe; kept for old files
 FORGET_EPOCH = "forget_epoch"
 _COMPACT_ALIAS = "mlxmem_compacted"
@@ -124,6 +136,18 @@ class Database:
         self.cache_dir = cache_dir or self.path.parent / paths.CACHE_DIRNAME
         self.facts_path = facts_path(self.path)
         self.opens = 0  # times this object opened the file: what a turn costs, counted
+        # holding(): the lock file's descriptor and the connection kept between operations,
+        # guarded by _mutex (the watcher thread releases them when another process asks).
+        self._holding = 0
+        self._held_fd: int | None = None
+        self._held_con: duckdb.DuckDBPyConnection | None = None
+        self._want_fd: int | None = None
+        self._held_opens = 0  # times the held connection was opened (a new one sees others' writes)
+        self._operations = 0  # operations run through this object
+        self._mutex = threading.Lock()
+        self._owner: int | None = None  # the thread in an operation on the held connection
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         paths.ensure_private_dir(self.path.parent)
         with self._lock():
             with self._transaction() as con:
@@ -135,17 +159,54 @@ class Database:
 
     @contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One operation: lock, open, run a transaction, commit, close. Do not nest."""
-        with self._lock(), self._transaction() as con:
+        """One operation: lock, open, run a transaction, commit, close (while holding(): one
+        transaction on the held connection). Do not nest."""
+        with self._operation() as con, self._transaction_on(con):
             yield con
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Keep the lock file and one open connection between this object's operations until
+        the block ends; each operation is still one transaction. Another process that asks
+        for the store gets it within a few milliseconds once no operation runs here, and the
+        next operation here opens it again. For a process that waits on a person between
+        operations (the interactive chat); blocks nest."""
+        if not self._holding:
+            self._want_fd = open_lock_file(self._sibling(".lock.want"))
+            self._stop.clear()
+            self._watcher = threading.Thread(
+                target=self._watch, name="mlxmem-store-holder", daemon=True
+            )
+            self._watcher.start()
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+            if self._holding == 0:
+                self._stop.set()
+                if self._watcher is not None:
+                    self._watcher.join()
+                self._watcher = None
+                with self._mutex:
+                    self._release()
+                    os.close(self._want_fd)
+                    self._want_fd = None
+
+    def mark(self) -> tuple[int, int] | None:
+        """While holding(): where this object stands. A mark equal to one taken earlier means
+        no operation ran through this object since, and the held connection stayed open (so
+        no other process wrote). None when not holding."""
+        return (self._held_opens, self._operations) if self._holding else None
 
     @contextmanager
     def forgetting(self) -> Iterator[Erasure]:
         """Like connect(), for work that removes text: the block works in the main file's
         transaction (`Erasure.con`) and names the facts to delete or edit on the Erasure; the
         transaction also records the pending erase and bumps the forget epoch; the facts are
-        written, the caches wiped and the files compacted before the lock is released."""
-        with self._lock():
+        written, the caches wiped and the files compacted before the lock is released. (A held
+        connection is closed first: compaction replaces the files under it.)"""
+        with self._alone(), self._lock():
             with self._transaction() as con:
                 erasure = Erasure(con)
                 before = _row_counts(con)
@@ -166,6 +227,20 @@ class Database:
             if epoch is not None and forget_epoch(con) != epoch:
                 raise StaleError("something was deleted meanwhile; this result is discarded")
             yield con
+
+    @contextmanager
+    def steps(
+        self, epoch: int | None
+    ) -> Iterator[Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]]:
+        """Like guarded(), for several transactions in one operation (one lock, one open): a
+        transaction writes to one file, the log's or the facts'. The block calls the function
+        it is given for each transaction (`with transaction() as con:`), and may work on under
+        the same lock after them (a cache file, written under the same check)."""
+        with self._operation() as con:
+            with self._transaction_on(con):
+                if epoch is not None and forget_epoch(con) != epoch:
+                    raise StaleError("something was deleted meanwhile; this result is discarded")
+            yield lambda: self._transaction_on(con)
 
     def _erase_locked(self, plan: ErasePlan, edits: dict[int, FactEdit] | None = None) -> None:
         """Steps 2 to 5; the pending record goes last, so a kill anywhere is redone."""
@@ -206,34 +281,164 @@ class Database:
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open, one transaction, close (under a lock the caller holds)."""
         con = self._open()
         try:
-            con.begin()
-            try:
+            with self._transaction_on(con):
                 yield con
-            except duckdb.IOException as exc:  # a file cut short: DuckDB reads blocks lazily
-                raise self._damaged_error(exc) from None
-            try:
-                con.commit()
-            except duckdb.Error as exc:  # a full disk, most often: nothing was written
-                raise StoreError(f"could not save to {self.path}: {exc}") from None
-            crash_point("transaction:committed")  # in the WAL, not yet checkpointed
         finally:
             con.close()  # rolls back an uncommitted transaction
             self._make_files_private()
 
     @contextmanager
-    def _lock(self) -> Iterator[None]:
-        # DuckDB's own lock lives on the database file, which compaction replaces: a separate
-        # lock file keeps other mlxmem processes out from the delete until the replacement.
-        fd = open_lock_file(self._sibling(".lock"))
+    def _transaction_on(
+        self, con: duckdb.DuckDBPyConnection
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One transaction on an open connection; the caller closes it if this raises."""
+        con.begin()
         try:
-            self._retry(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), self._holder_pid)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield con
+        except duckdb.IOException as exc:  # a file cut short: DuckDB reads blocks lazily
+            raise self._damaged_error(exc) from None
+        try:
+            con.commit()
+        except duckdb.Error as exc:  # a full disk, most often: nothing was written
+            raise StoreError(f"could not save to {self.path}: {exc}") from None
+        crash_point("transaction:committed")  # in the WAL, not yet checkpointed
+
+    @contextmanager
+    def _operation(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The lock and an open connection for one operation: taken and opened now and
+        closed after, or, while holding(), the held ones (taken and opened again if another
+        process asked for them)."""
+        if not self._holding:
+            try:
+                with self._lock():
+                    con = self._open()
+                    try:
+                        yield con
+                    finally:
+                        con.close()  # rolls back an uncommitted transaction
+                        self._make_files_private()
+            finally:
+                self._operations += 1
+            return
+        with self._alone(release=False):
+            if self._held_con is None:
+                fd = self._take_lock()
+                try:
+                    self._held_con = self._open()
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._held_fd = fd
+                self._held_opens += 1
+            try:
+                yield self._held_con
+            except BaseException:
+                self._release()  # closing rolls back what the operation left uncommitted
+                raise
+            self._make_files_private()
+            if self._asked_for():
+                self._release()
+
+    @contextmanager
+    def _alone(self, release: bool = True) -> Iterator[None]:
+        """One operation of this object at a time while holding(); with `release`, the held
+        connection is closed and the lock released first (the block opens its own)."""
+        if not self._holding:
+            try:
+                yield
+            finally:
+                self._operations += 1
+            return
+        if self._owner == threading.get_ident():
+            raise StoreError(f"database {self.path} is already open in this process (nested use?)")
+        if not self._mutex.acquire(timeout=self.timeout):
+            raise self._busy_error(str(os.getpid()))
+        self._owner = threading.get_ident()
+        try:
+            if release:
+                self._release()
+            yield
+        finally:
+            self._operations += 1
+            self._owner = None
+            self._mutex.release()
+
+    def _release(self) -> None:
+        """Close the held connection and release the lock file (under _mutex)."""
+        con, fd = self._held_con, self._held_fd
+        self._held_con = self._held_fd = None
+        try:
+            if con is not None:
+                con.close()
+                self._make_files_private()
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _asked_for(self) -> bool:
+        """Whether another process waits for the lock (holds the request lock); under _mutex."""
+        if self._want_fd is None:
+            return False
+        try:
+            fcntl.flock(self._want_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self._want_fd, fcntl.LOCK_UN)
+        return False
+
+    def _watch(self) -> None:
+        """The holder's watcher thread: release the store when another process asks for it
+        and no operation runs here."""
+        while not self._stop.wait(HOLD_POLL_S):
+            if self._held_fd is None or not self._mutex.acquire(blocking=False):
+                continue
+            try:
+                if self._held_fd is not None and self._asked_for():
+                    self._release()
+            except Exception:  # noqa: BLE001 - a close that failed: the next operation reopens
+                pass
+            finally:
+                self._mutex.release()
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        fd = self._take_lock()
+        try:
             yield
         finally:
             os.close(fd)
+
+    def _take_lock(self) -> int:
+        """Take the lock file; return its descriptor. While another process holds it, ask for
+        it (a holder between operations releases it), up to the timeout."""
+        # DuckDB's own lock lives on the database file, which compaction replaces: a separate
+        # lock file keeps other mlxmem processes out from the delete until the replacement.
+        fd = open_lock_file(self._sibling(".lock"))
+        asking: list[int] = []
+
+        def take() -> None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not asking:  # held while this process waits: the holder's watcher sees it
+                    asking.append(open_lock_file(self._sibling(".lock.want")))
+                    fcntl.flock(asking[0], fcntl.LOCK_SH)
+                raise
+
+        try:
+            self._retry(take, self._holder_pid)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            for want in asking:
+                os.close(want)
+        return fd
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         had_facts = self.facts_path.exists()  # ATTACH creates a missing one, empty
@@ -254,7 +459,7 @@ class Database:
     def _retry(self, attempt: Callable[[], T], holder_pid: Callable[[], str]) -> T:
         """Call attempt() until it stops failing on a lock held elsewhere, up to the timeout."""
         deadline = time.monotonic() + self.timeout
-        delay = 0.005
+        delay = 0.002
         while True:
             try:
                 return attempt()
@@ -270,7 +475,7 @@ class Database:
             if time.monotonic() > deadline:
                 raise self._busy_error(pid)
             time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 2, 0.01)
 
     def _busy_error(self, pid: str) -> StoreError:
         if pid == str(os.getpid()):
