@@ -132,7 +132,8 @@ def chat(
 
 def _opener(settings: ChatSettings) -> Opener:
     """Opens a conversation on a model; a new conversation on the same model reuses the model
-    already loaded (and its KV caches in memory)."""
+    already loaded (and its KV caches in memory). Every one shares the first one's store (the
+    session holds it)."""
     last: list[tuple[str, Companion]] = []
 
     def open_chat(model: str, conversation: str) -> Companion:
@@ -141,8 +142,9 @@ def _opener(settings: ChatSettings) -> Opener:
             budget, reserve = prev.budget.budget, prev.response_reserve
             companion = Companion(prev.engine, prev.store, conversation, budget, reserve, settings)
         else:
+            store = last[0][1].store if last else None
             last.clear()  # one model in memory at a time
-            companion = open_companion(model, conversation, settings)
+            companion = open_companion(model, conversation, settings, store)
         last[:] = [(model, companion)]
         return companion
 
