@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import MlxmemError
+from mlxmem.memory.dates import Span, day_range
 from mlxmem.memory.recall import RECALL_SHARE, RECALLED_TURN_TOKENS, recall_block
 
 DEFAULT_FACTS_SHARE = 0.15
@@ -72,14 +73,26 @@ class AssembledPrompt:
         return self.natural_tokens + self.layers.reserve + headroom <= self.budget
 
 
-def system_text(instructions: str, facts: Sequence[str], summary: str | None) -> str:
-    """The system message, laid out stable-first: instructions, facts, then the summary."""
+def system_text(
+    instructions: str, facts: Sequence[str], summary: str | None, summary_span: Span | None = None
+) -> str:
+    """The system message, laid out stable-first: instructions, facts, then the summary, whose
+    header names the days it covers (`summary_span`: when its first and last turns were
+    written)."""
     parts = [instructions.strip()]
     if facts:
         parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {f}" for f in facts))
     if summary:
-        parts.append(SUMMARY_HEADER + "\n" + summary.strip())
+        parts.append(summary_header(summary_span) + "\n" + summary.strip())
     return "\n\n".join(parts)
+
+
+def summary_header(span: Span | None) -> str:
+    """SUMMARY_HEADER, with the days the summary covers: "... conversation (8 May 2023 to 25
+    May 2023):"."""
+    if span is None:
+        return SUMMARY_HEADER
+    return f"{SUMMARY_HEADER.removesuffix(':')} ({day_range(*span)}):"
 
 
 def shorten(engine: Engine, text: str, max_tokens: int) -> str:
@@ -117,8 +130,14 @@ class PromptBudget:
         """Tokens the prompt itself may use."""
         return self.budget - self.reserve
 
-    def system_tokens(self, instructions: str, facts: Sequence[str], summary: str | None) -> int:
-        text = system_text(instructions, facts, summary)
+    def system_tokens(
+        self,
+        instructions: str,
+        facts: Sequence[str],
+        summary: str | None,
+        summary_span: Span | None = None,
+    ) -> int:
+        text = system_text(instructions, facts, summary, summary_span)
         count = self._system_counts.get(text)
         if count is None:  # encoded once per change of instructions, facts or summary
             count = self.engine.count_chat([Message("system", text)], False)
@@ -167,11 +186,13 @@ class PromptBudget:
         facts: Sequence[str],
         summary: str | None,
         turns: Sequence[Message],
+        summary_span: Span | None = None,
     ) -> AssembledPrompt:
-        """Facts first (capped), then the summary, then `turns` (oldest first, newest last),
-        shortening long messages and, only if that is not enough, leaving out the oldest."""
+        """Facts first (capped), then the summary (with the days it covers, `summary_span`),
+        then `turns` (oldest first, newest last), shortening long messages and, only if that
+        is not enough, leaving out the oldest."""
         used = self.pack_facts(instructions, facts)
-        system = Message("system", system_text(instructions, used, summary))
+        system = Message("system", system_text(instructions, used, summary, summary_span))
         clipped = self.clip(turns)
         shortened = sum(a is not b for a, b in zip(turns, clipped, strict=True))
         turns = clipped
@@ -203,7 +224,7 @@ class PromptBudget:
                 )
             blocks = self.engine.encode_chat_blocks([system, *turns])
             tokens = _joined(blocks)
-        layers = self._layers(instructions, used, summary, len(tokens))
+        layers = self._layers(instructions, used, summary, len(tokens), summary_span)
         return AssembledPrompt(
             messages=[system, *turns],
             tokens=tokens,
@@ -256,11 +277,16 @@ class PromptBudget:
         return None
 
     def _layers(
-        self, instructions: str, facts: list[str], summary: str | None, total: int
+        self,
+        instructions: str,
+        facts: list[str],
+        summary: str | None,
+        total: int,
+        summary_span: Span | None = None,
     ) -> Layers:
         t_instr = self.system_tokens(instructions, [], None)
         t_facts = self.system_tokens(instructions, facts, None) - t_instr
-        t_system = self.system_tokens(instructions, facts, summary)
+        t_system = self.system_tokens(instructions, facts, summary, summary_span)
         return Layers(
             instructions=t_instr,
             facts=t_facts,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from mlxmem.memory.dates import day_marker
 from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE
 from mlxmem.memory.terms import terms as words_of
 from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
@@ -177,7 +178,8 @@ def search_before(
 
 
 def recall_line(turn: Turn) -> str:
-    return f"- {turn.role}: {' '.join(turn.text.split())}"
+    """A recalled turn as one line, with its day: "- [8 May 2023] user: ..."."""
+    return f"- {day_marker(turn.created_at)} {turn.role}: {' '.join(turn.text.split())}"
 
 
 def recall_block(lines: Sequence[str], message: str) -> str:

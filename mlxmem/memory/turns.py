@@ -6,7 +6,7 @@ import functools
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import duckdb
 
@@ -61,11 +61,13 @@ class TurnLog(Database):
         sampled_ids: list[int] | None = None,
         sampled_by: str | None = None,
         epoch: int | None = None,
+        at: datetime | None = None,
     ) -> Turn:
         """Append a turn; committed before return. Without `epoch` the conversation is
         created on first use. With it (a reply, derived from what the store held at that
         forget epoch) the write is refused with StaleError if anything was deleted since, and
-        a deleted conversation is never recreated."""
+        a deleted conversation is never recreated. `at`: when the turn was written, if not
+        now (see insert_turn)."""
         with self.guarded(epoch) as con:
             return insert_turn(
                 con,
@@ -77,6 +79,7 @@ class TurnLog(Database):
                 sampled_ids,
                 sampled_by,
                 create=epoch is None,
+                at=at,
             )
 
     def turns(self, conversation: str, after_seq: int | None = None) -> list[Turn]:
@@ -126,13 +129,17 @@ def insert_turn(
     sampled_ids: list[int] | None = None,
     sampled_by: str | None = None,
     create: bool = True,
+    at: datetime | None = None,
 ) -> Turn:
-    """Append a turn inside an open transaction (see TurnLog.append_turn)."""
+    """Append a turn inside an open transaction (see TurnLog.append_turn), written at time `at`
+    (timezone-aware; default now): a turn written elsewhere first, such as a chat log being
+    imported or replayed, keeps its own time, which the window, recall and summaries show.
+    Either way it is recorded no older than the conversation's newest turn."""
     if role not in ROLES:
         raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     check_text(text, "message")
     check_text(conversation, "conversation name", allow_empty=False)
-    now = utc_now()
+    now = utc_now() if at is None else turn_time(at)
     cid = conversation_id(con, conversation, create=now if create else None)
     # A turn is never older than the turns before it, whatever this device's clock says:
     # devices order a conversation by time, so each device's own order must agree with it.
@@ -179,6 +186,13 @@ def delete_messages(con: duckdb.DuckDBPyConnection, ids: list[int]) -> None:
     """Delete messages and their rows in recall's index, inside the caller's erase."""
     unindex(con, ids)
     con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
+
+
+def turn_time(at: datetime) -> datetime:
+    """`at` as a turn's time (UTC); a time without a time zone is refused, not guessed."""
+    if not isinstance(at, datetime) or at.utcoffset() is None:
+        raise InputError(f"a turn's time must be a datetime with a time zone, not {at!r}")
+    return at.astimezone(timezone.utc)
 
 
 def turns_after(
