@@ -223,6 +223,53 @@ def test_bench_turns_end_to_end(tiny_model, transcript, tmp_path):
 
 
 @pytest.mark.e2e
+def test_bench_turns_one_shot_runs_every_turn_in_a_new_process(tiny_model, transcript, tmp_path):
+    """`--one-shot`: each message through `mlxmem chat -m` in its own process; every turn after
+    the first finds the previous prompt and reply in the cache the last process saved."""
+    db = tmp_path / "bench.duckdb"
+    args = ["--model", str(tiny_model), "--transcript", str(transcript), "--max-turns", "3"]
+    report = invoke("turns", "--one-shot", *args, "--max-tokens", "8", "--db", str(db))
+    assert report["settings"]["mode"] == "one-shot" and report["settings"]["facts"] is True
+    turns = report["per_turn"]
+    assert [t["turn"] for t in turns] == [1, 2, 3] and turns[0]["cached_tokens"] == 0
+    for before, after in zip(turns, turns[1:], strict=False):
+        assert after["reused_previous"] is True and not after["collapse_turn"]
+        assert after["cached_tokens"] >= before["prompt_tokens"] + before["reply_tokens"]
+        assert after["cached_tokens"] + after["prefilled_tokens"] == after["prompt_tokens"]
+    assert report["turns_reusing_previous"] == report["turns_judged"] == 2
+    assert report["prefix_broken_turns"] == [] and report["budget_violations"] == 0
+    reuse = next(g for g in report["goals"] if g["name"].startswith("turns reusing"))
+    assert reuse["met"] is True and reuse["value"] == 1
+    assert invoke("history", "--db", str(db))[0]["settings"]["mode"] == "one-shot"
+
+
+def test_a_one_shot_turn_that_misses_the_previous_reply_is_flagged():
+    from mlxmem.bench.turns import _one_shot_record
+
+    def out(prompt, cached, generated, finish="stop", collapses=()):
+        return {
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "prefilled_tokens": prompt - cached,
+            "generated_tokens": generated,
+            "finish_reason": finish,
+            "collapses": list(collapses),
+            "fact_added": None,
+            "layers": {"reserve": 64},
+            "budget": 1024,
+        }
+
+    first = out(100, 0, 11)  # ten tokens and the end of turn
+    assert _one_shot_record(0, first, None, 1.0).reused_previous is None
+    assert _one_shot_record(1, out(130, 110, 5), first, 1.0).reused_previous is True
+    assert _one_shot_record(1, out(130, 109, 5), first, 1.0).reused_previous is False
+    assert _one_shot_record(1, out(130, 40, 5, collapses=[{}]), first, 1.0).collapse_turn
+    cut = out(100, 0, 10, finish="length")  # no end of turn: all ten tokens are the reply's
+    assert _one_shot_record(1, out(130, 109, 5), cut, 1.0).reused_previous is False
+    assert _one_shot_record(1, out(130, 110, 5), cut, 1.0).reused_previous is True
+
+
+@pytest.mark.e2e
 def test_bench_speed_end_to_end(tiny_model):
     report = invoke(
         "speed",

@@ -30,7 +30,14 @@ from mlxmem.bench.common import BenchModel, machine_info, prepare_model, version
 from mlxmem.bench.restart import RestartResult, run_restart
 from mlxmem.bench.scale import ScaleResult, run_scale
 from mlxmem.bench.speed import SpeedResult, run_speed
-from mlxmem.bench.turns import TurnsResult, read_transcript, run_turns, synthetic_transcript
+from mlxmem.bench.turns import (
+    OneShotResult,
+    TurnsResult,
+    read_transcript,
+    run_one_shot_turns,
+    run_turns,
+    synthetic_transcript,
+)
 from mlxmem.engine import MLXEngine
 from mlxmem.errors import InputError, StoreError
 from mlxmem.memory.migrations import migrate
@@ -47,10 +54,12 @@ __all__ = [
     "goals",
     "headline",
     "history",
+    "OneShotResult",
     "machine_info",
     "prepare_model",
     "read_transcript",
     "record_run",
+    "run_one_shot_turns",
     "run_restart",
     "run_scale",
     "run_speed",
@@ -299,6 +308,13 @@ def goals(run: BenchRun) -> list[Goal]:
         return found
     if run.kind == "scale":
         return _scale_goals(r)
+    if run.kind == "turns" and run.settings.get("mode") == "one-shot":
+        judged = r["turns_judged"]
+        reused = r["turns_reusing_previous"] / judged if judged else None
+        return [
+            _goal("turns reusing the previous prompt and reply (share)", reused, ">=", 1),
+            _goal("budget violations", r["budget_violations"], "<=", 0),
+        ]
     if run.kind == "turns":
         return [
             _goal(

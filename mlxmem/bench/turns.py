@@ -451,3 +451,151 @@ def _fresh_summary_baseline(
         engine.drop_slot(FRESH_SUMMARY_SLOT)
         collapse.fresh_prompt_tokens = stats.prompt_tokens
         collapse.fresh_prefilled_tokens = stats.prefilled_tokens
+
+
+# -- one-shot turns: every turn in a new process ---------------------------------------------------
+
+ONE_SHOT_ALIAS = "bench-one-shot"
+
+
+@dataclass
+class OneShotTurn:
+    """One `mlxmem chat -m TEXT --json` call, each in its own process, as its JSON reported."""
+
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    reply_tokens: int  # the reply's sampled tokens, its end-of-turn token not counted
+    collapse_turn: bool  # a collapse ran in this call or in the previous one
+    fact_added: bool
+    # The previous call's prompt and reply were all in the cache this call reused (None: the
+    # first turn, or a collapse turn, whose prefix was rebuilt on purpose).
+    reused_previous: bool | None
+    violation: bool
+    seconds: float  # the whole process, start to exit
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class OneShotResult:
+    records: list[OneShotTurn]
+    settings: dict
+
+    def summary(self) -> dict:
+        recs = self.records
+        steady = [r for r in recs if not r.collapse_turn]
+        judged = [r.reused_previous for r in recs if r.reused_previous is not None]
+        return {
+            "turns": len(recs),
+            "cache_share": _share([(r.cached_tokens, r.prompt_tokens) for r in recs[1:]]),
+            "cache_share_non_collapse": _share(
+                [(r.cached_tokens, r.prompt_tokens) for r in steady[1:]]
+            ),
+            "non_collapse_turns": len(steady),
+            "collapses": sum(r.collapse_turn for r in recs),
+            "budget_violations": sum(r.violation for r in recs),
+            "facts_added": sum(r.fact_added for r in recs),
+            # The check: every turn after the first, but a collapse turn, finds the previous
+            # prompt and reply in the cache, in full.
+            "turns_reusing_previous": sum(judged),
+            "turns_judged": len(judged),
+            "prefix_broken_turns": [r.turn for r in recs if r.reused_previous is False],
+            "prompt_tokens_mean": _mean([r.prompt_tokens for r in recs]),
+            "prefilled_tokens_mean": _mean([r.prefilled_tokens for r in recs]),
+            "seconds": sum(r.seconds for r in recs),
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": "turns",
+            "settings": self.settings,
+            **self.summary(),
+            "per_turn": [r.to_dict() for r in self.records],
+        }
+
+
+def run_one_shot_turns(
+    model_path: Path,
+    messages: Sequence[str],
+    context_tokens: int,
+    response_reserve: int,
+    *,
+    facts: bool = True,
+    max_tokens: int | None = None,
+    seed: int = DEFAULT_BENCH_SEED,
+    progress: Progress = no_progress,
+) -> OneShotResult:
+    """Send each of `messages` with `mlxmem chat -m TEXT --json`, each in a new process on a
+    scratch data directory (its own store and KV cache folder), as scripts and `serve`
+    restarts use mlxmem: what the prompt reuses from one process to the next, facts extracted
+    between them included. The model writes the replies (greedy)."""
+    import os
+    import subprocess
+    import sys
+
+    settings = {
+        "context_tokens": context_tokens,
+        "response_reserve": response_reserve,
+        "mode": "one-shot",
+        "facts": facts,
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
+    records: list[OneShotTurn] = []
+    with tempfile.TemporaryDirectory(prefix="mlxmem-bench-one-shot-") as home:
+        # The model under an alias with the run's budget, as models.toml in a data dir can add.
+        Path(home, "models.toml").write_text(
+            f'[models."{ONE_SHOT_ALIAS}"]\npath = {json.dumps(str(Path(model_path).resolve()))}\n'
+            f"context_tokens = {context_tokens}\nresponse_reserve = {response_reserve}\n"
+        )
+        env = {**os.environ, "MLXMEM_HOME": home, "HF_HUB_OFFLINE": "1"}
+        command = [sys.executable, "-m", "mlxmem.cli", "chat", "--model", ONE_SHOT_ALIAS]
+        command += ["--json", "--temp", "0", "--seed", str(seed)]
+        command += ["--facts" if facts else "--no-facts"]
+        command += [] if max_tokens is None else ["--max-tokens", str(max_tokens)]
+        previous: dict | None = None
+        for i, text in enumerate(messages):
+            progress(f"turn {i + 1}/{len(messages)}", i, len(messages))
+            start = time.perf_counter()
+            done = subprocess.run(
+                [*command, f"--message={text}"], env=env, capture_output=True, text=True
+            )
+            seconds = time.perf_counter() - start
+            if done.returncode != 0:
+                raise InputError(
+                    f"turn {i + 1}: mlxmem chat exited with {done.returncode}: "
+                    f"{done.stderr.strip()[-2000:]}"
+                )
+            out = json.loads(done.stdout)
+            records.append(_one_shot_record(i, out, previous, seconds))
+            previous = out
+        progress("done", len(messages), len(messages))
+    return OneShotResult(records, settings)
+
+
+def _reply_tokens(out: dict) -> int:
+    # A reply that ended on its own ended with the end-of-turn token, which is counted among
+    # the generated tokens but not logged as the reply's.
+    return out["generated_tokens"] - (out["finish_reason"] == "stop")
+
+
+def _one_shot_record(i: int, out: dict, previous: dict | None, seconds: float) -> OneShotTurn:
+    collapse_turn = bool(out["collapses"]) or bool(previous and previous["collapses"])
+    reused = None
+    if previous is not None and not collapse_turn:
+        reused = out["cached_tokens"] >= previous["prompt_tokens"] + _reply_tokens(previous)
+    return OneShotTurn(
+        turn=i + 1,
+        prompt_tokens=out["prompt_tokens"],
+        cached_tokens=out["cached_tokens"],
+        prefilled_tokens=out["prefilled_tokens"],
+        reply_tokens=_reply_tokens(out),
+        collapse_turn=collapse_turn,
+        fact_added=out["fact_added"] is not None,
+        reused_previous=reused,
+        violation=out["prompt_tokens"] + out["layers"]["reserve"] > out["budget"],
+        seconds=seconds,
+    )

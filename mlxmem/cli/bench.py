@@ -153,7 +153,11 @@ def turns(
         False, "--generate", help="Let the model write the replies instead of replaying them."
     ),
     max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Longest reply (--generate)."),
-    facts: bool = typer.Option(False, "--facts/--no-facts", help="Extract facts, as a chat does."),
+    facts: bool = typer.Option(
+        None,
+        "--facts/--no-facts",
+        help="Extract facts, as a chat does (default: off in a replay, on with --one-shot).",
+    ),
     rebuild_every: int = typer.Option(
         1,
         "--rebuild-every",
@@ -171,6 +175,14 @@ def turns(
         help="Replay: put each replayed reply into the KV cache after its turn, where "
         "generating it would have left it (counted apart, as decoding).",
     ),
+    one_shot: bool = typer.Option(
+        False,
+        "--one-shot",
+        help="Send each message with `mlxmem chat -m TEXT --json` in a new process (as "
+        "scripts and serve restarts do), the model writing the replies, and report per turn "
+        "the prompt and cached tokens and whether the previous prompt and reply were reused "
+        "in full. Facts are extracted unless --no-facts is given; no baselines.",
+    ),
     plot: Path = PLOT,
     seed: int = SEED,
     db: Path = DB,
@@ -179,6 +191,11 @@ def turns(
     """Replay a conversation through the full memory system and record, per turn, the tokens
     of each layer, prompt / cached / prefilled tokens, time to first token and collapses, next
     to (a) rebuilding every prompt from scratch and (b) summarizing in a fresh context."""
+    if one_shot:
+        return _one_shot_turns(
+            transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns,
+            max_tokens, facts, seed, db, as_json,
+        )  # fmt: skip
     if transcript is not None:
         exchanges = bench.read_transcript(transcript, replay=not generate)
         source = str(transcript)
@@ -194,7 +211,7 @@ def turns(
             context_tokens or chosen.context_tokens,
             chosen.response_reserve,
             generate=generate,
-            facts=facts,
+            facts=bool(facts),
             max_tokens=max_tokens,
             rebuild_every=rebuild_every,
             fresh_summaries=fresh_summaries,
@@ -259,6 +276,53 @@ def turns(
         table.add_row(name, value)
     Console().print(table)
     _footer(run, plot)
+
+
+def _one_shot_turns(
+    transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns, max_tokens,
+    facts, seed, db, as_json,
+) -> None:  # fmt: skip
+    if transcript is not None:
+        exchanges = bench.read_transcript(transcript, replay=False)
+        source = str(transcript)
+    else:
+        exchanges = bench.synthetic_transcript(synthetic_turns, seed)
+        source = f"synthetic ({synthetic_turns} exchanges, seed {seed})"
+    exchanges = exchanges[:max_turns] if max_turns else exchanges
+    chosen = _model(model, arch, quantize, seed, as_json)
+    with _progress("turns --one-shot") as progress:
+        result = bench.run_one_shot_turns(
+            chosen.path,
+            [user for user, _ in exchanges],
+            context_tokens or chosen.context_tokens,
+            chosen.response_reserve,
+            facts=facts is not False,  # on unless --no-facts, as in `mlxmem chat`
+            max_tokens=max_tokens,
+            seed=seed,
+            progress=progress,
+        )
+    result.settings["transcript"] = source
+    run = bench.record_run(bench.BenchRun.of(result, chosen), db)
+    if as_json:
+        return _print_json(run)
+    s = result.summary()
+    budget = result.settings["context_tokens"]
+    title = f"bench turns --one-shot: {source}, {chosen.label}, {budget} tokens"
+    table = Table(
+        "turn", "prompt tokens", "cached tokens", "fact noted", "previous reused", title=title
+    )
+    for r in result.records:
+        reused = {None: "collapse" if r.collapse_turn else "-", True: "yes", False: "NO"}
+        table.add_row(
+            str(r.turn), str(r.prompt_tokens), str(r.cached_tokens),
+            "yes" if r.fact_added else "", reused[r.reused_previous],
+        )  # fmt: skip
+    Console().print(table)
+    err.print(
+        f"{s['turns_reusing_previous']} of {s['turns_judged']} turns reused the previous prompt "
+        f"and reply in full; facts noted: {s['facts_added']}"
+    )
+    _footer(run)
 
 
 @app.command("restart")
