@@ -114,6 +114,24 @@ def test_history_list_and_show(chat):
     assert "no conversation named 'nope'" in error("history", "show", "nope")
 
 
+def test_history_show_summaries_and_who_wrote_them(chat):
+    chat.add_summary("default", "[8 May 2023] Sam: My cat is Miso.", 1, 4, 9, source="extractive")
+    rows = as_json("history", "show", "--summaries")
+    assert [(s["first_seq"], s["last_seq"], s["source"], s["text"]) for s in rows] == [
+        (1, 2, "model", "Sam introduced themselves."),
+        (1, 4, "extractive", "[8 May 2023] Sam: My cat is Miso."),
+    ]
+    assert [s["source"] for s in as_json("history", "show", "--summaries", "-n", "1")] == [
+        "extractive"
+    ]
+    table = mlxmem("history", "show", "--summaries").stdout
+    assert "extractive" in table and "model" in table and "1-4" in table
+    shown = mlxmem("history", "show").stdout
+    assert "Turns #1-#4 are folded into a summary (extractive: picked from the turns" in shown
+    assert mlxmem("history", "show", "work", "--summaries").stdout == "No summaries.\n"
+    assert as_json("history", "show", "work", "--summaries") == []
+
+
 def test_history_show_empty_default():
     assert mlxmem("history", "show").stdout == "No turns.\n"
     assert as_json("history", "show") == []

@@ -335,7 +335,11 @@ def test_context_shows_the_layers_like_chat_context():
         ask(server, "Hello")
         after = request(server, "GET", "/v1/memory/context?conversation=default")[1]
         draft = request(server, "GET", "/v1/memory/context?draft=What+about+my+cat")[1]
+        Store().add_summary("default", "Hello and a cat.", 1, 2, 5, source="extractive")
+        folded = request(server, "GET", "/v1/memory/context")[1]
     layers = ["instructions", "facts", "summary", "turns", "recall", "reserve", "free"]
+    assert before["summary"] is None and after["summary"] is None
+    assert folded["summary"] == {"first_seq": 1, "last_seq": 2, "source": "extractive", "tokens": 5}
     assert list(before["layers"]) == layers and before["budget"] == 1024
     assert sum(after["layers"].values()) == 1024
     assert before["layers"]["facts"] == 0 < after["layers"]["facts"]

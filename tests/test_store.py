@@ -52,6 +52,7 @@ SCHEMA = {
         ("token_count", "INTEGER"),
         ("created_at", "TIMESTAMP"),
         ("fact_ids", "BIGINT[]"),
+        ("source", "VARCHAR"),
     ],
     "recall_docs": [("message_id", "BIGINT"), ("length", "INTEGER")],
     "recall_terms": [("message_id", "BIGINT"), ("term", "VARCHAR"), ("tf", "INTEGER")],
@@ -123,6 +124,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m009_fact_versions",),
             ("m010_edited_facts_version_1",),
             ("m011_fact_provenance",),
+            ("m012_summary_source",),
         ]
     assert store.path == paths.db_path()
 
@@ -147,6 +149,29 @@ def test_old_database_upgrades_with_a_new_migration(tmp_path):
     assert migrate(con, [*MIGRATIONS, m002_add_mood]) == []
     assert schema(con)["messages"][-1] == ("mood", "VARCHAR")
     con.close()
+
+
+def test_summaries_record_their_source_and_older_ones_say_unknown(mlxmem_home):
+    old = duckdb.connect(str(paths.db_path()))
+    names = [m.__name__ for m in MIGRATIONS]
+    migrate(old, MIGRATIONS[: names.index("m012_summary_source")])
+    old.execute("INSERT INTO conversations (name, created_at) VALUES ('default', now())")
+    old.execute(
+        "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
+        " created_at, fact_ids) VALUES (1, 'written before m012', 1, 2, 4, now(), [])"
+    )
+    old.close()
+    store = Store()
+    store.add_summary("default", "by the model", 1, 4, 3)
+    store.add_summary("default", "extracted", 1, 6, 1, source="extractive")
+    assert [(s.text, s.source) for s in store.summaries("default")] == [
+        ("written before m012", None),
+        ("by the model", "model"),
+        ("extracted", "extractive"),
+    ]
+    assert store.latest_summary("default").source == "extractive"
+    with pytest.raises(InputError, match="unknown summary source 'judge'"):
+        store.add_summary("default", "who?", 1, 8, 1, source="judge")
 
 
 def test_benchmark_runs_move_out_of_the_chat_database(mlxmem_home):

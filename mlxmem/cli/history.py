@@ -7,7 +7,8 @@ from rich.text import Text
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
-from mlxmem.memory.store import LAST_SEQ, Store, Turn
+from mlxmem.memory.store import LAST_SEQ, Store, Summary, Turn
+from mlxmem.memory.summaries import describe_source
 from mlxmem.memory.turns import SEARCH_LIMIT
 
 from .common import JSON, as_record, confirm, plain_typer, plural, print_json
@@ -47,16 +48,33 @@ def list_conversations(as_json: bool = JSON) -> None:
 def show(
     conversation: str = typer.Argument(DEFAULT_CONVERSATION, help="The conversation's name."),
     last: int = typer.Option(None, "--last", "-n", min=1, help="Only the newest N turns."),
+    summaries: bool = typer.Option(
+        False,
+        "--summaries",
+        help="The rolling summaries instead of the turns: the turns each covers, who wrote it "
+        "(the model, or extractive: picked from the turns when the model's failed the check) "
+        "and its text.",
+    ),
     as_json: bool = JSON,
 ) -> None:
-    """Show the turns of a conversation, oldest first, with their ids."""
+    """Show the turns of a conversation, oldest first, with their ids; or, with --summaries,
+    its rolling summaries and who wrote each."""
     store = Store()
     messages = store.turns(conversation)
     if not messages and conversation != DEFAULT_CONVERSATION:
         store.conversation(conversation)  # an unknown name is an error, not an empty list
+    if summaries:
+        print_summaries(store.summaries(conversation), as_json, last)
+        return
     if last is not None:
         messages = messages[-last:]
     print_messages(messages, as_json, show_conversation=False)
+    folded = store.latest_summary(conversation) if messages and not as_json else None
+    if folded is not None:
+        typer.echo(
+            f"Turns #{folded.first_seq}-#{folded.last_seq} are folded into a summary "
+            f"({describe_source(folded.source)}); `history show --summaries` shows it."
+        )
 
 
 @app.command("search")
@@ -122,6 +140,28 @@ def remove(
         for turn in deletion.mentions:
             typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
         typer.echo("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
+
+
+def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -> None:
+    if last is not None:
+        summaries = summaries[-last:]
+    if as_json:
+        print_json([as_record(s) for s in summaries])
+        return
+    if not summaries:
+        typer.echo("No summaries.")
+        return
+    table = Table("id", "turns", "source", "tokens", "written", "text")
+    for s in summaries:
+        table.add_row(
+            str(s.id),
+            f"{s.first_seq}-{s.last_seq}",
+            s.source or "unknown",
+            str(s.token_count or ""),
+            local_time(s.created_at),
+            Text(s.text),
+        )
+    Console().print(table)
 
 
 def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import duckdb
@@ -16,7 +16,7 @@ from mlxmem.text import as_utc, check_text, to_db, utc_now
 
 @dataclass(frozen=True)
 class Summary:
-    id: int
+    id: int  # 0: made by a fold, not stored yet
     conversation: str
     text: str
     first_seq: int
@@ -24,10 +24,26 @@ class Summary:
     token_count: int | None
     created_at: datetime
     fact_ids: tuple[int, ...] = ()  # the facts that were in the summary's prompt
+    # Who wrote it: "model", or "extractive" (the model's failed the check, or it could not
+    # see every folded turn); None for a summary written before sources were recorded.
+    source: str | None = None
+
+
+SOURCES = ("model", "extractive")
+
+
+def describe_source(source: str | None) -> str:
+    """Who wrote a summary, as the front ends say it."""
+    if source == "model":
+        return "written by the model"
+    if source == "extractive":
+        return "extractive: picked from the turns, the model's summary failed the check"
+    return "unknown: written before sources were recorded"
 
 
 SELECT_SUMMARIES = """SELECT s.id, c.name, s.text, s.first_seq, s.last_seq, s.token_count,
-    s.created_at, s.fact_ids FROM summaries s JOIN conversations c ON c.id = s.conversation_id"""
+    s.created_at, s.fact_ids, s.source
+    FROM summaries s JOIN conversations c ON c.id = s.conversation_id"""
 
 
 class SummaryLog(Database):
@@ -40,24 +56,27 @@ class SummaryLog(Database):
         token_count: int | None,
         fact_ids: Sequence[int] = (),
         epoch: int | None = None,
+        source: str = "model",
     ) -> Summary:
         """Record a summary of the turns first_seq..last_seq of `conversation`, written with
-        the facts `fact_ids` in its prompt. With `epoch`, refused (StaleError) if anything was
-        deleted since the store was read at that forget epoch."""
+        the facts `fact_ids` in its prompt, by `source` (see SOURCES). With `epoch`, refused
+        (StaleError) if anything was deleted since the store was read at that forget epoch."""
         check_text(text, "summary")
         if first_seq > last_seq:
             raise InputError(f"empty range: {first_seq} is after {last_seq}")
-        now = utc_now()
-        with self.guarded(epoch) as con:
-            cid = conversation_id(con, conversation)
-            (sid,) = con.execute(
-                "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
-                " created_at, fact_ids) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                [cid, text, first_seq, last_seq, token_count, to_db(now), list(fact_ids)],
-            ).fetchone()
-        return Summary(
-            sid, conversation, text, first_seq, last_seq, token_count, now, tuple(fact_ids)
+        summary = Summary(
+            0,
+            conversation,
+            text,
+            first_seq,
+            last_seq,
+            token_count,
+            utc_now(),
+            tuple(fact_ids),
+            source,
         )
+        with self.guarded(epoch) as con:
+            return insert_summary(con, summary)
 
     def latest_summary(self, conversation: str) -> Summary | None:
         """The summary reaching furthest into `conversation`, or None."""
@@ -68,6 +87,29 @@ class SummaryLog(Database):
         with self.connect() as con:
             rows = con.execute(f"{SELECT_SUMMARIES} WHERE c.name = ? ORDER BY s.id", [conversation])
             return [summary_of(row) for row in rows.fetchall()]
+
+
+def insert_summary(con: duckdb.DuckDBPyConnection, summary: Summary) -> Summary:
+    """Record `summary` (made, not yet stored: its id is not used) inside an open transaction;
+    return it with the id it was given."""
+    if summary.source not in SOURCES:
+        raise InputError(f"unknown summary source {summary.source!r}: one of {', '.join(SOURCES)}")
+    cid = conversation_id(con, summary.conversation)
+    (sid,) = con.execute(
+        "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
+        " created_at, fact_ids, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        [
+            cid,
+            summary.text,
+            summary.first_seq,
+            summary.last_seq,
+            summary.token_count,
+            to_db(summary.created_at),
+            list(summary.fact_ids),
+            summary.source,
+        ],
+    ).fetchone()
+    return replace(summary, id=sid)
 
 
 def latest_summary(con: duckdb.DuckDBPyConnection, conversation: str) -> Summary | None:
@@ -103,4 +145,4 @@ def delete_derived(
 
 
 def summary_of(row: tuple) -> Summary:
-    return Summary(*row[:6], as_utc(row[6]), tuple(row[7] or ()))
+    return Summary(*row[:6], as_utc(row[6]), tuple(row[7] or ()), row[8])

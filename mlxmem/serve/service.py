@@ -89,6 +89,7 @@ class ChatService:
 
         def job(engine: Engine) -> dict:
             prompt = self.sessions.get(engine, conversation).context(draft)
+            summary = self.store.latest_summary(conversation)
             return {
                 "object": "mlxmem.context",
                 "conversation": conversation,
@@ -96,6 +97,15 @@ class ChatService:
                 "layers": prompt.layers.to_dict(),
                 "facts_left_out": prompt.facts_left_out,
                 "recalled": prompt.recalled,
+                # The summary in the prompt: the turns it covers and who wrote it ("model",
+                # "extractive", or null for one written before sources were recorded).
+                "summary": summary
+                and {
+                    "first_seq": summary.first_seq,
+                    "last_seq": summary.last_seq,
+                    "source": summary.source,
+                    "tokens": summary.token_count,
+                },
             }
 
         return self.worker.call(job)
