@@ -5,6 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxmem.cli.main import app
+from mlxmem.engine import Message
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -53,7 +54,7 @@ def check_chat_blocks(engine, messages, hostile: int) -> None:
     rendered by the tokenizer itself; each block ends with its content's ids; the blocks of a
     conversation are the ids of every shorter one (so a prompt's blocks can be extended); and
     message `hostile`, whose text holds special-token strings, has no more control tokens
-    than a plain message of its role (invariant 6)."""
+    than a plain message of its role (invariant 6). `messages[0]` is a system message."""
     specials = {engine.hf.convert_tokens_to_ids(s) for s in engine.special_tokens}
     plain = [m for i, m in enumerate(messages) if i != hostile]
     for generation_prompt in (True, False):
@@ -80,3 +81,20 @@ def check_chat_blocks(engine, messages, hostile: int) -> None:
         control = lambda ids: [t for t in ids if t in specials]  # noqa: E731
         assert control(blocks[hostile]) == control(blocks[same_role])
         assert messages[hostile].content in engine.decode(blocks[hostile])
+    # Conversations of every length up to 48 messages: by then the engine has learned to put
+    # a new shape of conversation together without rendering the template (MLXEngine.
+    # _composed), and the ids still are those of the template the tokenizer renders.
+    said = ["Tell me about Paris.", "Paris is the capital of France.", "And Lyon?", "A city."]
+    for opening in ([messages[0]], []):
+        for n in range(1, 49):
+            chat = opening + [
+                Message(("user", "assistant")[i % 2], f"{said[i % 4]} ({i})") for i in range(n)
+            ]
+            for generation_prompt in (True, False):
+                rendered = engine.hf.apply_chat_template(
+                    [{"role": m.role, "content": m.content} for m in chat],
+                    tokenize=False,
+                    add_generation_prompt=generation_prompt,
+                )
+                reference = engine.hf.encode(rendered, add_special_tokens=False)
+                assert engine.encode_chat(chat, generation_prompt) == reference, (n, opening)

@@ -111,6 +111,26 @@ def test_per_message_blocks_are_the_ids_the_template_renders(tiny_fp):
     check_chat_blocks(engine, messages, hostile=len(messages) - 1)
 
 
+def test_a_template_that_numbers_its_messages_is_rendered_for_every_shape(tiny_fp):
+    """Put together from parts, this template would number every message 1: the probe sees
+    that it writes a message differently by its place, and every shape is rendered."""
+    engine = MLXEngine(tiny_fp)
+    engine.hf.chat_template = (
+        "{% for m in messages %}<|start_header_id|>{{ loop.index }} {{ m.role }}"
+        "<|end_header_id|>{{ m.content }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}"
+    )
+    chat = conversation(12)
+    for n in range(1, len(chat) + 1):
+        as_dicts = [{"role": m.role, "content": m.content} for m in chat[:n]]
+        rendered = engine.hf.apply_chat_template(as_dicts, tokenize=False)
+        reference = engine.hf.encode(rendered, add_special_tokens=False)
+        ids = engine.encode_chat(chat[:n], False)
+        assert ids[len(ids) - len(reference) :] == reference
+        assert ids[: len(ids) - len(reference)] == [engine.hf.bos_token_id]  # added, as before
+    assert engine._parts and None in engine._parts.values()  # probed, and found not composable
+
+
 def test_an_assembled_prompt_keeps_its_blocks_and_the_budget_counts_them(tiny_fp):
     """The blocks the budget keeps are the prompt's tokens, what warming the cache prefills
     from them is `encode_chat` without the generation prompt, and packing the facts and
