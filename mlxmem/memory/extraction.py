@@ -25,7 +25,9 @@ EXTRACTION_INSTRUCTIONS = (
     "answer exactly NONE."
 )
 MIN_MESSAGE_CHARS = 60
-MAX_FACT_CHARS = 200
+# The design's limit: a fact is one short sentence, at most 120 characters; a longer answer is
+# a retelling, not a fact.
+MAX_FACT_CHARS = 120
 MAX_FACT_TOKENS = 48
 # First and second person: an answer addressed to someone is chat, not a fact about the user.
 _PERSON_RE = re.compile(r"\b(I|I'm|I’m|I've|me|my|you|you're|you’re|your|yours)\b", re.IGNORECASE)
