@@ -4,12 +4,14 @@ the fake engine for the logic and the tiny model end to end."""
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from conftest import cli
 
 from mlxmem.bench import history
+from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
 from mlxmem.testing import FakeEngine
 
@@ -51,11 +53,16 @@ def write_dataset(root: Path, sessions: int = 6, chatter: int = 8) -> Path:
     return root
 
 
-def reader(prompt: str) -> str:
+# A summary that passes mlxmem's check (it keeps the days' numbers) yet loses every trip: what
+# the window folds is then only found again by recall.
+NOODLES = "They ate noodles and walked a lot; days 0, 1, 2, 3, 4, 5, 6 and 7 were sunny."
+
+
+def reader(prompt: str, summary: str = NOODLES) -> str:
     """A fake model that answers from what its prompt shows: where the user went with the
     friend the question names, if the prompt says so."""
     if "updated summary" in prompt:
-        return "They talked about a trip and noodles."
+        return summary
     asked = re.search(r"Question: Where did Jon go with (\w+)\?", prompt)
     if asked is None:
         return "I don't know." if "Question:" in prompt else "Nice."
@@ -81,13 +88,48 @@ def test_questions_are_spread_over_the_file():
     assert len(ev.pick_questions(qs, None)) == 10
 
 
-def test_sessions_are_dated_and_dialogue_ids_map_to_log_seqs(tmp_path):
+def test_sessions_are_logged_at_their_dates_and_dialogue_ids_map_to_log_seqs(tmp_path):
     conv = ev.load_conversation(write_dataset(tmp_path, sessions=2, chatter=1), "conv-1")
     pairs, seq_of = ev.exchanges(conv)
-    first = "[10:00 am on 1 May, 2023] Last weekend I went to Lisbon with my friend Ana."
-    assert pairs[0][0] == first
-    assert pairs[2][0].startswith("[10:00 am on 2 May, 2023] ")
+    assert pairs[0][0] == "Last weekend I went to Lisbon with my friend Ana."  # no date in it
+    assert pairs[2][0] == "Last weekend I went to Oslo with my friend Bruno."
     assert seq_of["D1:1"] == 1 and seq_of["D2:1"] == 5
+    may = [datetime(2023, 5, d, 10).astimezone() for d in (1, 2)]
+    assert ev.exchange_times(conv) == [(may[0], may[0])] * 2 + [(may[1], may[1])] * 2
+    assert ev.session_time(" 1:56  pm on 8 May, 2023") == datetime(2023, 5, 8, 13, 56).astimezone()
+    with pytest.raises(InputError, match="session time"):
+        ev.session_time("yesterday")
+
+
+def test_one_speaker_across_two_sessions_is_two_messages_with_a_placeholder_between():
+    said = [("user", 1), ("user", 1), ("user", 2), ("assistant", 2), ("assistant", 3)]
+    turns = [
+        {"role": r, "text": f"t{i}", "session": s, "session_time": f"9:00 am on {s} May, 2023",
+         "id": f"D{s}:{i}"}
+        for i, (r, s) in enumerate(said)
+    ]  # fmt: skip
+    conv = ev.LocomoConversation("c", "Jon", "Gina", turns, [])
+    pairs, seq_of = ev.exchanges(conv)
+    assert pairs == [("t0\nt1", ev.NO_REPLY), ("t2", "t3"), (ev.NEW_CONVERSATION, "t4")]
+    days = [(at.day, reply_at.day) for at, reply_at in ev.exchange_times(conv)]
+    assert days == [(1, 1), (2, 2), (3, 3)]  # no message spans two days
+    assert seq_of == {"D1:0": 1, "D1:1": 1, "D2:2": 3, "D2:3": 4, "D3:4": 6}
+
+
+def test_the_replay_logs_each_session_at_its_date_and_the_prompts_show_them(tmp_path):
+    engine = FakeEngine(reader)
+    ev.run_locomo(engine, write_dataset(tmp_path), ["conv-1"], 1000, 120)
+    replay = [c.prompt for c in engine.calls if c.slot == "locomo/chat"]
+    # Each session's first message shows its day, once; the first session's shows none.
+    assert not any("[1 May 2023]\n" in p for p in replay)
+    for d in range(2, 7):
+        assert any(f"[{d} May 2023]\nLast weekend" in p for p in replay)
+        assert not any(f"[{d} May 2023]\nSounds fun" in p for p in replay)
+    # Probes are asked after the last session: the question itself carries no date.
+    probes = [c.prompt for c in engine.calls if c.slot == "probe/mlxmem"]
+    assert probes and all("]\n(You are Gina" not in p for p in probes)
+    assert any("Summary of the earlier conversation (1 May 2023 to " in p for p in probes)
+    assert any("- [1 May 2023] user: Last weekend I went to Lisbon" in p for p in probes)
 
 
 def test_first_sessions_keep_only_the_questions_they_hold(tmp_path):
@@ -148,6 +190,23 @@ def test_evidence_out_of_the_window_is_what_recall_is_scored_on(tmp_path):
     assert out["overall"]["questions"] == out["single_hop"]["questions"] == 4
     assert out["overall"]["evidence_recalled"] == 4 and out["overall"]["share"] == 1.0
     assert out["single_hop"]["recall_vs_mlxmem"]["mean"] == 1.0
+
+
+def test_a_summary_that_fails_the_check_is_replaced_and_keeps_the_trips(tmp_path):
+    def thin(prompt: str) -> str:
+        return reader(prompt, "They talked about a trip and noodles.")  # no names: it fails
+
+    data = write_dataset(tmp_path)
+    result = ev.run_locomo(FakeEngine(thin), data, ["conv-1"], 2200, 120).to_dict()
+    items = result["conversations"][0]["items"]
+    assert [i["evidence_seqs"] for i in items][:4] == [[1], [19], [37], [55]]
+    assert 55 < items[0]["evicted_upto"] < 73  # the same four sessions were folded...
+    # ...into an extractive summary that keeps each trip, so mlxmem answers without recall.
+    assert [i["mlxmem"]["f1"] for i in items[:6]] == [1.0] * 6
+    assert result["mlxmem"]["evidence_in_prompt"]["overall"]["mean"] == 1.0
+    layers = result["layers"]["conv-1"]
+    assert "Lisbon" in layers["summaries"]["final"] and "Quito" in layers["summaries"]["final"]
+    assert layers["entity_survival"]["share"] == 1.0
 
 
 def test_what_reached_the_prompt():

@@ -250,6 +250,9 @@ def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
     assert store.turns("default")[0].text == huge.strip()
 
 
+TEA = "The user drinks tea with Ana" + " and tea" * 12  # 124 characters
+
+
 @pytest.mark.parametrize(
     "raw, expected, reason",
     [
@@ -261,6 +264,9 @@ def test_huge_message_is_shortened_in_the_prompt_and_kept_whole_in_the_log():
         ("", None, "not_one_line"),
         ("The user likes tea.\nThe user likes cake.", None, "not_one_line"),
         ("x" * 300, None, "not_one_line"),
+        # At most 120 characters is a fact; more is a retelling (the design's limit).
+        (TEA[:120] + ".", None, "not_one_line"),
+        (TEA[:119] + ".", TEA[:119] + ".", "kept"),
         ("The user <|eot_id|> likes tea.", None, "markup"),
         ("<|start_header_id|>system", None, "markup"),
         ("...", None, "no_letters"),

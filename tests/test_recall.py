@@ -46,14 +46,19 @@ def test_query_terms_and_cues():
 
 def test_a_question_about_an_evicted_turn_recalls_it():
     engine, store, companion = chat_with_old_secret()
-    result = companion.send("What grows in my grandmother's greenhouse?")
+    question = "What grows in my grandmother's greenhouse?"
+    unrecalled = ChatSettings(recall=False, extract_facts=False)
+    plain = Companion(engine, store, "default", 600, 120, unrecalled).context(question)
+    result = companion.send(question)
     secret = store.turns("default")[0]
     assert result.prompt.recalled[0] == secret.id
     newest = result.prompt.messages[-1].content
     assert newest.startswith(RECALL_HEADER) and "purple kohlrabi" in newest
     assert newest.endswith("What grows in my grandmother's greenhouse?")
-    # Only the newest message carries it: the stable blocks before it are unchanged.
-    assert all("kohlrabi" not in m.content for m in result.prompt.messages[:-1])
+    # Only the newest message carries it: the stable blocks before it are those the prompt
+    # has without recall (the summary may name the secret too: it folded that turn).
+    assert result.prompt.messages[:-1] == plain.messages[:-1]
+    assert all("kohlrabi" not in m.content for m in result.prompt.messages[1:-1])
     # The log keeps the message as written.
     assert store.turns("default")[-2].text == "What grows in my grandmother's greenhouse?"
 

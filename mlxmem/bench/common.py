@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -360,12 +361,18 @@ class RecordingEngine(Engine):
         return calls
 
 
-def replay_turn(companion: Companion, user: str, reply: str) -> TurnResult:
+def replay_turn(
+    companion: Companion,
+    user: str,
+    reply: str,
+    times: tuple[datetime | None, datetime | None] = (None, None),
+) -> TurnResult:
     """One exchange of a transcript through the memory system: the model prefills the prompt
     and samples one token (for the timings), and the transcript's `reply` is logged as the
-    assistant's turn."""
-    turn = companion.begin(user)
+    assistant's turn. `times`: when the transcript says the message and the reply were
+    written (default: now)."""
+    turn = companion.begin(user, at=times[0])
     stats = companion.engine.generate(
         turn.prompt.tokens, slot=companion.slot, max_tokens=1, temp=0.0
     ).stats
-    return companion.finish(turn, reply, stats, sampled_ids=None)
+    return companion.finish(turn, reply, stats, sampled_ids=None, at=times[1])

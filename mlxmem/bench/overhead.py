@@ -2,6 +2,11 @@
 starts its own clock (store write, store read, prompt assembly and tokenization, the slot
 lookup), split by phase. The engine's share is its own `ttft_s`.
 
+Turns are measured as the interactive chat runs them, with the store held between them
+(`Store.holding`), and as a one-shot call or `serve` runs them, opening the store for each
+operation (`unheld`); beside them, the floor of an open: DuckDB opening and closing the same
+file, nothing else, and one store operation that opens it (lock, open, attach, migrations).
+
 The phases are timed by wrapping the methods a turn calls on its store, budget and engine
 objects, so the core carries nothing for the benchmark.
 """
@@ -17,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
@@ -30,7 +37,7 @@ OVERHEAD_CONVERSATION = "bench-overhead"
 # and its tokenization; engine_entry: the slot lookup before the engine's clock starts;
 # other: the rest (checks, encoding the new message).
 PHASES = ("store", "assembly", "engine_entry", "other")
-STORE_METHODS = ("append_turn", "snapshot", "append_and_snapshot")
+STORE_METHODS = ("append_turn", "snapshot", "append_and_snapshot", "add_summaries_and_snapshot")
 
 
 @dataclass
@@ -84,20 +91,29 @@ class PhaseClock:
 class OverheadResult:
     window_tokens: int
     facts: int
-    trials: list[dict[str, float]]
+    trials: list[dict[str, float]]  # the store held between turns, as the interactive chat
+    unheld: list[dict[str, float]] = field(default_factory=list)  # opened per operation
+    bare_open_s: list[float] = field(default_factory=list)  # duckdb.connect + close, alone
+    store_open_s: list[float] = field(default_factory=list)  # one operation that opens
 
     def to_dict(self) -> dict[str, Any]:
-        phases = {p: _median_ms(self.trials, p) for p in PHASES}
-        return {
-            "overhead_ms": _median_ms(self.trials, "overhead"),
-            "overhead_phases_ms": phases,
-            "overhead_window_tokens": self.window_tokens,
-            "overhead_facts": self.facts,
-            "overhead_engine_ttft_s": statistics.median(t["engine_ttft"] for t in self.trials),
+        row: dict[str, Any] = {}
+        for suffix, rows in (("", self.trials), ("_unheld", self.unheld)):
+            if not rows:
+                continue
+            row[f"overhead{suffix}_ms"] = _median_ms(rows, "overhead")
+            row[f"overhead{suffix}_phases_ms"] = {p: _median_ms(rows, p) for p in PHASES}
             # Counted by the store (Database.opens); the median turn (a fold costs more).
-            "store_opens_before_first_token": _median(self.trials, "opens_before_first"),
-            "store_opens_per_turn": _median(self.trials, "opens"),
-        }
+            row[f"store_opens_before_first_token{suffix}"] = _median(rows, "opens_before_first")
+            row[f"store_opens_per_turn{suffix}"] = _median(rows, "opens")
+        row["overhead_window_tokens"] = self.window_tokens
+        row["overhead_facts"] = self.facts
+        row["overhead_engine_ttft_s"] = statistics.median(t["engine_ttft"] for t in self.trials)
+        if self.bare_open_s:
+            row["bare_open_ms"] = 1e3 * statistics.median(self.bare_open_s)
+        if self.store_open_s:
+            row["store_operation_unheld_ms"] = 1e3 * statistics.median(self.store_open_s)
+        return row
 
 
 def measure_overhead(
@@ -108,9 +124,12 @@ def measure_overhead(
     seed: int = DEFAULT_BENCH_SEED,
 ) -> OverheadResult:
     """Turns at a window of about `window_tokens` (filled from a synthetic chat), each sending
-    a message and taking one token: per trial the time before the engine's clock starts. The
-    first turn (which fills the KV slot) is not counted."""
-    exchanges = synthetic_exchanges(max(40, window_tokens // 10) + trials + 1, seed)
+    a message and taking one token: per trial the time before the engine's clock starts,
+    `trials` turns opening the store per operation, then `trials` with the store held. The
+    first turn of each (which fills the KV slot, or first holds the store) is not counted.
+    Then the floor: `trials` bare opens of the same file, and as many store operations."""
+    exchanges = synthetic_exchanges(max(40, window_tokens // 10) + 2 * trials + 2, seed)
+    sent = [user for user, _ in exchanges[-2 * trials - 2 :]]
     with _scratch_store() as store:
         companion = Companion(
             engine,
@@ -120,10 +139,26 @@ def measure_overhead(
             response_reserve=256,
             settings=ChatSettings(extract_facts=False, max_tokens=1),
         )
-        _fill(store, engine, exchanges[: -trials - 1], window_tokens, facts)
-        rows = [_one_turn(companion, user) for user, _ in exchanges[-trials - 1 :]][1:]
+        _fill(store, engine, exchanges[: -2 * trials - 2], window_tokens, facts)
+        unheld = [_one_turn(companion, text) for text in sent[: trials + 1]][1:]
+        with store.holding():
+            held = [_one_turn(companion, text) for text in sent[trials + 1 :]][1:]
         engine.drop_slot(companion.slot)
-        return OverheadResult(len(companion.context().tokens), facts, rows)
+        window = len(companion.context().tokens)
+        bare = [_timed(lambda: duckdb.connect(str(store.path)).close()) for _ in range(trials)]
+        ops = [_timed(lambda: _select_one(store)) for _ in range(trials)]
+        return OverheadResult(window, facts, held, unheld, bare, ops)
+
+
+def _timed(func: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    func()
+    return time.perf_counter() - start
+
+
+def _select_one(store: Store) -> None:
+    with store.connect() as con:
+        con.execute("SELECT 1").fetchall()
 
 
 def _fill(store: Store, engine: Engine, exchanges, window_tokens: int, facts: int) -> int:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import Companion
+from mlxmem.memory.summaries import describe_source
 
 from .common import err
 from .terminal import Terminal, report_after
@@ -87,20 +88,24 @@ class Session:
         self.reader = LineReader(sys.stdin.isatty())
 
     def run(self) -> None:
-        self._started()
-        while True:
-            try:
-                line = self.reader.read()
-            except (EOFError, KeyboardInterrupt):
-                self.term.write("\n")
-                return
-            if not line.strip():
-                continue
-            if line.startswith("/"):
-                if not self.command(line.strip()):
+        # The store stays open while the person types (Store.holding): a turn opens nothing,
+        # and another process that asks for the store (mlxmem memory, history) gets it within
+        # milliseconds. Every conversation and model of the session shares this one store.
+        with self.companion.store.holding():
+            self._started()
+            while True:
+                try:
+                    line = self.reader.read()
+                except (EOFError, KeyboardInterrupt):
+                    self.term.write("\n")
                     return
-                continue
-            self.send(line)
+                if not line.strip():
+                    continue
+                if line.startswith("/"):
+                    if not self.command(line.strip()):
+                        return
+                    continue
+                self.send(line)
 
     def send(self, text: str) -> None:
         try:
@@ -172,6 +177,13 @@ class Session:
         for layer, tokens in prompt.layers.to_dict().items():
             table.add_row(layer, str(tokens), f"{100 * tokens / prompt.budget:.0f}%")
         err.print(table)
+        summary = self.companion.store.latest_summary(self.companion.conversation)
+        if summary is not None:
+            err.print(
+                f"summary of turns #{summary.first_seq}-#{summary.last_seq}: "
+                f"{describe_source(summary.source)}",
+                markup=False,
+            )
         if prompt.recalled:
             err.print(f"recalled from the log: turn id(s) {', '.join(map(str, prompt.recalled))}")
         if prompt.facts_left_out:

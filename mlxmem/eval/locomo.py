@@ -37,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from mlxmem.bench.common import Progress, no_progress, replay_turn
@@ -153,29 +154,62 @@ def pick_questions(questions: Sequence[Question], limit: int | None) -> list[Que
     return [questions[i * len(questions) // limit] for i in range(limit)]
 
 
-def exchanges(conv: LocomoConversation) -> tuple[list[tuple[str, str]], dict[str, int]]:
-    """The transcript as (user, reply) exchanges, each session's first message prefixed with
-    its date; consecutive messages of one role are joined. Also: dialogue id -> log seq."""
-    merged: list[list] = []  # [role, text, dialogue ids]
-    seen_sessions: set[int] = set()
+# LoCoMo dates its sessions like "1:56 pm on 8 May, 2023".
+SESSION_TIME_FORMAT = "%I:%M %p on %d %B, %Y"
+NEW_CONVERSATION = "(a new conversation begins)"
+NO_REPLY = "(no reply)"
+
+
+def session_time(text: str) -> datetime:
+    """A LoCoMo session time ("1:56 pm on 8 May, 2023") as a time in this device's time zone,
+    so that a prompt shows the session's own day."""
+    try:
+        return datetime.strptime(" ".join(text.split()), SESSION_TIME_FORMAT).astimezone()
+    except ValueError:
+        raise InputError(f"not a LoCoMo session time: {text!r}") from None
+
+
+def transcript(conv: LocomoConversation) -> list[list]:
+    """The messages to log, in order: [role, text, dialogue ids, session time or None] each.
+    Consecutive messages of one role in one session are joined; where one speaker ends a
+    session and begins the next, the other's turn between them is a placeholder (no message
+    spans two days); roles alternate from a user turn to a reply."""
+    merged: list[list] = []
+    session = None
     for t in conv.turns:
-        text = t["text"].strip()
-        if t["session"] not in seen_sessions:
-            seen_sessions.add(t["session"])
-            if t.get("session_time"):
-                text = f"[{t['session_time']}] {text}"
-        if merged and merged[-1][0] == t["role"]:
+        text, at = t["text"].strip(), t.get("session_time")
+        at = session_time(at) if at else None
+        same_speaker = bool(merged) and merged[-1][0] == t["role"]
+        if same_speaker and t["session"] == session:
             merged[-1][1] += "\n" + text
             merged[-1][2].append(t["id"])
-        else:
-            merged.append([t["role"], text, [t["id"]]])
+            continue
+        if same_speaker and t["role"] == "user":
+            merged.append(["assistant", NO_REPLY, [], merged[-1][3]])
+        elif same_speaker:
+            merged.append(["user", NEW_CONVERSATION, [], at])
+        merged.append([t["role"], text, [t["id"]], at])
+        session = t["session"]
     if merged and merged[0][0] == "assistant":
-        merged.insert(0, ["user", "(a new conversation begins)", []])
-    if merged[-1][0] == "user":
-        merged.append(["assistant", "(no reply)", []])
-    seq_of = {dia: i + 1 for i, (_, _, ids) in enumerate(merged) for dia in ids}
+        merged.insert(0, ["user", NEW_CONVERSATION, [], merged[0][3]])
+    if merged and merged[-1][0] == "user":
+        merged.append(["assistant", NO_REPLY, [], merged[-1][3]])
+    return merged
+
+
+def exchanges(conv: LocomoConversation) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """The transcript as (user, reply) exchanges (see `transcript`), and dialogue id -> log
+    seq."""
+    merged = transcript(conv)
+    seq_of = {dia: i + 1 for i, (_, _, ids, _) in enumerate(merged) for dia in ids}
     pairs = [(merged[i][1], merged[i + 1][1]) for i in range(0, len(merged), 2)]
     return pairs, seq_of
+
+
+def exchange_times(conv: LocomoConversation) -> list[tuple[datetime | None, datetime | None]]:
+    """When each exchange's message and reply were written: their sessions' times."""
+    merged = transcript(conv)
+    return [(merged[i][3], merged[i + 1][3]) for i in range(0, len(merged), 2)]
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -326,7 +360,9 @@ def window_prompt(companion: Companion, text: str):
     chosen.reverse()
     while chosen and chosen[0].role != "user":
         chosen.pop(0)
-    messages = as_messages(chosen, companion.engine.model_id)
+    first = len(turns) - len(chosen)
+    before = turns[first - 1].created_at if chosen and first > 0 else None
+    messages = as_messages(chosen, companion.engine.model_id, before)
     return budget.assemble(instructions, [], None, [*messages, Message("user", text)])
 
 
@@ -420,7 +456,7 @@ def probe(
             companion.response_reserve,
             settings,
         )
-        prompts[config] = session.context(text)
+        prompts[config] = session.context(text, at=log.last_at)  # asked after the last session
     prompts["oracle"] = oracle_prompt(companion, conv, question, text)
     item = {
         "question": question.question,
@@ -459,14 +495,17 @@ class LogView:
     seq_of: dict[str, int]  # LoCoMo dialogue id -> seq of the logged message holding it
     seq_of_id: dict[int, int]  # logged message id -> its seq
     evicted_upto: int  # the newest summary's last seq: turns up to it left the window
+    last_at: datetime | None = None  # when the newest turn was written
 
 
 def log_view(companion: Companion, seq_of: dict[str, int]) -> LogView:
     summaries = companion.store.summaries(companion.conversation)
+    turns = companion.store.turns(companion.conversation)
     return LogView(
         seq_of,
-        {t.id: t.seq for t in companion.store.turns(companion.conversation)},
+        {t.id: t.seq for t in turns},
         summaries[-1].last_seq if summaries else 0,
+        turns[-1].created_at if turns else None,
     )
 
 
@@ -590,6 +629,7 @@ def _run_one(
     engine, conv, context_tokens, response_reserve, limit, facts, progress, answers=True
 ) -> dict:
     pairs, seq_of = exchanges(conv)
+    times = exchange_times(conv)
     questions = pick_questions(conv.questions, limit)
     total = len(pairs) + len(questions)
     start = time.perf_counter()
@@ -602,7 +642,7 @@ def _run_one(
         added = 0
         for i, (user, reply) in enumerate(pairs):
             progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
-            added += replay_turn(companion, user, reply).fact_added is not None
+            added += replay_turn(companion, user, reply, times[i]).fact_added is not None
         replay_s = time.perf_counter() - start
         items, log = [], log_view(companion, seq_of)
         for j, question in enumerate(questions):

@@ -5,7 +5,7 @@ fold the window if it is over budget, then extract at most one fact."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,12 +22,25 @@ from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
 from mlxmem.memory.budget import response_reserve as budget_reserve
+from mlxmem.memory.dates import dated, same_day
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
+from mlxmem.memory.facts import check_fact_text, insert_fact
 from mlxmem.memory.recall import RECALL_SHARE, query_terms, recall_line, refers_to_past
-from mlxmem.memory.store import Deletion, Fact, Snapshot, Store, Turn
+from mlxmem.memory.store import (
+    Deletion,
+    Fact,
+    Snapshot,
+    Store,
+    Turn,
+    with_fact,
+    with_summary,
+    with_turn,
+)
+from mlxmem.memory.summaries import insert_summary
+from mlxmem.memory.turns import insert_turn
 from mlxmem.memory.window import UNANSWERED, CollapseEvent, ConversationWindow, summary_cap
-from mlxmem.text import check_text
+from mlxmem.text import check_text, utc_now
 
 INSTRUCTIONS = (
     "You are a warm, concise companion running on the user's own device. You remember earlier "
@@ -155,6 +168,8 @@ class Companion:
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)
         self._epoch: int | None = None  # the forget epoch of the last turn
+        # The store as the last turn left it, and the store's mark() then (see _keep).
+        self._kept: tuple[Snapshot, tuple[int, int]] | None = None
 
     def _check_budget(self) -> None:
         """Refuse a budget too small for the instructions, the facts share, the summary cap,
@@ -199,19 +214,27 @@ class Companion:
         auto.sort(key=lambda f: f.id, reverse=True)
         return manual + auto
 
-    def _assemble(self, snap: Snapshot, draft: str | None = None) -> AssembledPrompt:
-        """The prompt for `snap` (plus an unsent `draft` message), with the turns `snap`
-        recalled set before the newest message."""
-        messages = self.window.messages(snap.turns)
+    def _assemble(
+        self, snap: Snapshot, draft: str | None = None, draft_at: datetime | None = None
+    ) -> AssembledPrompt:
+        """The prompt for `snap` (plus an unsent `draft` message, as if sent at `draft_at`,
+        default now), with the turns `snap` recalled set before the newest message."""
+        before = snap.summary_span and snap.summary_span[1]  # the turn before the window
+        messages = self.window.messages(snap.turns, before)
         if draft is not None:
             if messages and messages[-1].role == "user":
                 messages.append(Message("assistant", UNANSWERED))
+            previous = snap.turns[-1].created_at if snap.turns else before
+            draft_at = draft_at or utc_now()
+            if previous is not None and not same_day(previous, draft_at):
+                draft = dated(draft, draft_at)
             messages.append(Message("user", draft))
         prompt = self.budget.assemble(
             self.settings.instructions,
             [f.text for f in self.prompt_facts(snap)],
             snap.summary and snap.summary.text,
             messages,
+            snap.summary_span,
         )
         if not snap.recalled:
             return prompt
@@ -256,9 +279,15 @@ class Companion:
         interrupted = stats.finish_reason == "interrupted"
         return self.finish(turn, written, stats, None if interrupted else ids, on_status)
 
-    def begin(self, text: str, on_status: Callable[[str], None] | None = None) -> PendingTurn:
-        """The first half of a turn: log the user's message, fold the window if it does not
-        fit, and assemble the prompt the reply is written from."""
+    def begin(
+        self,
+        text: str,
+        on_status: Callable[[str], None] | None = None,
+        at: datetime | None = None,
+    ) -> PendingTurn:
+        """The first half of a turn: log the user's message (written at `at`, if not now: a
+        chat log replayed), fold the window if it does not fit, and assemble the prompt the
+        reply is written from."""
         text = check_text(text).strip()
         if not text:
             raise InputError("empty message")
@@ -267,13 +296,30 @@ class Companion:
                 f"the message has {len(text):,} characters, over the limit of "
                 f"{self.settings.max_message_chars:,} (--max-message-chars); nothing was logged"
             )
-        # One open of the store before the model starts: log the message (with its token ids,
-        # so that no later turn encodes it again) and read what the prompt is built from.
+        # One open of the store before the model starts (none while it is held): log the
+        # message (with its token ids, so that no later turn encodes it again) and read what
+        # the prompt is built from, unless the store is as this Companion's last turn left it.
         terms = self.recall_terms(text)
+        previous, mark = self._kept or (None, None)
+        self._kept = None
         user, first = self.store.append_and_snapshot(
-            self.conversation, text, self.engine.encode_text(text), self.engine.model_id, terms
+            self.conversation,
+            text,
+            self.engine.encode_text(text),
+            self.engine.model_id,
+            terms,
+            at=at,
+            previous=previous,
+            mark=mark,
         )
-        collapses, snap, prompt = self._fold_while_over_budget(on_status, 0, terms, first)
+        collapses: list[CollapseEvent] = []
+        snap, prompt = self._fold_while_over_budget(on_status, 0, first, collapses)
+        if collapses:  # rare: finish folds ahead. Stored now, and recall searches anew.
+            made = [e.summary for e in collapses if e.summary is not None]
+            snap = self.store.add_summaries_and_snapshot(
+                self.conversation, made, first.forget_epoch, terms
+            )
+            prompt = self._assemble(snap)
         if not snap.turns or snap.turns[-1].id != user.id:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
         self._after_deletions(snap.forget_epoch)
@@ -294,22 +340,41 @@ class Companion:
         stats: GenerationStats,
         sampled_ids: list[int] | None,
         on_status: Callable[[str], None] | None = None,
+        at: datetime | None = None,
     ) -> TurnResult:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
-        wrote all of it), fold ahead for the next message, extract a fact, save the cache."""
+        wrote all of it; written at `at`, if not now), fold ahead for the next message,
+        extract a fact, save the cache. The reply is logged first, in an operation of its
+        own, which also saves the cache when nothing else follows; summaries and a fact are
+        stored together afterwards, with the cache, in one more."""
         interrupted = stats.finish_reason == "interrupted"
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
-        snap = turn.snapshot
+        snap, epoch = turn.snapshot, turn.snapshot.forget_epoch
+        room = self._next_message_room(snap)
+        extract = not interrupted and self.settings.extract_facts and should_extract(turn.user.text)
         try:
-            _, logged = self.store.append_reply_and_snapshot(
-                self.conversation,
-                reply,
-                snap.forget_epoch,
-                token_count=len(sampled_ids) if sampled_ids else self.engine.count_text(reply),
-                interrupted=interrupted,
-                sampled_ids=sampled_ids,
-                sampled_by=None if sampled_ids is None else self.engine.model_id,
-            )
+            # One operation: log the reply and, if nothing follows it (no fold, no cache to
+            # rebuild, no fact to look for), save the cache under the same check.
+            with self.store.steps(epoch) as transaction:
+                with transaction() as con:
+                    logged_turn = insert_turn(
+                        con,
+                        self.conversation,
+                        "assistant",
+                        reply,
+                        len(sampled_ids) if sampled_ids else self.engine.count_text(reply),
+                        interrupted,
+                        sampled_ids,
+                        None if sampled_ids is None else self.engine.model_id,
+                        create=False,
+                        at=at,
+                    )
+                crash_point("turn:reply-logged")
+                logged = with_turn(snap, logged_turn)
+                prompt = self._assemble(logged)
+                more = extract or turn.prompt.recalled or not prompt.fits(room + self.recall_room)
+                if not more:
+                    self._save_slot()
         except StaleError:
             # Something was deleted while the reply was written: it may rest on the deleted
             # material, so it is not logged, and the cache that holds it goes.
@@ -322,28 +387,65 @@ class Companion:
             )
             result.discarded = True
             return result
-        crash_point("turn:reply-logged")
+        if not more:
+            self._keep(logged)
+            return result
+        events: list[CollapseEvent] = []
+        fact: str | None = None
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
-            folded, _, after = self._fold_while_over_budget(
-                on_status, self._next_message_room(snap), snap=logged
-            )
-            result.collapses += folded
+            _, after = self._fold_while_over_budget(on_status, room, logged, events, prompt)
             # A fold, or a recall block in this turn's message, changed the prompt before the
             # reply: rebuild the cache now, so the next turn prefills only its own message.
-            rebuilt = folded or turn.prompt.recalled
+            rebuilt = events or turn.prompt.recalled
             result.warm_prefilled_tokens = self._warm_cache(after) if rebuilt else 0
-            if not interrupted:
-                result.fact_added = self._maybe_extract(
-                    turn.user, snap.facts, on_status, snap.forget_epoch
-                )
+            if extract:
+                fact = self._extract(turn.user, snap.facts, on_status)
         except KeyboardInterrupt:
-            pass  # best effort: the next turn folds first if the window is still over budget
-        except StaleError:
-            pass  # a deletion raced the summary or the fact: the next turn starts afresh
-        self._save_cache(snap.forget_epoch)
+            pass  # best effort: the folds done are kept; the next turn folds first if need be
+        result.collapses += events
+        self._keep(self._store_derived(logged, events, fact, turn.user, result))
         return result
+
+    def _store_derived(
+        self,
+        logged: Snapshot,
+        events: list[CollapseEvent],
+        fact: str | None,
+        user: Turn,
+        result: TurnResult,
+    ) -> Snapshot | None:
+        """Store what the turn derived after its reply (the folds' summaries, a fact taken
+        from the `user` message) and save the cache, in one operation and only if nothing was
+        deleted since the turn read the store; return the store as it is then (None if
+        discarded)."""
+        made = [e.summary for e in events if e.summary is not None]
+        try:
+            with self.store.steps(logged.forget_epoch) as transaction:
+                if made:
+                    with transaction() as con:
+                        for summary in made:
+                            logged = with_summary(logged, insert_summary(con, summary))
+                    crash_point("turn:summary-written")
+                if fact is not None:
+                    with transaction() as con:
+                        result.fact_added = insert_fact(con, fact, "automatic", user.id)
+                    logged = with_fact(logged, result.fact_added)
+                self._save_slot()
+        except StaleError:
+            # A deletion raced the summary or the fact: neither is kept, nor the cache, which
+            # may hold what was deleted; the next turn starts afresh.
+            result.fact_added = None
+            self.engine.drop_slot(self.slot)
+            return None
+        return logged
+
+    def _keep(self, snap: Snapshot | None) -> None:
+        """Remember the store as this turn left it, for the next turn to extend in memory
+        while the store stays held (see Store.append_and_snapshot)."""
+        mark = self.store.mark()
+        self._kept = None if snap is None or mark is None else (snap, mark)
 
     def _stream_reply(self, prompt: AssembledPrompt, on_text, should_stop=None):
         parts: list[str] = []
@@ -394,27 +496,29 @@ class Companion:
         self,
         on_status,
         headroom: int,
-        recall_terms: Sequence[str] = (),
-        snap: Snapshot | None = None,
-    ) -> tuple[list[CollapseEvent], Snapshot, AssembledPrompt]:
-        """Collapse until the assembled prompt fits with `headroom` to spare; return the
-        events, the store as it is then (with the turns recalled for `recall_terms`), and that
-        prompt. `snap`: the store as just read."""
-        events: list[CollapseEvent] = []
+        snap: Snapshot,
+        events: list[CollapseEvent],
+        prompt: AssembledPrompt | None = None,
+    ) -> tuple[Snapshot, AssembledPrompt]:
+        """Collapse until the assembled prompt fits with `headroom` to spare, appending each
+        fold to `events` (its summary is not stored: the caller stores them); return the store
+        as it will be once they are stored, and that prompt. `snap`: the store as just read,
+        `prompt`: its prompt, if assembled already."""
         while True:
-            snap = snap or self.store.snapshot(self.conversation, recall_terms)
-            prompt = self._assemble(snap)
+            prompt = prompt or self._assemble(snap)
             if prompt.fits(headroom + self.recall_room):
-                return events, snap, prompt
+                return snap, prompt
             if on_status:
                 on_status("folding older turns into the summary")
             facts = self.prompt_facts(snap)
-            event = self.window.collapse_oldest(facts, snap.summary, snap.turns, snap.forget_epoch)
-            if event is None:
+            event = self.window.collapse_oldest(
+                facts, snap.summary, snap.turns, summary_span=snap.summary_span
+            )
+            if event is None or event.summary is None:
                 # Only the newest exchanges are left: the assembler shortens them.
-                return events, snap, prompt
+                return snap, prompt
             events.append(event)
-            snap = None
+            snap, prompt = with_summary(snap, event.summary), None
 
     def _warm_cache(self, prompt: AssembledPrompt) -> int:
         """After a collapse, prefill the new prefix (summary and kept turns) now, while the
@@ -424,42 +528,33 @@ class Companion:
         tokens = prompt.body_tokens() + self.engine.chat_tail(prompt.messages, False)
         return self.engine.prefill(tokens, slot=self.slot)
 
-    def _save_cache(self, epoch: int) -> None:
+    def _save_slot(self) -> None:
+        """Save the chat slot's cache; called inside a store operation whose check passed, so
+        that no deletion can slip between the check and the file."""
         # Only the chat slot is persisted: the facts slot's reusable prefix is the short fixed
         # instructions, and its tail is a user message that must not outlive a deletion.
-        # Saved under the store's lock and only if nothing was deleted since the turn read
-        # the store, so no deletion can slip between the check and the file.
-        try:
-            with self.store.guarded(epoch):
-                self.engine.save_slots([self.slot])
-        except StaleError:
-            self.engine.drop_slot(self.slot)  # it may hold what was deleted: start over
+        self.engine.save_slots([self.slot])
         crash_point("turn:cache-saved")
 
-    def _maybe_extract(self, user, facts: list[Fact], on_status, epoch: int) -> Fact | None:
-        if not (self.settings.extract_facts and should_extract(user.text)):
-            return None
+    def _extract(self, user: Turn, facts: list[Fact], on_status) -> str | None:
+        """A fact taken from the person's message, checked, not stored yet (or None)."""
         if on_status:
             on_status("looking for something to remember")
         try:
-            existing = [f.text for f in facts]
-            fact = self.extractor.extract(user.text, existing)
-            if fact is None:
-                return None
-            return self.store.add_fact(fact, source="automatic", message_id=user.id, epoch=epoch)
-        except StaleError:
-            raise
+            fact = self.extractor.extract(user.text, [f.text for f in facts])
+            return None if fact is None else check_fact_text(fact)
         except Exception as exc:  # noqa: BLE001 - extraction is best effort by design
             warnings.warn(f"fact extraction failed: {exc}", stacklevel=2)
             return None
 
     # -- what the person sees and changes -----------------------------------------------------
 
-    def context(self, draft: str | None = None) -> AssembledPrompt:
+    def context(self, draft: str | None = None, at: datetime | None = None) -> AssembledPrompt:
         """The prompt as it would be assembled now, for an unsent `draft` message if given
-        (with what recall would add to it); nothing is logged."""
+        (with what recall would add to it, and its date if it were sent at `at`, default now,
+        on a new day); nothing is logged."""
         terms = self.recall_terms(draft) if draft else []
-        return self._assemble(self.store.snapshot(self.conversation, terms), draft)
+        return self._assemble(self.store.snapshot(self.conversation, terms), draft, at)
 
     def remember(self, text: str) -> Fact:
         """Add a manual fact; it is in the prompt from the next reply on."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
+from mlxmem.memory.dates import Span
 from mlxmem.memory.db import Erasure, FactEdit, bump_forget_epoch, forget_epoch, wipe_caches
 from mlxmem.memory.facts import (
     SELECT_FACTS,
@@ -45,7 +47,7 @@ from mlxmem.memory.turns import (
     turn_of,
     turns_after,
 )
-from mlxmem.text import as_record, plural, to_db, utc_now
+from mlxmem.text import as_record, as_utc, plural, to_db, utc_now
 
 SYNC_DIR_KEY = "sync_dir"
 LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
@@ -108,6 +110,9 @@ class Snapshot:
     turns: list[Turn]  # the verbatim window: turns after the summary's range
     forget_epoch: int
     recalled: list[Turn] = field(default_factory=list)  # older turns matching `recall_terms`
+    # When the summary's first and last turns were written: the days it covers, and the turn
+    # before the window, whose day decides whether the window's first turn shows its date.
+    summary_span: Span | None = None
 
 
 class Store(TurnLog, SummaryLog, FactList):
@@ -192,43 +197,42 @@ class Store(TurnLog, SummaryLog, FactList):
         token_ids: Sequence[int],
         encoded_by: str,
         recall_terms: Sequence[str] = (),
+        at: datetime | None = None,
+        previous: Snapshot | None = None,
+        mark: tuple[int, int] | None = None,
     ) -> tuple[Turn, Snapshot]:
         """Log the person's message with the token ids `encoded_by` (a model identity) encoded
         it as, and read the snapshot the reply is written from (with the turns recalled for
         `recall_terms`): one open of the file, where opening one costs more than the rest of
-        the turn's bookkeeping."""
+        the turn's bookkeeping. `at`: when it was written, if not now (a chat log replayed).
+        `previous`: the conversation's snapshot when this store's mark() was `mark`; if the
+        mark has not moved (the store stayed held and nothing ran through it since, so nothing
+        wrote), the snapshot is `previous` plus the new turn, and nothing is read again."""
         with self.connect() as con:
+            unchanged = previous is not None and mark is not None and mark == self.mark()
             ids = list(token_ids)
-            turn = insert_turn(con, conversation, "user", text, len(ids), False, ids, encoded_by)
+            turn = insert_turn(
+                con, conversation, "user", text, len(ids), False, ids, encoded_by, at=at
+            )
+            if unchanged:
+                return turn, _extended(con, previous, turn, recall_terms)
             return turn, _snapshot(con, conversation, recall_terms)
 
-    def append_reply_and_snapshot(
+    def add_summaries_and_snapshot(
         self,
         conversation: str,
-        text: str,
+        made: Sequence[Summary],
         epoch: int,
-        token_count: int,
-        interrupted: bool = False,
-        sampled_ids: Sequence[int] | None = None,
-        sampled_by: str | None = None,
-    ) -> tuple[Turn, Snapshot]:
-        """Log the model's reply, written from what the store held at forget epoch `epoch`
-        (StaleError, and nothing written, if anything was deleted since), and read the store
-        as the next prompt will be assembled from it: one open of the file."""
+        recall_terms: Sequence[str] = (),
+    ) -> Snapshot:
+        """Store the summaries folds `made` (in order) from what the store held at forget
+        epoch `epoch` (StaleError, and nothing written, if anything was deleted since), and
+        read the snapshot as the prompt is assembled from it, with the turns recalled for
+        `recall_terms`: one open of the file."""
         with self.guarded(epoch) as con:
-            ids = None if sampled_ids is None else list(sampled_ids)
-            turn = insert_turn(
-                con,
-                conversation,
-                "assistant",
-                text,
-                token_count,
-                interrupted,
-                ids,
-                sampled_by,
-                create=False,
-            )
-            return turn, _snapshot(con, conversation)
+            for summary in made:
+                summaries.insert_summary(con, summary)
+            return _snapshot(con, conversation, recall_terms)
 
     def delete_facts(self, ids: list[int], with_mentions: bool = False) -> Deletion:
         """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
@@ -392,7 +396,68 @@ def _snapshot(
         turns=turns_after(con, conversation, summary and summary.last_seq),
         forget_epoch=forget_epoch(con),
         recalled=recalled,
+        summary_span=summary and _span(con, conversation, summary.first_seq, summary.last_seq),
     )
+
+
+def _span(
+    con: duckdb.DuckDBPyConnection, conversation: str, first_seq: int, last_seq: int
+) -> Span | None:
+    """When the turns first_seq..last_seq were written, first and last (a conversation's turns
+    are in time order)."""
+    first, last = con.execute(
+        "SELECT min(m.created_at), max(m.created_at) FROM messages m JOIN conversations c"
+        " ON c.id = m.conversation_id WHERE c.name = ? AND m.seq BETWEEN ? AND ?",
+        [conversation, first_seq, last_seq],
+    ).fetchone()
+    return None if first is None else (as_utc(first), as_utc(last))
+
+
+def _extended(
+    con: duckdb.DuckDBPyConnection,
+    previous: Snapshot,
+    turn: Turn,
+    recall_terms: Sequence[str] = (),
+    recall_limit: int = RECALL_TURNS,
+) -> Snapshot:
+    """`previous` with `turn` appended to its window, and the turns recalled for
+    `recall_terms` searched afresh: what _snapshot would read if nothing else changed."""
+    summary, recalled = previous.summary, []
+    if summary is not None and recall_terms:
+        recalled = search_before(
+            con, turn.conversation, summary.last_seq, recall_terms, recall_limit
+        )
+    return replace(previous, turns=[*previous.turns, turn], recalled=recalled)
+
+
+def with_turn(snap: Snapshot, turn: Turn) -> Snapshot:
+    """`snap` once `turn` (just logged) is the newest turn of its window, as _snapshot would
+    read it (nothing recalled)."""
+    return replace(snap, turns=[*snap.turns, turn], recalled=[])
+
+
+def with_summary(snap: Snapshot, summary: Summary) -> Snapshot:
+    """`snap` once `summary` (a fold of its oldest turns, rolling its summary forward) is the
+    newest summary: the turns it covers leave the window, as _snapshot would read it."""
+    covered = [t.created_at for t in snap.turns if summary.first_seq <= t.seq <= summary.last_seq]
+    if (
+        snap.summary is not None
+        and snap.summary_span
+        and summary.first_seq <= snap.summary.first_seq
+    ):
+        covered += snap.summary_span
+    return replace(
+        snap,
+        summary=summary,
+        turns=[t for t in snap.turns if t.seq > summary.last_seq],
+        recalled=[],
+        summary_span=(min(covered), max(covered)) if covered else None,
+    )
+
+
+def with_fact(snap: Snapshot, fact: Fact) -> Snapshot:
+    """`snap` once `fact` (just added, so the highest id) is among the facts."""
+    return replace(snap, facts=[*snap.facts, fact], recalled=[])
 
 
 # A text shorter than this ("hi", "Tea") is no quote: as a substring it is in many unrelated

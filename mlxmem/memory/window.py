@@ -11,22 +11,45 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import PromptBudget
-from mlxmem.memory.db import crash_point
+from mlxmem.memory.dates import Span, dated, same_day
 from mlxmem.memory.store import Fact, Store, Summary, Turn
+from mlxmem.memory.summary_check import (
+    check_summary,
+    extractive_summary,
+    shorten_to,
+    speaker_names,
+)
+from mlxmem.text import utc_now
 
 # Keep at least the newest two exchanges verbatim.
 MIN_VERBATIM = 4
 SUMMARY_MAX_TOKENS = 160
 UNANSWERED = "(no reply: it was interrupted)"
-SUMMARY_REQUEST = (
+_REQUEST = (
     "Pause the conversation. Write an updated summary of everything so far: merge the earlier "
-    "summary, if there is one, with the messages above. Use 2-3 sentences. Keep names, "
-    "decisions and open questions. Answer with the summary only."
+    "summary, if there is one, with the messages above. Write it in the third person, about "
+    '{people}; never write "I" or "you". Use 2-3 sentences. Keep names, places, numbers, '
+    "dates, decisions and open questions. Answer with the summary only."
 )
+
+
+def summary_request(names: dict[str, str]) -> str:
+    """The request that ends a collapse's prompt, naming the speakers where `names` (role ->
+    name, see speaker_names) knows them: a small model retells a chat as "I" unless told who
+    is who."""
+    people = " and ".join(
+        f"{names[role]} (the {role})" if names.get(role) else f"the {role}"
+        for role in ("user", "assistant")
+    )
+    return _REQUEST.format(people=people)
+
+
+SUMMARY_REQUEST = summary_request({})  # the request when neither speaker's name is known
 
 
 @dataclass
@@ -39,23 +62,38 @@ class CollapseEvent:
     cached_tokens: int
     prefilled_tokens: int
     seconds: float
+    # The summary the fold made, for the caller to store (not stored yet: its id is 0).
+    summary: Summary | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "summary"}
 
 
-def as_messages(turns: Sequence[Turn], model_id: str) -> list[Message]:
+def as_messages(
+    turns: Sequence[Turn], model_id: str, before: datetime | None = None
+) -> list[Message]:
     """Logged turns as prompt messages; a reply this model sampled keeps its token ids. A user
     turn left unanswered (the reply was killed) gets a placeholder reply, so that the roles
-    still alternate, as many chat templates demand."""
+    still alternate, as many chat templates demand. A turn written on another day than the
+    turn before it in the log (`before`: when the turn before the first was written, if any)
+    starts with its date (see as_message)."""
     messages = []
     for i, t in enumerate(turns):
-        messages.append(
-            Message(t.role, t.text, t.sampled_ids if t.sampled_by == model_id else None)
-        )
+        messages.append(as_message(t, model_id, turns[i - 1].created_at if i else before))
         if t.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "user":
             messages.append(Message("assistant", UNANSWERED))
     return messages
+
+
+def as_message(turn: Turn, model_id: str, previous: datetime | None) -> Message:
+    """One turn as a prompt message: its text, and first its date, "[8 May 2023]", if it was
+    written on another day than the turn before it (written at `previous`). Decided by the log
+    alone, so a turn reads the same wherever it sits in the window (the KV cache reuses it),
+    and a conversation within one day shows no date. A dated message is encoded whole: its
+    stored token ids are the text's alone."""
+    if previous is not None and not same_day(previous, turn.created_at):
+        return Message(turn.role, dated(turn.text, turn.created_at))
+    return Message(turn.role, turn.text, turn.sampled_ids if turn.sampled_by == model_id else None)
 
 
 def evict_count(turns: Sequence[Turn]) -> int:
@@ -93,45 +131,52 @@ class ConversationWindow:
         self.slot = slot
         self.summary_cap = summary_cap(budget.budget)
 
-    def messages(self, turns: Sequence[Turn]) -> list[Message]:
-        return as_messages(turns, self.engine.model_id)
+    def messages(self, turns: Sequence[Turn], before: datetime | None = None) -> list[Message]:
+        return as_messages(turns, self.engine.model_id, before)
 
     def collapse_oldest(
         self,
         facts: Sequence[Fact],
         summary: Summary | None,
         turns: Sequence[Turn],
-        epoch: int | None = None,
+        summary_span: Span | None = None,
     ) -> CollapseEvent | None:
-        """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`
-        and `summary` are what the chat prompt holds now, so its cached prefix is reused.
-        The summary records the facts it saw, and is written only if nothing was deleted
-        since the store was read at forget epoch `epoch` (else StaleError)."""
+        """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`,
+        `summary` and `summary_span` (when its first and last turns were written) are what
+        the chat prompt holds now, so its cached prefix is reused.
+        The summary records the facts it saw; it is returned (`CollapseEvent.summary`), not
+        stored: the caller stores it with the turn's other writes, under its forget epoch."""
         n = evict_count(turns)
         if n == 0:
             return None
         evicted = turns[:n]
         start = time.perf_counter()
+        names = speaker_names([(t.role, t.text) for t in evicted], [f.text for f in facts])
         prompt = self._summary_budget().assemble(
             self.instructions,
             [f.text for f in facts],
             summary.text if summary else None,
-            [*self.messages(evicted), Message("user", SUMMARY_REQUEST)],
+            [
+                *self.messages(evicted, summary_span and summary_span[1]),
+                Message("user", summary_request(names)),
+            ],
+            summary_span=summary_span,
         )
         result = self.engine.generate(
             prompt.tokens, slot=self.slot, max_tokens=self.summary_cap, temp=0.0
         )
-        written = result.text.strip()
-        if prompt.omitted:
-            written = ""  # the model did not see every evicted turn: never record that range
-        text = self._cap(written or self._fallback(summary, evicted))
+        # The model's summary, if it passes the check and the model saw every evicted turn;
+        # else one extracted from the earlier summary and the evicted turns.
+        text, source = self._cap(result.text.strip()), "model"
+        earlier = summary.text if summary else None
+        if prompt.omitted or not check_summary(text, [t.text for t in evicted], earlier).ok:
+            text, source = self._fallback(summary, evicted, names), "extractive"
         tokens = self.engine.count_text(text)
         first = summary.first_seq if summary else evicted[0].seq
-        seen = [f.id for f in facts]
-        self.store.add_summary(
-            self.conversation, text, first, evicted[-1].seq, tokens, seen, epoch=epoch
+        seen = tuple(f.id for f in facts)
+        made = Summary(
+            0, self.conversation, text, first, evicted[-1].seq, tokens, utc_now(), seen, source
         )
-        crash_point("turn:summary-written")
         return CollapseEvent(
             evicted_turns=n,
             first_seq=first,
@@ -141,6 +186,7 @@ class ConversationWindow:
             cached_tokens=result.stats.cached_tokens,
             prefilled_tokens=result.stats.prefilled_tokens,
             seconds=time.perf_counter() - start,
+            summary=made,
         )
 
     def _summary_budget(self) -> PromptBudget:
@@ -151,22 +197,15 @@ class ConversationWindow:
     def _cap(self, text: str) -> str:
         return shorten_to(self.engine, text, self.summary_cap)
 
-    def _fallback(self, summary: Summary | None, evicted) -> str:
-        # No usable summary from the model: keep the newest of the person's own words (or, if
-        # they wrote none here, the replies) rather than lose the turns; the cap allows no more.
-        words = [summary.text] if summary else []
-        said = [t.text for t in evicted if t.role == "user" and t.text.strip()]
-        words += said or [t.text for t in evicted]
-        tokens = self.engine.encode_text(" ".join(words).strip())
-        return self.engine.decode(tokens[-self.summary_cap :]).strip() or "(nothing was said)"
-
-
-def shorten_to(engine: Engine, text: str, max_tokens: int) -> str:
-    """Cut `text` to at most `max_tokens` tokens (the head is what a summary leads with)."""
-    tokens = engine.encode_text(text)
-    keep = max_tokens
-    while len(tokens) > max_tokens and keep > 0:
-        text = engine.decode(engine.encode_text(text)[:keep]).strip()
-        tokens = engine.encode_text(text)
-        keep -= 1
-    return text
+    def _fallback(self, summary: Summary | None, evicted, names: dict[str, str]) -> str:
+        """The earlier summary and the evicted turns, extracted within the cap (see
+        mlxmem.memory.summary_check): names, numbers and dates, who said them, and when."""
+        text = extractive_summary(
+            self.engine,
+            self.summary_cap,
+            summary and summary.text,
+            evicted,
+            names,
+            earlier_is_extractive=bool(summary and summary.source == "extractive"),
+        )
+        return self._cap(text)

@@ -1,0 +1,404 @@
+"""A model's rolling summary, checked; and the extractive summary that replaces one that fails.
+
+A small model's summary is often no summary: SmolLM2-135M repeats one sentence up to the cap,
+retells the conversation as "I", or answers the last message instead. `check_summary` catches a
+refusal, repeated n-grams, a first- or second-person retelling, and too few of the names,
+numbers and dates of what the summary folds. `extractive_summary` is written without a model:
+the sentences of the earlier summary and of the folded turns that carry the most names, numbers
+and dates not yet kept, each under its speaker and its day, within the cap. Same input, same
+output.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlxmem.engine import Engine
+from mlxmem.memory.dates import day_label
+from mlxmem.memory.terms import STOPWORDS
+from mlxmem.memory.turns import Turn
+
+# Tuned on SmolLM2-135M's summaries of LoCoMo windows (benchmarks/summary_prompts.py) and on
+# hand-written third-person summaries of the same windows; see benchmarks/README.md.
+REPEAT_N = 4  # word n-grams
+MAX_REPEATED = 0.2  # share of a summary's n-grams that repeat an earlier one
+MIN_COVERAGE = 0.2  # share of the folded names, numbers and dates a summary must keep...
+MIN_ITEMS = 4  # ...when they hold at least this many
+MAX_PERSONAL = 0.03  # first- and second-person words outside quotes, per word (at least 2)
+FRESH_SHARE = 1 / 3  # of the cap, kept for the folded turns before the earlier summary competes
+# What an extracted sentence is worth: the names, numbers and dates it adds first, its other
+# words as a tie-break. Chosen on rolling summaries of three LoCoMo conversations (entities of
+# the final summary: 3/8 kept 25 of 71, 5/4 kept 34).
+ITEM_GAIN = 5.0
+MAX_WORD_GAIN = 4
+MAX_UNIT_WORDS = 40  # a longer sentence is cut: one sentence must not take the whole cap
+
+_SENTENCE_RE = re.compile(r"(?<=[.!?…])\s+|\n+")
+_TOKEN_RE = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?|\d+(?:[.,:]\d+)*")
+_QUOTED_RE = re.compile(r"\"[^\"]*\"|“[^”]*”")
+_REFUSAL_RE = re.compile(
+    r"\b(?:I'?m sorry|I am sorry|I apologi[sz]e|I (?:can ?not|can'?t|am unable|'m unable|won'?t)"
+    r" (?:help|provide|summari[sz]e|do|create|write|assist)|as an (?:AI|assistant|language "
+    r"model)|I don'?t have (?:access|enough|any)|there is nothing to summari[sz]e)",
+    re.IGNORECASE,
+)
+_MONTHS = frozenset(
+    "january february march april may june july august september october november december "
+    "monday tuesday wednesday thursday friday saturday sunday".split()
+)
+_PERSONAL = frozenset(
+    "i i'm i've i'd i'll me my mine myself we we're we've we'll we'd us our ours ourselves "
+    "you you're you've you'll you'd your yours yourself yourselves".split()
+)
+# Capitalized words that are no names (openers, interjections, pronouns).
+_NOT_NAMES = frozenset(
+    "i i'm i've i'd i'll ok okay oh hey hi hello wow yes no yeah thanks thank the a an and but "
+    "so my you your we it that this".split()
+)
+_DAY_LINE_RE = re.compile(r"^\[(\d{1,2} [A-Z][a-z]+ \d{4})\] (.*)$")
+_SPEAKER_RE = re.compile(r"^([A-Z][\w'’-]*(?: [A-Z][\w'’-]*)?): (.+)$", re.DOTALL)
+_GREETING_RE = re.compile(
+    r"^(?:\[[^\]]*\]\s*)?(?:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations|"
+    r"good (?:morning|afternoon|evening)|wow|aw+|oh)\b[\s,!]*(?:so much[\s,]*)?([A-Z][a-z]+)\b",
+    re.IGNORECASE,
+)
+_LEAD_RE = re.compile(r"^(\[[^\]]*\]\s*)?(.*)$", re.DOTALL)
+_VOCATIVE_RE = re.compile(r",\s+([A-Z][a-z]+)\s*[!?.]")
+# Words a greeting opens with: "Hey Mel!", "Thanks, Caroline!" say nothing worth keeping.
+_OPENER_RE = re.compile(
+    r"^(?:(?:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations|good (?:morning|"
+    r"afternoon|evening)|wow|aw+|oh|yeah|yes|ok|okay)(?: so much)?\s*[,!.]+\s*)+",
+    re.IGNORECASE,
+)
+# Words about when, worth keeping in an extracted sentence (a quarter of questions ask when).
+_WHEN = frozenset("yesterday today tomorrow tonight weekend week month year ago".split())
+_NAMED_RE = re.compile(
+    r"\b(?:the )?(user|assistant)(?:'s name)? is (?:called |named )?([A-Z][a-z]+)\b|"
+    r"\bmy name is ([A-Z][a-z]+)\b",
+    re.IGNORECASE,
+)
+ROLE_LABELS = {"user": "User", "assistant": "Assistant"}
+
+
+# -- the check --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SummaryCheck:
+    """What is wrong with a summary (nothing: it passes), and the figures it was judged by."""
+
+    problems: tuple[str, ...]  # "empty", "refusal", "repetition", "first-person", "coverage"
+    coverage: float | None  # share of the source's names, numbers and dates kept; None: none
+    repeated: float  # share of the summary's word 4-grams that repeat an earlier one
+    personal: int  # first- and second-person words outside quotes
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_summary(text: str, folded: Sequence[str], earlier: str | None = None) -> SummaryCheck:
+    """Judge a model's summary `text` of the turn texts `folded` merged with the `earlier`
+    summary: a refusal, repetition, a first- or second-person retelling (the summary must be a
+    note about the conversation, not a turn of it), or too few of the source's names, numbers
+    and dates fail it."""
+    sources = [*([earlier] if earlier else []), *folded]
+    items = key_items(sources)
+    kept = items & set(_words(text))
+    coverage = len(kept) / len(items) if items else None
+    words = _words(text)
+    personal = sum(w in _PERSONAL for w in _words(_QUOTED_RE.sub(" ", text)))
+    repeated = repeated_share(words)
+    problems = []
+    if not words:
+        problems.append("empty")
+    if _REFUSAL_RE.search(text):
+        problems.append("refusal")
+    if repeated > MAX_REPEATED or _repeats_a_sentence(text):
+        problems.append("repetition")
+    if personal >= max(2, MAX_PERSONAL * len(words)):
+        problems.append("first-person")
+    if len(items) >= MIN_ITEMS and (coverage or 0.0) < MIN_COVERAGE:
+        problems.append("coverage")
+    return SummaryCheck(tuple(problems), coverage, repeated, personal)
+
+
+def key_items(texts: Sequence[str]) -> set[str]:
+    """The names, numbers and dates of `texts`, lowercased: capitalized words that do not open
+    a sentence and are never written in lower case there ("Sounds" after a smiley is no name),
+    acronyms, numbers, months and weekdays."""
+    names: set[str] = set()
+    lower: set[str] = set()
+    others: set[str] = set()
+    for text in texts:
+        for sentence in _SENTENCE_RE.split(text):
+            for i, word in enumerate(_TOKEN_RE.findall(sentence)):
+                low = _norm(word)
+                if word[0].isdigit() or low in _MONTHS:
+                    others.add(low)
+                elif word.islower():
+                    lower.add(low)
+                elif i > 0 and _is_name(word):
+                    names.add(low)
+    return (names - lower) | others
+
+
+def repeated_share(words: Sequence[str], n: int = REPEAT_N) -> float:
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def _repeats_a_sentence(text: str) -> bool:
+    sentences = [" ".join(_words(s)) for s in _SENTENCE_RE.split(text)]
+    long = [s for s in sentences if s.count(" ") >= 3]
+    return len(set(long)) < len(long)
+
+
+def _words(text: str) -> list[str]:
+    return [_norm(w) for w in _TOKEN_RE.findall(text)]
+
+
+def _norm(word: str) -> str:
+    return word.lower().replace("’", "'").replace(",", "")
+
+
+def _is_name(word: str) -> bool:
+    if _norm(word) in _NOT_NAMES:
+        return False
+    return (word[0].isupper() and word[1:].islower()) or (len(word) > 1 and word.isupper())
+
+
+# -- who is speaking --------------------------------------------------------------------------
+
+
+def speaker_names(said: Sequence[tuple[str, str]], facts: Sequence[str] = ()) -> dict[str, str]:
+    """The names of the user and of the assistant where `said` ((role, text) of turns) or the
+    `facts` say them: a fact that names
+    one ("The user is called Ana."), "my name is ...", or the name the other side greets or
+    addresses them by ("Hey Mel!", "Thanks, Caroline."), at least twice and more than any
+    other. Roles not named are left out."""
+    named: dict[str, str] = {}
+    votes = {"user": Counter(), "assistant": Counter()}
+    for fact in facts:
+        for role, name, _ in _NAMED_RE.findall(fact):
+            if role:
+                named.setdefault(role.lower(), name)
+    for role, text in said:
+        other = "assistant" if role == "user" else "user"
+        for _, _, mine in _NAMED_RE.findall(text):
+            if mine:
+                votes[role][mine] += 2
+        for line in text.splitlines():
+            greeted = _GREETING_RE.match(line.strip())
+            if greeted and _is_name(greeted.group(1)):
+                votes[other][greeted.group(1)] += 1
+        for name in _VOCATIVE_RE.findall(text):
+            if _is_name(name):
+                votes[other][name] += 1
+    for role, counts in votes.items():
+        ranked = counts.most_common(2)
+        if role in named or not ranked or ranked[0][1] < 2:
+            continue
+        if len(ranked) == 1 or ranked[0][1] > ranked[1][1]:
+            named[role] = ranked[0][0]
+    if named.get("user") is not None and named.get("user") == named.get("assistant"):
+        return {}
+    return named
+
+
+# -- the extractive summary -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Unit:
+    order: int
+    day: str | None
+    speaker: str | None
+    text: str
+    fresh: bool  # from the folded turns, not the earlier summary
+
+
+def extractive_summary(
+    engine: Engine,
+    cap: int,
+    earlier: str | None,
+    folded: Sequence[Turn],
+    names: dict[str, str] | None = None,
+    earlier_is_extractive: bool = False,
+) -> str:
+    """A summary of the `earlier` summary plus the `folded` turns without a model, within
+    `cap` tokens (counted by `engine`): whole sentences chosen for the names, numbers and dates
+    they add (a third of the cap first from the folded turns, so the summary moves on), shown
+    in order under their day ("[8 May 2023]") and their speaker (a name from `names`, else
+    User / Assistant). An earlier extractive summary is read back into its sentences, days
+    and speakers."""
+    names = names or {}
+    addressed = _addressed([t.text for t in folded]) | set(names.values())
+    units = _earlier_units(earlier, earlier_is_extractive) if earlier else []
+    for turn in folded:
+        speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
+        day = day_label(turn.created_at)
+        for sentence in _sentences(turn.text):
+            sentence = _without_address(sentence, addressed)
+            if len(sentence.split()) >= 2:
+                units.append(_Unit(len(units), day, speaker, sentence, True))
+    if not units:
+        return "(nothing was said)"
+    entities = _entity_words([u.text for u in units]) - {_norm(n) for n in addressed}
+    value = {u.order: _unit_items(u.text, entities) for u in units}
+    cost = {u.order: engine.count_text(_segment(u, None)) for u in units}
+    chosen: list[_Unit] = []
+    _pick(chosen, [u for u in units if u.fresh], value, cost, int(cap * FRESH_SHARE))
+    _pick(chosen, units, value, cost, cap)
+    while chosen:
+        text = render(sorted(chosen, key=lambda u: u.order))
+        if engine.count_text(text) <= cap:
+            return text
+        chosen.pop()  # the last picked added the least for its cost
+    first = min(units, key=lambda u: u.order)
+    return shorten_to(engine, render([first]), cap)
+
+
+def render(units: Sequence[_Unit]) -> str:
+    """Units in order: a line per day ("[8 May 2023] ..."), a speaker's label where the speaker
+    changes. What `_earlier_units` reads back."""
+    lines: list[str] = []
+    day: str | None = None
+    speaker: str | None = None
+    parts: list[str] = []
+    for i, unit in enumerate(units):
+        if i == 0 or unit.day != day:
+            if parts:
+                lines.append(" ".join(parts))
+            parts = [f"[{unit.day}]"] if unit.day else []
+            day, speaker = unit.day, None
+        parts.append(_segment(unit, speaker))
+        speaker = unit.speaker
+    if parts:
+        lines.append(" ".join(parts))
+    return "\n".join(lines)
+
+
+def _segment(unit: _Unit, speaker: str | None) -> str:
+    if unit.speaker and unit.speaker != speaker:
+        return f"{unit.speaker}: {unit.text}"
+    return unit.text
+
+
+def _pick(chosen: list[_Unit], pool, value, cost, budget: int) -> None:
+    """Greedily add the unit of `pool` with the most new value per token that still fits."""
+    kept = set().union(*(value[u.order] for u in chosen))
+    used = sum(cost[u.order] for u in chosen)
+    taken = {u.order for u in chosen}
+    while True:
+        best, best_rate = None, 0.0
+        for unit in pool:
+            if unit.order in taken or used + cost[unit.order] > budget:
+                continue
+            gain = _gain(value[unit.order] - kept, unit.text)
+            rate = gain / max(1, cost[unit.order])
+            if rate > best_rate:
+                best, best_rate = unit, rate
+        if best is None:
+            return
+        chosen.append(best)
+        taken.add(best.order)
+        used += cost[best.order]
+        kept |= value[best.order]
+
+
+def _gain(new: set[str], text: str) -> float:
+    """A sentence's worth: ITEM_GAIN per name, number or date it adds, 1 per content word (up
+    to MAX_WORD_GAIN), half for a question; nothing for one that adds neither an item nor 3
+    content words."""
+    items = sum(1 for w in new if not w.startswith("~"))
+    words = sum(1 for w in new if w.startswith("~"))
+    if items == 0 and words < 3:
+        return 0.0
+    gain = ITEM_GAIN * items + min(words, MAX_WORD_GAIN)
+    return gain / 2 if text.rstrip().endswith("?") else gain
+
+
+def _addressed(texts: Sequence[str]) -> set[str]:
+    """Names the speakers greet or address each other by."""
+    found = set()
+    for text in texts:
+        for line in text.splitlines():
+            greeted = _GREETING_RE.match(line.strip())
+            if greeted and _is_name(greeted.group(1)):
+                found.add(greeted.group(1))
+        found |= {n for n in _VOCATIVE_RE.findall(text) if _is_name(n)}
+    return found
+
+
+def _without_address(sentence: str, names: set[str]) -> str:
+    """`sentence` without its greeting ("Hey Mel!") or the name it addresses ("..., Mel!");
+    a leading "[...]" (a date the text itself gives) stays."""
+    lead, sentence = _LEAD_RE.match(sentence).groups()
+    for name in names:
+        name = re.escape(name)
+        sentence = re.sub(rf",\s*{name}(?=\s*[!?.]|$)", "", sentence)
+        sentence = re.sub(
+            rf"^((?:hey|hi|hello|hiya|dear)\s+){name}\b[\s,!.]*", "", sentence, flags=re.I
+        )
+    return ((lead or "") + _OPENER_RE.sub("", sentence)).strip()
+
+
+def _unit_items(text: str, entities: set[str]) -> set[str]:
+    """What a sentence holds: its names, numbers and dates, and (marked "~") its content
+    words, which count for less."""
+    found = set()
+    for word in _words(text):
+        if word[0].isdigit() or word in _MONTHS or word in _WHEN or word in entities:
+            found.add(word)
+        elif len(word) > 3 and word not in STOPWORDS and "'" not in word:
+            found.add("~" + word)
+    return found
+
+
+def _entity_words(texts: Sequence[str]) -> set[str]:
+    return {w for w in key_items(texts) if not w[0].isdigit() and w not in _MONTHS}
+
+
+def _sentences(text: str) -> list[str]:
+    out = []
+    for sentence in _SENTENCE_RE.split(text):
+        words = sentence.split()
+        if not words:
+            continue
+        if len(words) > MAX_UNIT_WORDS:
+            words = [*words[:MAX_UNIT_WORDS], "…"]
+        out.append(" ".join(words))
+    return out
+
+
+def _earlier_units(text: str, structured: bool) -> list[_Unit]:
+    """An earlier summary as units: an extractive one read back into its days and speakers
+    (what `render` wrote), a model's as plain sentences."""
+    units: list[_Unit] = []
+    for line in text.splitlines():
+        day, rest = None, line.strip()
+        match = _DAY_LINE_RE.match(rest) if structured else None
+        if match:
+            day, rest = match.groups()
+        speaker = None
+        for sentence in _sentences(rest):
+            labelled = _SPEAKER_RE.match(sentence) if structured else None
+            if labelled:
+                speaker, sentence = labelled.groups()
+            units.append(_Unit(len(units), day, speaker, sentence, False))
+    return units
+
+
+def shorten_to(engine: Engine, text: str, max_tokens: int) -> str:
+    """Cut `text` to at most `max_tokens` tokens (the head is what a summary leads with)."""
+    tokens = engine.encode_text(text)
+    keep = max_tokens
+    while len(tokens) > max_tokens and keep > 0:
+        text = engine.decode(engine.encode_text(text)[:keep]).strip()
+        tokens = engine.encode_text(text)
+        keep -= 1
+    return text

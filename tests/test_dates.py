@@ -1,0 +1,173 @@
+"""Time in the memory (issue 19, item 3): every turn has its time, the window shows the date
+where the day changes, recalled turns and the summary keep their dates. Fake engine, real
+DuckDB files. Times are at noon UTC, so that the day is the same in any local time zone."""
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from conftest import on
+
+from mlxmem.engine import Message
+from mlxmem.errors import InputError
+from mlxmem.memory.budget import SUMMARY_HEADER, system_text
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.dates import day_range
+from mlxmem.memory.recall import recall_line
+from mlxmem.memory.store import Store
+from mlxmem.memory.window import UNANSWERED, as_messages
+from mlxmem.testing import FakeEngine
+
+
+def day(n: int, hour: int = 12) -> datetime:
+    """Noon (or `hour` UTC) of May `n`, 2023."""
+    return datetime(2023, 5, n, hour, tzinfo=timezone.utc)
+
+
+def summarizer(prompt: str) -> str:
+    return "They talked about the garden." if "updated summary" in prompt else "I see."
+
+
+def test_a_turn_keeps_the_time_it_is_given_and_never_goes_back_in_time():
+    store = Store()
+    first = store.append_turn("import", "user", "Planted tomatoes.", at=day(8))
+    assert first.created_at == day(8)
+    assert store.conversation("import").created_at == day(8)  # created at its first turn
+    in_tokyo = day(9).astimezone(timezone(timedelta(hours=9)))
+    assert store.append_turn("import", "assistant", "Nice!", at=in_tokyo).created_at == day(9)
+    # Older than the newest turn: recorded just after it, as for a device's clock gone back.
+    older = store.append_turn("import", "user", "A day too early.", at=day(1))
+    assert older.created_at == day(9) + timedelta(microseconds=1)
+    later = store.append_turn("import", "user", "And now.")  # no time: now, after them all
+    assert later.created_at > day(9)
+    assert [t.created_at for t in store.turns("import")] == [
+        day(8),
+        day(9),
+        day(9) + timedelta(microseconds=1),
+        later.created_at,
+    ]
+    with pytest.raises(InputError, match="time zone"):
+        store.append_turn("import", "user", "naive", at=datetime(2023, 5, 8, 12))
+    assert len(store.turns("import")) == 4  # the refused turn was not logged
+
+
+def turns_on(days: list[int], name: str = "c") -> list:
+    """Conversation `name` logged one turn per entry of `days`, users and replies alternating,
+    with the ids the fake engine encodes them as."""
+    store, engine = Store(), FakeEngine()
+    for i, n in enumerate(days):
+        role = "user" if i % 2 == 0 else "assistant"
+        text = f"Message {i}."
+        ids = engine.encode_text(text)
+        store.append_turn(name, role, text, len(ids), False, ids, "fake", at=day(n, 9 + i))
+    return store.turns(name)
+
+
+def test_the_window_dates_a_message_only_where_the_day_changes():
+    turns = turns_on([8, 8, 9, 9, 12, 12])
+    messages = as_messages(turns, "fake")
+    assert [m.content for m in messages] == [
+        "Message 0.",
+        "Message 1.",
+        "[9 May 2023]\nMessage 2.",
+        "Message 3.",
+        "[12 May 2023]\nMessage 4.",
+        "Message 5.",
+    ]
+    # An undated message keeps its stored ids; a dated one is encoded whole, marker included.
+    assert [m.tokens is not None for m in messages] == [True, True, False, True, False, True]
+    # The first turn of a window is dated against the turn before it in the log.
+    assert as_messages(turns[2:], "fake")[0].content == "Message 2."
+    assert as_messages(turns[2:], "fake", before=day(8))[0].content.startswith("[9 May 2023]\n")
+    assert as_messages(turns[3:], "fake", before=turns[2].created_at)[0].content == "Message 3."
+    # A conversation within one day reads exactly as before dates existed.
+    same = turns_on([8, 8, 8, 8], "one day")
+    assert as_messages(same, "fake", before=day(8, 1)) == [
+        Message(t.role, t.text, t.sampled_ids) for t in same
+    ]
+
+
+def test_an_unanswered_turn_is_dated_against_the_turn_before_it_in_the_log():
+    store = Store()
+    store.append_turn("c", "user", "Monday.", at=day(8))
+    store.append_turn("c", "user", "Tuesday.", at=day(9))
+    messages = as_messages(store.turns("c"), "fake")
+    assert [m.content for m in messages] == ["Monday.", UNANSWERED, "[9 May 2023]\nTuesday."]
+
+
+def test_dates_survive_folding_and_each_turn_reads_the_same_as_the_window_slides():
+    engine = FakeEngine(summarizer)
+    store = Store()
+    companion = Companion(engine, store, "c", 600, 120, ChatSettings(extract_facts=False))
+    seen: dict[int, str] = {}  # seq -> how the turn read in every prompt that held it
+    changed = []
+    first_dated = 0  # windows whose first turn shows its date
+    for i in range(20):
+        at = day(8 + i)  # an exchange a day
+        turn = companion.begin(f"Message {i}: the garden grows, slowly, in the sun.", at=at)
+        snap = turn.snapshot
+        before = snap.summary_span and snap.summary_span[1]
+        for t, m in zip(snap.turns, companion.window.messages(snap.turns, before), strict=True):
+            if seen.setdefault(t.seq, m.content) != m.content:
+                changed.append(t.seq)
+        first_dated += snap.summary is not None and seen[snap.turns[0].seq].startswith("[")
+        prompt = turn.prompt
+        assert len(prompt.tokens) == len(engine.encode_chat(prompt.messages))  # exact budget
+        assert len(prompt.tokens) + prompt.layers.reserve <= prompt.budget
+        companion.finish(turn, f"Reply {i}.", engine.generate([1], max_tokens=1).stats, None, at=at)
+    assert store.summaries("c"), "the window never folded: the test proves nothing"
+    assert changed == []
+    assert first_dated > 0  # a dated turn kept its date at the start of the window
+    # The summary's header names the days it covers, from its first turn to its last.
+    snap = store.snapshot("c")
+    assert snap.summary_span == (day(8), store.turns("c")[snap.summary.last_seq - 1].created_at)
+    system = companion.context().messages[0].content
+    assert f"Summary of the earlier conversation ({day_range(*snap.summary_span)}):" in system
+    assert day_range(*snap.summary_span).startswith("8 May 2023 to ")
+
+
+def test_the_newest_message_on_a_new_day_shows_today():
+    engine = FakeEngine()
+    companion = Companion(engine, Store(), "c", 600, 120, ChatSettings(extract_facts=False))
+    turn = companion.begin("Good morning.", at=day(8))
+    companion.finish(turn, "Morning!", engine.generate([1], max_tokens=1).stats, None, at=day(8))
+    assert companion.begin("Later that day.", at=day(8, 20)).prompt.messages[-1].content == (
+        "Later that day."
+    )
+    assert companion.context("Next day?", at=day(9)).messages[-1].content == (
+        "[9 May 2023]\nNext day?"
+    )
+    assert companion.context("Same day?", at=day(8, 21)).messages[-1].content == "Same day?"
+    newest = companion.begin("A week on.", at=day(15)).prompt.messages[-1]
+    assert newest.content == "[15 May 2023]\nA week on."
+
+
+def test_recalled_turns_and_the_summary_header_carry_their_dates():
+    turn = turns_on([8])[0]
+    assert recall_line(turn) == "- [8 May 2023] user: Message 0."
+    assert system_text("Be kind.", [], "They met.") == f"Be kind.\n\n{SUMMARY_HEADER}\nThey met."
+    assert system_text("Be kind.", [], "They met.", (day(8), day(8, 20))) == (
+        "Be kind.\n\nSummary of the earlier conversation (8 May 2023):\nThey met."
+    )
+    assert day_range(day(8), day(25)) == "8 May 2023 to 25 May 2023"
+
+
+def test_a_given_time_travels_with_its_turn_to_another_device(devices):
+    a, b, folder = devices
+    os.environ["MLXMEM_HOME"] = str(a)
+    Store().append_turn("default", "user", "Imported from 2023.", at=day(8))
+    Store().append_turn("default", "assistant", "An old reply.", at=day(9))
+    os.environ["MLXMEM_HOME"] = str(b)
+    Store().append_turn("default", "user", "Written on B today.")
+    on(a, "sync", str(folder))
+    on(b, "sync", str(folder))
+    on(a, "sync")
+    for home in (a, b):
+        os.environ["MLXMEM_HOME"] = str(home)
+        turns = Store().turns("default")
+        assert [(t.text, t.created_at) for t in turns[:2]] == [
+            ("Imported from 2023.", day(8)),
+            ("An old reply.", day(9)),
+        ]  # ordered by time across devices: the imported turns come first
+        assert turns[2].text == "Written on B today." and turns[2].created_at > day(9)
+        assert [t.seq for t in turns] == sorted(t.seq for t in turns)

@@ -1,0 +1,222 @@
+"""The check of a model's rolling summary and the extractive summary that replaces a failed one
+(mlxmem.memory.summary_check), with plain strings and the fake engine's tokenizer; then a
+collapse through the Companion records which of the two it stored."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.store import Store
+from mlxmem.memory.summary_check import (
+    check_summary,
+    extractive_summary,
+    key_items,
+    speaker_names,
+)
+from mlxmem.memory.turns import Turn
+from mlxmem.memory.window import SUMMARY_REQUEST, summary_request
+from mlxmem.testing import FakeEngine
+
+DAY = datetime(2023, 5, 8, 12, tzinfo=timezone.utc)
+CHAT = [
+    ("user", "Hey Mel! Good to see you! How have you been?"),
+    ("assistant", "Hey Caroline! I'm swamped with the kids & work. What's up with you?"),
+    ("user", "I went to a LGBTQ support group yesterday and it was so powerful."),
+    (
+        "assistant",
+        "Wow, that's cool, Caroline! I ran a charity race for mental health on Saturday.",
+    ),
+    ("user", "That's great, Mel! I'm moving to Boston on 12 June, 3 weeks from now."),
+    ("assistant", "Thanks, Caroline! We're going camping in Yosemite with the 2 kids next month."),
+]
+FOLDED = [text for _, text in CHAT]
+# SmolLM2-135M's summaries of LoCoMo windows (benchmarks/results/summary-prompts-smollm2-135m)
+REPEATS = (
+    "I'm excited to explore new dance styles and techniques with you. I'm looking forward to "
+    "sharing my passion for dance with others.\n\nI'm also excited to share my passion for dance "
+    "with others. I'm excited to share my passion for dance with others.\n\nI'm excited to share "
+    "my passion for dance with others. I'm excited to share my passion for dance with others."
+)
+RETOLD = "Hey Gina, I'm so glad you're here. I'm sure you're not alone in this."
+ANSWERED = (
+    "I'm glad you're excited about the upcoming dance studio! I'm sure it'll be a fantastic "
+    "experience. I'm sure it'll be a fantastic experience!"
+)
+DECENT = (
+    "Caroline went to an LGBTQ support group and is moving to Boston on 12 June. Melanie ran a "
+    "charity race on Saturday and plans a camping trip to Yosemite with her 2 kids next month."
+)
+
+
+def logged(chat=CHAT, day=DAY, per_day=2) -> list[Turn]:
+    return [
+        Turn(i + 1, "c", i + 1, role, text, day + timedelta(days=i // per_day), None, False)
+        for i, (role, text) in enumerate(chat)
+    ]
+
+
+# -- the check --------------------------------------------------------------------------------
+
+
+def test_a_decent_third_person_summary_passes():
+    check = check_summary(DECENT, FOLDED)
+    assert check.ok, check.problems
+    assert check.coverage >= 0.5 and check.personal == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (REPEATS, "repetition"),
+        (ANSWERED, "repetition"),
+        (RETOLD, "first-person"),
+        (REPEATS, "first-person"),
+        ("I'm sorry, but I can't summarize this conversation.", "refusal"),
+        ("As an AI language model, I do not keep notes.", "refusal"),
+        ("They talked about their week and some plans.", "coverage"),
+        ("", "empty"),
+        ("   ", "empty"),
+    ],
+)
+def test_what_a_small_model_writes_fails(text, problem):
+    check = check_summary(text, FOLDED)
+    assert problem in check.problems
+    assert not check.ok
+
+
+def test_coverage_counts_the_earlier_summary_too():
+    earlier = "Caroline adopted a dog called Oscar in Denver in 2019."
+    thin = "Caroline is moving to Boston on 12 June; Melanie ran a charity race on Saturday."
+    assert check_summary(thin, FOLDED).ok
+    merged = check_summary(thin, FOLDED, earlier)
+    assert merged.coverage < check_summary(thin, FOLDED).coverage
+    both = check_summary(thin + " Earlier: Oscar the dog, Denver, 2019.", FOLDED, earlier)
+    assert both.coverage > merged.coverage
+
+
+def test_quoted_words_are_no_first_person_retelling():
+    quoted = 'Caroline told Melanie about Boston: "I move on 12 June, and my sister helps me."'
+    assert "first-person" not in check_summary(quoted, FOLDED).problems
+    assert "first-person" in check_summary(quoted.replace('"', ""), FOLDED).problems
+
+
+def test_key_items_are_names_numbers_and_dates():
+    items = key_items(["Then Caroline moved to Boston on 12 June 2023.", "We met Anna in May."])
+    assert items == {"caroline", "boston", "12", "june", "2023", "anna", "may"}
+    assert key_items(["Hello there. I think so, OK?"]) == set()
+
+
+# -- who is speaking --------------------------------------------------------------------------
+
+
+def test_speaker_names_from_greetings_and_address():
+    assert speaker_names(CHAT) == {"user": "Caroline", "assistant": "Mel"}
+    # One mention is no evidence; a fact naming the user is.
+    assert speaker_names(CHAT[:2]) == {}
+    assert speaker_names(CHAT[:2], ["The user is called Caroline."]) == {"user": "Caroline"}
+    assert speaker_names([("user", "Hi! My name is Ana and I bake bread.")]) == {"user": "Ana"}
+
+
+def test_the_request_names_the_speakers_and_asks_for_the_third_person():
+    named = summary_request({"user": "Caroline", "assistant": "Mel"})
+    assert "Caroline (the user) and Mel (the assistant)" in named
+    assert "third person" in named and "third person" in SUMMARY_REQUEST
+    assert "the user and the assistant" in SUMMARY_REQUEST
+
+
+# -- the extractive summary -------------------------------------------------------------------
+
+
+def test_extractive_summary_fits_the_cap_and_keeps_who_said_what_when():
+    engine = FakeEngine()
+    turns = logged()
+    text = extractive_summary(engine, 160, None, turns, speaker_names(CHAT))
+    assert engine.count_text(text) <= 160
+    assert "Boston" in text and "12 June" in text and "Yosemite" in text and "Saturday" in text
+    assert "[9 May 2023] Caroline: I went" in text  # the day of what it folds, and who said it
+    assert "[10 May 2023] Caroline: I'm moving" in text
+    assert "Caroline: " in text and "Mel: " in text
+    assert text.index("Caroline: I'm moving to Boston") < text.index("Mel: We're going camping")
+    assert "Hey Mel" not in text and "Thanks, Caroline" not in text  # greetings carry nothing
+
+
+@pytest.mark.parametrize("cap", [32, 60, 160])
+def test_extractive_summary_is_deterministic_and_within_any_cap(cap):
+    engine = FakeEngine()
+    first = extractive_summary(engine, cap, "An earlier note.", logged(), {})
+    again = extractive_summary(FakeEngine(), cap, "An earlier note.", logged(), {})
+    assert first == again
+    assert 0 < engine.count_text(first) <= cap
+
+
+def test_without_names_it_says_user_and_assistant():
+    text = extractive_summary(FakeEngine(), 160, None, logged(), {})
+    assert "User: " in text and "Assistant: " in text
+
+
+def test_extractive_summary_merges_an_earlier_one_with_its_days_and_speakers():
+    engine, names = FakeEngine(), speaker_names(CHAT)
+    earlier = extractive_summary(engine, 80, None, logged()[:4], names)
+    later = logged(
+        [
+            ("user", "My cousin Priya visits on 3 July, Mel."),
+            ("assistant", "Lovely! Priya can join our 4th of July barbecue."),
+        ],
+        DAY + timedelta(9),
+    )
+    merged = extractive_summary(engine, 160, earlier, later, names, earlier_is_extractive=True)
+    assert engine.count_text(merged) <= 160
+    assert "Priya" in merged and "[17 May 2023]" in merged
+    assert "[9 May 2023] Caroline: I went" in merged  # the earlier summary's day and speaker, kept
+    assert merged.index("[9 May 2023]") < merged.index("[17 May 2023]")
+    # Read back and written again, an extractive summary is unchanged.
+    assert extractive_summary(engine, 160, merged, [], names, earlier_is_extractive=True) == merged
+
+
+def test_nothing_said_still_gives_a_summary():
+    assert extractive_summary(FakeEngine(), 40, None, [], {}) == "(nothing was said)"
+
+
+# -- what a collapse stores -------------------------------------------------------------------
+
+
+def collapse_with(summary: str) -> Store:
+    def responder(prompt: str) -> str:
+        return summary if "updated summary" in prompt else "Sounds good, tell me more."
+
+    store = Store()
+    companion = Companion(FakeEngine(responder), store, "default", 600, 120, ChatSettings())
+    for i in range(16):
+        companion.send(f"Caroline here: on day {i} I walked Rex {i} km along the Thames.")
+    assert store.summaries("default"), "no collapse happened"
+    return store
+
+
+def test_a_repeating_model_summary_is_replaced_by_an_extractive_one():
+    store = collapse_with(ANSWERED)
+    for summary in store.summaries("default"):
+        assert summary.source == "extractive"
+        assert "fantastic experience" not in summary.text
+        assert "Rex" in summary.text and "km" in summary.text
+        assert summary.fact_ids == () and summary.first_seq == 1
+
+
+def test_a_decent_model_summary_is_kept_as_the_model_wrote_it():
+    decent = "The user walked Rex along the Thames on days 0 to 9, 0 to 9 km a day."
+    store = collapse_with(decent)
+    assert [(s.source, s.text) for s in store.summaries("default")][0] == ("model", decent)
+
+
+def test_chat_context_says_who_wrote_the_summary(capsys):
+    from mlxmem.cli.repl import Session
+
+    store = collapse_with(ANSWERED)
+    latest = store.latest_summary("default")
+
+    def open_chat(model, conversation):
+        return Companion(FakeEngine(), store, conversation, 600, 120, ChatSettings())
+
+    Session(open_chat, "fake", "default", term=None).print_context(None)
+    shown = capsys.readouterr().err
+    assert f"summary of turns #1-#{latest.last_seq}: extractive: picked from the turns" in shown
