@@ -29,6 +29,8 @@ def migration(func: Migration) -> Migration:
 def migrate(con: duckdb.DuckDBPyConnection, migrations: list[Migration] | None = None) -> list[str]:
     """Apply the migrations missing from `con`'s database; return the names applied."""
     migrations = MIGRATIONS if migrations is None else migrations
+    if migrations and _newest_applied(con) == migrations[-1].__name__:
+        return []  # up to date: one cheap read on every open, which is nearly every time
     con.execute(
         "CREATE TABLE IF NOT EXISTS migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)"
     )
@@ -48,6 +50,16 @@ def migrate(con: duckdb.DuckDBPyConnection, migrations: list[Migration] | None =
             raise
         applied.append(func.__name__)
     return applied
+
+
+def _newest_applied(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The name of the newest migration recorded (names sort in order: m001, m002, ...).
+    Checked on every open rather than remembered per process: another process may have
+    replaced the file (an erase rewrites it) or made it anew."""
+    try:
+        return con.execute("SELECT max(name) FROM migrations").fetchone()[0]
+    except duckdb.CatalogException:
+        return None  # a new database
 
 
 # No foreign keys: DuckDB checks them eagerly and refuses some deletes inside one transaction;
