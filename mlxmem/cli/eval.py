@@ -78,8 +78,8 @@ def locomo(
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
-    """Replay LoCoMo conversations through the memory system session by session (each session's
-    date before its first message), then ask their questions as probes that are not logged,
+    """Replay LoCoMo conversations through the memory system session by session (each logged
+    at its session's date, which the prompts show where the day changes), then ask their questions as probes that are not logged,
     under five configurations: no_memory, window, mlxmem (facts + summary + window), recall
     (mlxmem + turns recalled from the log) and oracle (the evidence turns). Scores: LoCoMo's
     token F1 and exact match per category, with 95% bootstrap intervals; and what reached each
