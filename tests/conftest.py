@@ -42,6 +42,22 @@ def devices(tmp_path):
     return tmp_path / "A", tmp_path / "B", folder
 
 
+FACT = "The user has a cat called Miso."
+
+
+def scripted(prompt: str) -> str:
+    """A fake model for a chat about a cat: a summary, a fact, or a reply."""
+    if "updated summary" in prompt:
+        return "They talked about Miso the cat, sardines and naps. Open question: the vet."
+    if "durable facts" in prompt:
+        return FACT
+    return "That sounds lovely. Tell me more about your afternoon and the sardines."
+
+
+def user_text(i: int) -> str:
+    return f"Turn {i}: my cat Miso ate {i} sardines, then slept in the sun for a long while."
+
+
 def files_containing(root: Path, marker: str) -> list[Path]:
     """Every file under `root` whose bytes contain `marker`."""
     needle = marker.encode()

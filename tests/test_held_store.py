@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import files_containing
+from conftest import files_containing, scripted, user_text
 
 from mlxmem import paths
 from mlxmem.errors import StoreError
@@ -19,7 +19,6 @@ from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-HELD-5501"
-FACT = "The user has a cat called Miso."
 
 
 def other_process(code: str) -> str:
@@ -29,18 +28,6 @@ def other_process(code: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def scripted(prompt: str) -> str:
-    if "updated summary" in prompt:
-        return "They talked about Miso the cat, sardines and naps. Open question: the vet."
-    if "durable facts" in prompt:
-        return FACT
-    return "That sounds lovely. Tell me more about your afternoon and the sardines."
-
-
-def user_text(i: int) -> str:
-    return f"Turn {i}: my cat Miso ate {i} sardines, then slept in the sun for a long while."
 
 
 @pytest.fixture

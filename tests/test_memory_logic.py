@@ -2,6 +2,7 @@
 file: collapse boundaries, the budget invariant, facts in the prompt, extraction filters."""
 
 import pytest
+from conftest import FACT, scripted, user_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,20 +21,6 @@ from mlxmem.memory.window import (
     summary_cap,
 )
 from mlxmem.testing import FakeEngine
-
-FACT = "The user has a cat called Miso."
-
-
-def scripted(prompt: str) -> str:
-    if "updated summary" in prompt:
-        return "They talked about Miso the cat, sardines and naps. Open question: the vet."
-    if "durable facts" in prompt:
-        return FACT
-    return "That sounds lovely. Tell me more about your afternoon and the sardines."
-
-
-def user_text(i: int) -> str:
-    return f"Turn {i}: my cat Miso ate {i} sardines, then slept in the sun for a long while."
 
 
 def make(budget=600, reserve=120, responder=scripted, **settings):
