@@ -274,6 +274,19 @@ def test_judge_filters(raw, expected, reason):
     assert judge(raw, ["<|eot_id|>"], message) == (expected, reason)
 
 
+def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
+    # Qwen2.5-Coder-1.5B on LoCoMo (benchmarks/README.md): the speaker thanks Gina, and the
+    # answer makes Gina the user, or gives her what the user said of themself.
+    thanks = "Thanks, Gina! Your support means so much. I'm gonna keep chasing my dreams of dance."
+    assert judge("The user is named Gina.", (), thanks) == (None, "about_addressee")
+    cool = "Cool, Gina! I love all dances, but contemporary is my top pick. It's so expressive."
+    assert judge("Gina's favorite dance is contemporary.", (), cool) == (None, "about_addressee")
+    # A name the message only mentions is fine.
+    sister = "My sister Gina moved to Lisbon last spring and I miss her so much already."
+    fact = "The user's sister Gina lives in Lisbon."
+    assert judge(fact, (), sister) == (fact, "kept")
+
+
 def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():
     existing = ["The user's sister is called Ana."]
     assert is_duplicate("the users  sister is called ana", existing)

@@ -79,11 +79,12 @@ def locomo(
     as_json: bool = JSON,
 ) -> None:
     """Replay LoCoMo conversations through the memory system session by session (each logged
-    at its session's date, which the prompts show where the day changes), then ask their questions as probes that are not logged,
-    under five configurations: no_memory, window, mlxmem (facts + summary + window), recall
-    (mlxmem + turns recalled from the log) and oracle (the evidence turns). Scores: LoCoMo's
-    token F1 and exact match per category, with 95% bootstrap intervals; and what reached each
-    prompt: an evidence turn, and every content word of the gold answer."""
+    at its session's date, which the prompts show where the day changes), then ask their
+    questions as probes that are not logged, under five configurations: no_memory, window,
+    mlxmem (facts + summary + window), recall (mlxmem + turns recalled from the log) and
+    oracle (the evidence turns). Scores: LoCoMo's token F1 and exact match per category, with
+    95% bootstrap intervals; and what reached each prompt: an evidence turn, and every content
+    word of the gold answer."""
     with _locomo_folder(data or ev.default_data_dir()) as folder:
         ids = conversation or ev.available_conversations(folder)
         if not ids:

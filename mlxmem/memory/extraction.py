@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import shorten
+from mlxmem.memory.summary_check import addressed_names
 
 EXAMPLE_FACT = "The user's sister is called Ana."
 EXTRACTION_INSTRUCTIONS = (
@@ -41,6 +42,7 @@ _COMMON_WORDS = {
     "all its also very".split()
 }
 # Strings that only a chat template or a confused model would write.
+_NAME_RE = re.compile(r"\b[A-Z][a-z]+\b")
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
 
 
@@ -69,7 +71,9 @@ def judge(
     "none" (the model found nothing), "not_one_line" (empty, several lines or too long),
     "markup" (template or special tokens), "no_letters", "example" (the instructions' own
     example), "not_third_person" (I, you: the model chatting instead of noting),
-    "not_one_sentence", or "ungrounded" (no word of it is in the `message` it came from).
+    "not_one_sentence", "ungrounded" (no word of it is in the `message` it came from), or
+    "about_addressee" (it names someone the message greets or addresses, "Thanks, Gina!":
+    the other side of the chat, whom a small model takes for the user).
     Strict on purpose: a wrong fact is worse than none."""
     text = raw.strip().strip('"').strip()
     if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
@@ -88,6 +92,8 @@ def judge(
         return None, "not_one_sentence"
     if message is not None and not (content_words(text) & content_words(message)):
         return None, "ungrounded"
+    if message is not None and set(_NAME_RE.findall(text)) & addressed_names([message]):
+        return None, "about_addressee"
     return text, "kept"
 
 

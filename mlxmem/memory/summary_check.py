@@ -236,7 +236,7 @@ def extractive_summary(
     User / Assistant). An earlier extractive summary is read back into its sentences, days
     and speakers."""
     names = names or {}
-    addressed = _addressed([t.text for t in folded]) | set(names.values())
+    addressed = addressed_names([t.text for t in folded]) | set(names.values())
     units = _earlier_units(earlier, earlier_is_extractive) if earlier else []
     for turn in folded:
         speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
@@ -322,8 +322,8 @@ def _gain(new: set[str], text: str) -> float:
     return gain / 2 if text.rstrip().endswith("?") else gain
 
 
-def _addressed(texts: Sequence[str]) -> set[str]:
-    """Names the speakers greet or address each other by."""
+def addressed_names(texts: Sequence[str]) -> set[str]:
+    """Names the speakers greet or address each other by ("Hey Mel!", "Thanks, Caroline.")."""
     found = set()
     for text in texts:
         for line in text.splitlines():
