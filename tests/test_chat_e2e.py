@@ -18,6 +18,7 @@ from mlxmem.memory.db import wipe_caches
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import summary_cap
 from mlxmem.models.tiny import make_tiny
+from mlxmem.restart import PROFILE_FILENAME
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
@@ -61,6 +62,18 @@ def one_shot(tiny, text, *extra):
     return json.loads(out.stdout), out.stderr
 
 
+def loading_wins() -> None:
+    """Record for every model in the data directory's restart profile that loading a stored
+    prefix beats recomputing it: what the engine measures for itself (mlxmem.restart) depends
+    on the machine's load, and the tiny model recomputes fast, so a busy machine can measure
+    the other way and rightly recompute. These tests are about the cache being reused."""
+    path = paths.data_dir() / PROFILE_FILENAME
+    profiles = json.loads(path.read_text()) if path.exists() else {}
+    for entry in profiles.values():
+        entry.update(read_bytes_per_s=1e15, kv_bytes_per_token=1.0)
+    path.write_text(json.dumps(profiles))
+
+
 def test_one_shot_turns_in_new_processes_reuse_the_persisted_cache(tiny):
     intro = (
         "Hello, I am Ana. I live in Porto with my cat Miso, who likes sardines and long naps "
@@ -71,6 +84,7 @@ def test_one_shot_turns_in_new_processes_reuse_the_persisted_cache(tiny):
     assert first["cached_tokens"] == 0 and first["generated_tokens"] > 0
     assert first["reply"] == Store().turns("default")[1].text  # the reply shown is the one logged
     for text in ["What is my cat called?", "Where do I live?", "Thanks!"]:
+        loading_wins()
         later, _ = one_shot(tiny, text)
         assert later["cached_tokens"] >= 0.9 * later["prompt_tokens"]
         assert later["cached_tokens"] + later["prefilled_tokens"] == later["prompt_tokens"]

@@ -28,7 +28,7 @@ MAX_REPEATED = 0.2  # share of a summary's n-grams that repeat an earlier one
 MIN_COVERAGE = 0.2  # share of the folded names, numbers and dates a summary must keep...
 MIN_ITEMS = 4  # ...when they hold at least this many
 MAX_PERSONAL = 0.03  # first- and second-person words outside quotes, per word (at least 2)
-FRESH_SHARE = 1 / 3  # of the cap, kept for the folded turns before the earlier summary competes
+FRESH_SHARE = 0.2  # of the cap, kept for the folded turns before the earlier summary competes
 # What an extracted sentence is worth: the names, numbers and dates it adds first, its other
 # words as a tie-break. Chosen on rolling summaries of three LoCoMo conversations (entities of
 # the final summary: 3/8 kept 25 of 71, 5/4 kept 34).
