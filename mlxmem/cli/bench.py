@@ -196,13 +196,7 @@ def turns(
             transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns,
             max_tokens, facts, seed, db, as_json,
         )  # fmt: skip
-    if transcript is not None:
-        exchanges = bench.read_transcript(transcript, replay=not generate)
-        source = str(transcript)
-    else:
-        exchanges = bench.synthetic_transcript(synthetic_turns, seed)
-        source = f"synthetic ({synthetic_turns} exchanges, seed {seed})"
-    exchanges = exchanges[:max_turns] if max_turns else exchanges
+    exchanges, source = _exchanges(transcript, not generate, synthetic_turns, seed, max_turns)
     chosen = _model(model, arch, quantize, seed, as_json)
     with bench.bench_engine(chosen) as engine, _progress("turns") as progress:
         result = bench.run_turns(
@@ -278,17 +272,22 @@ def turns(
     _footer(run, plot)
 
 
-def _one_shot_turns(
-    transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns, max_tokens,
-    facts, seed, db, as_json,
-) -> None:  # fmt: skip
+def _exchanges(transcript, replay: bool, synthetic_turns: int, seed: int, max_turns):
+    """The exchanges to run, from `transcript` or a synthetic chat, and how to name them."""
     if transcript is not None:
-        exchanges = bench.read_transcript(transcript, replay=False)
+        exchanges = bench.read_transcript(transcript, replay=replay)
         source = str(transcript)
     else:
         exchanges = bench.synthetic_transcript(synthetic_turns, seed)
         source = f"synthetic ({synthetic_turns} exchanges, seed {seed})"
-    exchanges = exchanges[:max_turns] if max_turns else exchanges
+    return (exchanges[:max_turns] if max_turns else exchanges), source
+
+
+def _one_shot_turns(
+    transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns, max_tokens,
+    facts, seed, db, as_json,
+) -> None:  # fmt: skip
+    exchanges, source = _exchanges(transcript, False, synthetic_turns, seed, max_turns)
     chosen = _model(model, arch, quantize, seed, as_json)
     with _progress("turns --one-shot") as progress:
         result = bench.run_one_shot_turns(
