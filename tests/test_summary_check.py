@@ -2,6 +2,9 @@
 (mlxmem.memory.summary_check), with plain strings and the fake engine's tokenizer; then a
 collapse through the Companion records which of the two it stored."""
 
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -220,3 +223,37 @@ def test_chat_context_says_who_wrote_the_summary(capsys):
     Session(open_chat, "fake", "default", term=None).print_context(None)
     shown = capsys.readouterr().err
     assert f"summary of turns #1-#{latest.last_seq}: extractive: picked from the turns" in shown
+
+
+def test_a_fold_with_nothing_remarkable_still_keeps_one_of_its_sentences():
+    # No name, number or date, few content words: before, the summary was only the earlier
+    # one, and the folded turns left no trace.
+    plain = [
+        Turn(1, "c", 1, "user", "My boss yelled at me again. I want to quit.", DAY, None, False)
+    ]
+    text = extractive_summary(FakeEngine(), 160, "The user had a rough day.", plain, {})
+    assert "yelled at me again" in text or "I want to quit" in text
+
+
+def test_a_summary_in_another_script_is_read_as_words():
+    russian = "Пользователь переехал в Москву в мае и работает врачом в больнице."
+    check = check_summary(russian, ["Я переехал в Москву в мае.", "Я работаю врачом."])
+    assert "empty" not in check.problems and check.ok
+
+
+def test_the_extractive_summary_does_not_depend_on_the_hash_seed():
+    code = (
+        "from mlxmem.memory.summary_check import _without_address as w;"
+        "print(w('Thanks for the tip, Mel, Caroline!', {'Mel', 'Caroline', 'Ana', 'Bo'}))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(8)
+    }
+    assert len(seen) == 1

@@ -37,7 +37,8 @@ MAX_WORD_GAIN = 4
 MAX_UNIT_WORDS = 40  # a longer sentence is cut: one sentence must not take the whole cap
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?…])\s+|\n+")
-_TOKEN_RE = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?|\d+(?:[.,:]\d+)*")
+# Words of any script (a Russian or Greek summary is no "empty" one), and numbers.
+_TOKEN_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+(?:[.,:]\d+)*")
 _QUOTED_RE = re.compile(r"\"[^\"]*\"|“[^”]*”")
 _REFUSAL_RE = re.compile(
     r"\b(?:I'?m sorry|I am sorry|I apologi[sz]e|I (?:can ?not|can'?t|am unable|'m unable|won'?t)"
@@ -251,15 +252,20 @@ def extractive_summary(
     value = {u.order: _unit_items(u.text, entities) for u in units}
     cost = {u.order: engine.count_text(_segment(u, None)) for u in units}
     chosen: list[_Unit] = []
-    _pick(chosen, [u for u in units if u.fresh], value, cost, int(cap * FRESH_SHARE))
+    fresh = [u for u in units if u.fresh]
+    _pick(chosen, fresh, value, cost, int(cap * FRESH_SHARE))
+    if fresh and not chosen:
+        # Nothing folded scored (no name, number or date, few content words): keep its richest
+        # sentence anyway, first in line to stay, so that no fold leaves no trace.
+        chosen.append(max(fresh, key=lambda u: (len(value[u.order]), -cost[u.order], -u.order)))
     _pick(chosen, units, value, cost, cap)
+    keep = chosen[0] if chosen else min(units, key=lambda u: u.order)
     while chosen:
         text = render(sorted(chosen, key=lambda u: u.order))
         if engine.count_text(text) <= cap:
             return text
         chosen.pop()  # the last picked added the least for its cost
-    first = min(units, key=lambda u: u.order)
-    return shorten_to(engine, render([first]), cap)
+    return shorten_to(engine, render([keep]), cap)
 
 
 def render(units: Sequence[_Unit]) -> str:
@@ -338,7 +344,7 @@ def _without_address(sentence: str, names: set[str]) -> str:
     """`sentence` without its greeting ("Hey Mel!") or the name it addresses ("..., Mel!");
     a leading "[...]" (a date the text itself gives) stays."""
     lead, sentence = _LEAD_RE.match(sentence).groups()
-    for name in names:
+    for name in sorted(names, key=lambda n: (-len(n), n)):  # one order: same input, same output
         name = re.escape(name)
         sentence = re.sub(rf",\s*{name}(?=\s*[!?.]|$)", "", sentence)
         sentence = re.sub(
