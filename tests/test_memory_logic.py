@@ -281,10 +281,20 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
     assert judge("The user is named Gina.", (), thanks) == (None, "about_addressee")
     cool = "Cool, Gina! I love all dances, but contemporary is my top pick. It's so expressive."
     assert judge("Gina's favorite dance is contemporary.", (), cool) == (None, "about_addressee")
-    # A name the message only mentions is fine.
-    sister = "My sister Gina moved to Lisbon last spring and I miss her so much already."
-    fact = "The user's sister Gina lives in Lisbon."
-    assert judge(fact, (), sister) == (fact, "kept")
+    # A name the message only mentions or talks about is fine, even next to a comma.
+    kept = [
+        ("My sister Gina moved to Lisbon last spring and I miss her so much.", "The user's "
+         "sister Gina lives in Lisbon."),
+        ("I am going to see my best friend from college, Maria.", "The user's best friend is "
+         "Maria."),
+        ("Oh Mark called me yesterday, he is moving to Denver next month!", "Mark is moving to "
+         "Denver."),
+        ("We moved to a flat in the city last weekend, Denver!", "The user moved to Denver."),
+        ("Thanks, Gina! My brother Tom starts his new job as a nurse on Monday.", "The user's "
+         "brother Tom is a nurse."),
+    ]  # fmt: skip
+    for message, fact in kept:
+        assert judge(fact, (), message) == (fact, "kept"), message
 
 
 def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import shorten
-from mlxmem.memory.summary_check import addressed_names
 
 EXAMPLE_FACT = "The user's sister is called Ana."
 EXTRACTION_INSTRUCTIONS = (
@@ -42,7 +41,13 @@ _COMMON_WORDS = {
     "all its also very".split()
 }
 # Strings that only a chat template or a confused model would write.
-_NAME_RE = re.compile(r"\b[A-Z][a-z]+\b")
+# Whom a message speaks to: a greeting ("Hey Gina!", "Thanks, Gina.") or a name called out
+# ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my friend from college,
+# Maria." or "Oh Mark called me" name people the user talks about, whose facts are kept.
+_ADDRESSED_RE = re.compile(
+    r"(?:^|[.!?]\s+)(?i:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations)"
+    r"[\s,!]+([A-Z][a-z]+)\b|,\s+([A-Z][a-z]+)\s*[!?]"
+)
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
 
 
@@ -72,7 +77,7 @@ def judge(
     "markup" (template or special tokens), "no_letters", "example" (the instructions' own
     example), "not_third_person" (I, you: the model chatting instead of noting),
     "not_one_sentence", "ungrounded" (no word of it is in the `message` it came from), or
-    "about_addressee" (it names someone the message greets or addresses, "Thanks, Gina!":
+    "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!":
     the other side of the chat, whom a small model takes for the user).
     Strict on purpose: a wrong fact is worse than none."""
     text = raw.strip().strip('"').strip()
@@ -92,9 +97,24 @@ def judge(
         return None, "not_one_sentence"
     if message is not None and not (content_words(text) & content_words(message)):
         return None, "ungrounded"
-    if message is not None and set(_NAME_RE.findall(text)) & addressed_names([message]):
+    if message is not None and any(_is_about(text, name) for name in addressed(message)):
         return None, "about_addressee"
     return text, "kept"
+
+
+def addressed(message: str) -> set[str]:
+    """The names `message` greets or calls out: the other side of the chat."""
+    return {a or b for a, b in _ADDRESSED_RE.findall(message)}
+
+
+def _is_about(fact: str, name: str) -> bool:
+    """The fact is about `name`: it starts with the name ("Gina's store ...") or makes the
+    user that person ("The user is named Gina.")."""
+    name = re.escape(name)
+    return bool(
+        re.match(rf"{name}\b", fact)
+        or re.search(rf"\bthe user is (?:named |called )?{name}\b", fact, re.IGNORECASE)
+    )
 
 
 def sentence_count(text: str) -> int:
