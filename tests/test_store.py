@@ -151,6 +151,20 @@ def test_old_database_upgrades_with_a_new_migration(tmp_path):
     con.close()
 
 
+def test_a_migration_recorded_out_of_order_is_still_applied(tmp_path):
+    def m900_table_a(con):
+        con.execute("CREATE TABLE a (x INTEGER)")
+
+    def m901_table_b(con):
+        con.execute("CREATE TABLE b (x INTEGER)")
+
+    con = duckdb.connect(str(tmp_path / "branch.duckdb"))
+    migrate(con, [*MIGRATIONS, m901_table_b])  # a branch that had only the newer one
+    assert migrate(con, [*MIGRATIONS, m900_table_a, m901_table_b]) == ["m900_table_a"]
+    assert migrate(con, [*MIGRATIONS, m900_table_a, m901_table_b]) == []
+    con.close()
+
+
 def test_summaries_record_their_source_and_older_ones_say_unknown(mlxmem_home):
     old = duckdb.connect(str(paths.db_path()))
     names = [m.__name__ for m in MIGRATIONS]

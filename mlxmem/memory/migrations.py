@@ -29,7 +29,7 @@ def migration(func: Migration) -> Migration:
 def migrate(con: duckdb.DuckDBPyConnection, migrations: list[Migration] | None = None) -> list[str]:
     """Apply the migrations missing from `con`'s database; return the names applied."""
     migrations = MIGRATIONS if migrations is None else migrations
-    if migrations and _newest_applied(con) == migrations[-1].__name__:
+    if migrations and _applied_summary(con) == (len(migrations), migrations[-1].__name__):
         return []  # up to date: one cheap read on every open, which is nearly every time
     con.execute(
         "CREATE TABLE IF NOT EXISTS migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP)"
@@ -52,12 +52,14 @@ def migrate(con: duckdb.DuckDBPyConnection, migrations: list[Migration] | None =
     return applied
 
 
-def _newest_applied(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The name of the newest migration recorded (names sort in order: m001, m002, ...).
-    Checked on every open rather than remembered per process: another process may have
-    replaced the file (an erase rewrites it) or made it anew."""
+def _applied_summary(con: duckdb.DuckDBPyConnection) -> tuple[int, str | None] | None:
+    """How many migrations are recorded, and the newest name (names sort in order: m001,
+    m002, ...): both must match the list to skip it, so a migration recorded out of order
+    (two branches each adding one) is still applied. Checked on every open rather than
+    remembered per process: another process may have replaced the file (an erase rewrites
+    it) or made it anew."""
     try:
-        return con.execute("SELECT max(name) FROM migrations").fetchone()[0]
+        return tuple(con.execute("SELECT count(*), max(name) FROM migrations").fetchone())
     except duckdb.CatalogException:
         return None  # a new database
 
