@@ -422,12 +422,11 @@ def _extended(
 ) -> Snapshot:
     """`previous` with `turn` appended to its window, and the turns recalled for
     `recall_terms` searched afresh: what _snapshot would read if nothing else changed."""
-    summary, recalled = previous.summary, []
-    if summary is not None and recall_terms:
-        recalled = search_before(
-            con, turn.conversation, summary.last_seq, recall_terms, recall_limit
-        )
-    return replace(previous, turns=[*previous.turns, turn], recalled=recalled)
+    snap, summary = with_turn(previous, turn), previous.summary
+    if summary is None or not recall_terms:
+        return snap
+    recalled = search_before(con, turn.conversation, summary.last_seq, recall_terms, recall_limit)
+    return replace(snap, recalled=recalled)
 
 
 def with_turn(snap: Snapshot, turn: Turn) -> Snapshot:

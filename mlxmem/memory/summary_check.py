@@ -21,8 +21,8 @@ from mlxmem.memory.dates import day_label
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.turns import Turn
 
-# Tuned on SmolLM2-135M's summaries of LoCoMo windows (benchmarks/summary_prompts.py) and on
-# hand-written third-person summaries of the same windows; see benchmarks/README.md.
+# Set against SmolLM2-135M's and Qwen2.5-Coder-1.5B's summaries of LoCoMo windows
+# (benchmarks/summary_prompts.py) and a plain third-person one (tests/test_summary_check.py).
 REPEAT_N = 4  # word n-grams
 MAX_REPEATED = 0.2  # share of a summary's n-grams that repeat an earlier one
 MIN_COVERAGE = 0.2  # share of the folded names, numbers and dates a summary must keep...
@@ -30,8 +30,7 @@ MIN_ITEMS = 4  # ...when they hold at least this many
 MAX_PERSONAL = 0.03  # first- and second-person words outside quotes, per word (at least 2)
 FRESH_SHARE = 0.2  # of the cap, kept for the folded turns before the earlier summary competes
 # What an extracted sentence is worth: the names, numbers and dates it adds first, its other
-# words as a tie-break. Chosen on rolling summaries of three LoCoMo conversations (entities of
-# the final summary: 3/8 kept 25 of 71, 5/4 kept 34).
+# words as a tie-break (measure a change with benchmarks/summary_entities.py).
 ITEM_GAIN = 5.0
 MAX_WORD_GAIN = 4
 MAX_UNIT_WORDS = 40  # a longer sentence is cut: one sentence must not take the whole cap
@@ -192,13 +191,7 @@ def speaker_names(said: Sequence[tuple[str, str]], facts: Sequence[str] = ()) ->
         for _, _, mine in _NAMED_RE.findall(text):
             if mine:
                 votes[role][mine] += 2
-        for line in text.splitlines():
-            greeted = _GREETING_RE.match(line.strip())
-            if greeted and _is_name(greeted.group(1)):
-                votes[other][greeted.group(1)] += 1
-        for name in _VOCATIVE_RE.findall(text):
-            if _is_name(name):
-                votes[other][name] += 1
+        votes[other].update(_addresses(text))
     for role, counts in votes.items():
         ranked = counts.most_common(2)
         if role in named or not ranked or ranked[0][1] < 2:
@@ -330,14 +323,14 @@ def _gain(new: set[str], text: str) -> float:
 
 def addressed_names(texts: Sequence[str]) -> set[str]:
     """Names the speakers greet or address each other by ("Hey Mel!", "Thanks, Caroline.")."""
-    found = set()
-    for text in texts:
-        for line in text.splitlines():
-            greeted = _GREETING_RE.match(line.strip())
-            if greeted and _is_name(greeted.group(1)):
-                found.add(greeted.group(1))
-        found |= {n for n in _VOCATIVE_RE.findall(text) if _is_name(n)}
-    return found
+    return {name for text in texts for name in _addresses(text)}
+
+
+def _addresses(text: str) -> list[str]:
+    """Each name `text` greets at the start of a line or calls out (", Mel!"), once per time."""
+    greeted = [_GREETING_RE.match(line.strip()) for line in text.splitlines()]
+    names = [m.group(1) for m in greeted if m] + _VOCATIVE_RE.findall(text)
+    return [name for name in names if _is_name(name)]
 
 
 def _without_address(sentence: str, names: set[str]) -> str:
