@@ -234,9 +234,10 @@ def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
     for role, text in turns:
         store.append_turn("c", role, text)
     with store.connect() as con:
-        # The reply to the matching question comes right after it, though it has no query word.
+        # The reply to the matching question ranks with it, though it has no query word, and
+        # before it: a turn that tells outranks a question (recall's prior).
         found = search_before(con, "c", 4, query_terms("Which team did Mel sign with?"))
-        assert [t.seq for t in found][:2] == [1, 2]
+        assert [t.seq for t in found][:2] == [2, 1]
         # Asked about the assistant's team: the assistant's turn first, the user's after.
         found = search_before(
             con, "c", 4, query_terms("(You are Mel; I am Jo.) Mel's basketball team?")
