@@ -7,7 +7,8 @@ turns before the window against the question as the eval asks it.
 
 The window's edge is `--window` messages before the end (the eval's runs with a 4,096-token
 budget left 40 to 70 messages verbatim). A question counts as found at k when one of its
-evidence turns is among the first k results; k = 4 is what recall puts in the prompt.
+evidence turns is among the first k results; found at 4 is the figure tracked across versions;
+recall puts up to RECALL_TURNS (6) in the prompt, as many as fit its share.
 Figures are the same for any model: they bound what recall can give a 3B model. `--scale N`
 also times the search over one conversation of N messages (the first conversation's turns
 repeated): the median over its first 20 questions, connection open included, as a turn pays it.
@@ -33,7 +34,7 @@ from mlxmem.memory.store import Store
 from mlxmem.memory.terms import index_missing
 from mlxmem.memory.turns import insert_turn
 
-DEPTHS = (1, RECALL_TURNS, 10)
+DEPTHS = tuple(sorted({1, 4, RECALL_TURNS, 10}))
 SCALE_QUESTIONS = 20  # timed at --scale
 
 

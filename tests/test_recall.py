@@ -2,13 +2,17 @@
 file: what is recalled, where it goes, how it is counted, and that deleted turns never come
 back."""
 
-import time
-
 from conftest import files_containing
 
 from mlxmem.memory import terms
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.recall import RECALL_HEADER, query_terms, refers_to_past, search_before
+from mlxmem.memory.recall import (
+    RECALL_HEADER,
+    RECALL_TURNS,
+    query_terms,
+    refers_to_past,
+    search_before,
+)
 from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
 
@@ -115,7 +119,7 @@ def test_a_deleted_turn_is_never_recalled():
     assert all("kohlrabi" not in m.content for m in result.prompt.messages)
 
 
-def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
+def test_bm25_ranks_the_rare_word_first(tmp_path):
     store = Store(tmp_path / "big.duckdb")
     with store.connect() as con:
         con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
@@ -127,11 +131,9 @@ def test_bm25_ranks_the_rare_word_first_and_is_fast_enough(tmp_path):
             "UPDATE messages SET text = 'the kohlrabi in the greenhouse is purple' WHERE seq = 77"
         )
         assert terms.index_missing(con) == 2000  # a bulk load, indexed after the fact
-        start = time.perf_counter()
         found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
-        assert time.perf_counter() - start < 5  # generous: a smoke check, not a benchmark
     assert found[0].seq == 77
-    assert len(found) == 4
+    assert len(found) == RECALL_TURNS  # speed: benchmarks/recall_retrieval.py --scale
 
 
 def test_the_stemmer_is_snowball_english():

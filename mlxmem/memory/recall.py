@@ -21,7 +21,11 @@ from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE
 from mlxmem.memory.terms import terms as words_of
 from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
 
-RECALL_TURNS = 4  # turns recalled at most per message
+# Turns recalled at most per message. Six fit the recall share (512 tokens of 4,096) about as
+# often as four did with room to spare: with SmolLM2's tokenizer, an evidence turn reached
+# the prompt for 0.80-0.84 of each development conversation's questions, 0.77-0.80 with four
+# (benchmarks/summary_entities.py); what does not fit is dropped, weakest first.
+RECALL_TURNS = 6
 RECALL_SHARE = 0.125  # of the context budget, at most
 RECALLED_TURN_TOKENS = 120  # a longer recalled turn shows its head and tail
 RECALL_HEADER = "From earlier conversations (recalled from the log):"
