@@ -132,6 +132,21 @@ def test_replayed_replies_go_into_the_cache_as_generated_ones_would():
     assert shares[True] > shares[False]
 
 
+def test_bench_turns_with_recall_measures_its_cost():
+    # Recall's block sits in one message only: the next turn prefills that message and its
+    # reply again, so the cache covers less of each prompt than without recall.
+    exchanges = bench.synthetic_transcript(20)
+    shares = {}
+    for recall in (False, True):
+        result = run_turns(FakeEngine(), exchanges, 1024, 64, recall=recall).to_dict()
+        check_turns(result)
+        assert result["settings"]["recall"] is recall
+        recalled = [t for t in result["per_turn"] if t["layers"]["recall"] > 0]
+        assert bool(recalled) is recall
+        shares[recall] = result["cache_share_non_collapse"]
+    assert shares[False] > shares[True] > 0
+
+
 def test_baselines_can_be_skipped():
     exchanges = bench.synthetic_transcript(20)
     result = run_turns(

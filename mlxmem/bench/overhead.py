@@ -137,7 +137,7 @@ def measure_overhead(
             OVERHEAD_CONVERSATION,
             context_tokens=max(1024, window_tokens * 5 // 4 + 512),
             response_reserve=256,
-            settings=ChatSettings(extract_facts=False, max_tokens=1),
+            settings=ChatSettings(extract_facts=False, max_tokens=1, recall=False),
         )
         _fill(store, engine, exchanges[: -2 * trials - 2], window_tokens, facts)
         unheld = [_one_turn(companion, text) for text in sent[: trials + 1]][1:]

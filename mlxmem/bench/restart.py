@@ -152,7 +152,7 @@ def run_restart(
 
 
 def _companion(engine, directory: Path, context_tokens: int, reserve: int, seed: int):
-    settings = ChatSettings(temp=0.0, seed=seed, extract_facts=False)
+    settings = ChatSettings(temp=0.0, seed=seed, extract_facts=False, recall=False)
     store = Store(directory / "bench.duckdb")
     return Companion(engine, store, CONVERSATION, context_tokens, reserve, settings)
 

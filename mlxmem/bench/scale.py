@@ -104,7 +104,7 @@ def _measure(home: Path, size: int, trials: int, seed: int) -> SizeResult:
     build_s = time.perf_counter() - start
     times: dict[str, list[float]] = {}
     engine = FakeEngine()
-    settings = ChatSettings(extract_facts=False)
+    settings = ChatSettings(extract_facts=False, recall=False)
     context = SCALE_CONTEXT_TOKENS
     for i in range(trials):
         companion = Companion(engine, store, SCALE_CONVERSATION, context, 512, settings)

@@ -263,13 +263,16 @@ def run_turns(
     rebuild_every: int = 1,
     fresh_summaries: bool = True,
     reply_in_cache: bool = True,
+    recall: bool = False,
     seed: int = DEFAULT_BENCH_SEED,
     progress: Progress = no_progress,
 ) -> TurnsResult:
     """Replay `exchanges` through a Companion on a scratch database and measure every turn.
 
     Baseline (a) runs on every `rebuild_every`-th turn (0: never); baseline (b) after every
-    collapse when `fresh_summaries`."""
+    collapse when `fresh_summaries`. Recall is off unless `recall`: the figures recorded in
+    benchmarks/README measure the window and summary; a recalled block sits in one message
+    only, so the turn after it prefills that message and its reply again."""
     reply_in_cache = reply_in_cache and not generate
     settings = {
         "context_tokens": context_tokens,
@@ -280,6 +283,7 @@ def run_turns(
         "rebuild_every": rebuild_every,
         "fresh_summaries": fresh_summaries,
         "reply_in_cache": reply_in_cache,
+        "recall": recall,
         "seed": seed,
     }
     settings["tokens_per_word"] = tokens_per_word(engine, exchanges)
@@ -287,7 +291,9 @@ def run_turns(
     records: list[TurnRecord] = []
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-") as tmp:
         store = Store(Path(tmp) / "bench.duckdb")
-        chat = ChatSettings(temp=0.0, seed=seed, extract_facts=facts, max_tokens=max_tokens)
+        chat = ChatSettings(
+            temp=0.0, seed=seed, extract_facts=facts, max_tokens=max_tokens, recall=recall
+        )
         companion = Companion(recorder, store, CONVERSATION, context_tokens, response_reserve, chat)
         settings["response_reserve"] = companion.budget.reserve
         settings["summary_cap"] = companion.window.summary_cap

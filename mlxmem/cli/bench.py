@@ -175,6 +175,12 @@ def turns(
         help="Replay: put each replayed reply into the KV cache after its turn, where "
         "generating it would have left it (counted apart, as decoding).",
     ),
+    recall: bool = typer.Option(
+        False,
+        "--recall/--no-recall",
+        help="Recall old turns into messages about the past, as a chat does by default (off "
+        "here: the recorded figures measure the window and summary).",
+    ),
     one_shot: bool = typer.Option(
         False,
         "--one-shot",
@@ -210,6 +216,7 @@ def turns(
             rebuild_every=rebuild_every,
             fresh_summaries=fresh_summaries,
             reply_in_cache=reply_in_cache,
+            recall=recall,
             seed=seed,
             progress=progress,
         )

@@ -133,7 +133,7 @@ ranked AS (
 )
 SELECT ranked.pos,
     ranked.s + {LENGTH_PRIOR} * ln(1 + docs.dl)
-        - CASE WHEN regexp_matches(m.text, '[?]\s*$') THEN {QUESTION_PENALTY} ELSE 0 END AS score,
+        - CASE WHEN regexp_matches(m.text, '[?]\\s*$') THEN {QUESTION_PENALTY} ELSE 0 END AS score,
     ranked.own
 FROM ranked JOIN docs USING (pos) JOIN messages m ON m.id = docs.id
 ORDER BY score DESC, ranked.own DESC, ranked.pos DESC LIMIT $limit
