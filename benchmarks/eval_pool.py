@@ -1,0 +1,80 @@
+"""Pool several `mlxmem eval locomo --json` runs into one table of figures, no text.
+
+    python benchmarks/eval_pool.py RUN.json [RUN.json ...] [--out results/FILE.json]
+
+A slow model on a CPU answers 20 questions of one conversation in about an hour, so its runs
+are made one conversation at a time (`--conversation conv-NN --sessions N --limit 20`). This
+reads their per-question scores and gives, per run and pooled over all of them: mean F1 per
+configuration with its 95% bootstrap interval, the paired differences recall - window and
+recall - mlxmem (the same questions, so their intervals are what decides), and the shares of
+questions whose prompt held an evidence turn and every content word of the answer. `--out`
+keeps those figures only: no question, answer or summary of the corpus (its licence keeps its
+text out of this repository).
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from mlxmem.eval.locomo import CONFIGS, SCORED, bootstrap_ci, paired_difference
+
+PAIRS = (("recall", "window"), ("recall", "mlxmem"), ("mlxmem", "window"), ("oracle", "no_memory"))
+SHARES = ("evidence_in_prompt", "answer_in_prompt")
+
+
+def figures(items: list[dict]) -> dict:
+    scored = [i for i in items if i["category"] in SCORED]
+    out: dict = {"questions": len(scored)}
+    for config in CONFIGS:
+        values = {m: [i[config][m] for i in scored if i[config].get(m) is not None]
+                  for m in ("f1", *SHARES)}  # fmt: skip
+        out[config] = {
+            m: {"mean": sum(v) / len(v) if v else None, "ci": bootstrap_ci(v), "n": len(v)}
+            for m, v in values.items()
+        }
+    for a, b in PAIRS:
+        out[f"{a}_vs_{b}"] = paired_difference(scored, a, b)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    runs, pooled = [], []
+    for path in args.runs:
+        run = json.loads(path.read_text())
+        items = [i for conv in run["conversations"] for i in conv["items"]]
+        pooled += items
+        settings = run["settings"]
+        runs.append(
+            {
+                "model": run["model"]["label"],
+                "conversations": settings["conversations"],
+                "sessions": settings.get("sessions"),
+                "limit": settings.get("limit"),
+                "context_tokens": settings.get("context_tokens"),
+                "versions": run.get("versions"),
+                "figures": figures(items),
+            }
+        )
+    result = {"runs": runs, "pooled": figures(pooled)}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for label, fig in [*((",".join(r["conversations"]), r["figures"]) for r in runs),
+                       ("pooled", result["pooled"])]:  # fmt: skip
+        print(f"{label}: {fig['questions']} questions in categories 1-4")
+        for config in CONFIGS:
+            f1 = fig[config]["f1"]
+            shares = "  ".join(f"{m} {fig[config][m]['mean']:.2f}" for m in SHARES)
+            low, high = f1["ci"]
+            print(f"  {config:>9} F1 {f1['mean']:.3f} [{low:.3f}-{high:.3f}]  {shares}")
+        for a, b in PAIRS:
+            d = fig[f"{a}_vs_{b}"]
+            print(f"  {a} - {b}: {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+                  f"{'  (clear of zero)' if d['beats'] else ''}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""benchmarks/eval_pool.py: runs of one conversation each, pooled; figures only in --out."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mlxmem.eval.locomo import CONFIGS, paired_difference
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "eval_pool.py"
+
+
+def run_file(path: Path, conv: str, scores: list[tuple[float, float]]) -> Path:
+    """A run as `eval locomo --json` writes it, with (recall, window) F1 per question."""
+    items = []
+    for i, (recall, window) in enumerate(scores):
+        item = {"question": f"SECRET question {i}?", "answer": "SECRET", "category": 4}
+        for config in CONFIGS:
+            f1 = {"recall": recall, "window": window}.get(config, 0.0)
+            item[config] = {"answer": "SECRET", "f1": f1, "evidence_in_prompt": 1.0,
+                            "answer_in_prompt": 0.0}  # fmt: skip
+        items.append(item)
+    items.append({**items[0], "category": 5})  # adversarial: not in the overall figures
+    run = {
+        "model": {"label": "fake"},
+        "settings": {"conversations": [conv], "sessions": 8, "limit": 20},
+        "conversations": [{"id": conv, "items": items}],
+    }
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_pooled_figures_are_the_paired_difference_over_every_run(tmp_path):
+    a = run_file(tmp_path / "a.json", "conv-1", [(0.5, 0.0), (0.4, 0.1), (0.3, 0.3)])
+    b = run_file(tmp_path / "b.json", "conv-2", [(0.2, 0.4), (0.6, 0.0)])
+    out = tmp_path / "pooled.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(a), str(b), "--out", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert [r["figures"]["questions"] for r in result["runs"]] == [3, 2]
+    pooled = result["pooled"]
+    assert pooled["questions"] == 5
+    items = [i for p in (a, b) for i in json.loads(p.read_text())["conversations"][0]["items"]]
+    expected = paired_difference([i for i in items if i["category"] != 5], "recall", "window")
+    assert pooled["recall_vs_window"] == expected
+    assert abs(pooled["recall"]["f1"]["mean"] - 2.0 / 5) < 1e-9
+    assert "SECRET" not in out.read_text()  # the corpus's text stays out of the results
+    assert "recall - window" in done.stdout
