@@ -66,14 +66,22 @@ def main() -> None:
                        ("pooled", result["pooled"])]:  # fmt: skip
         print(f"{label}: {fig['questions']} questions in categories 1-4")
         for config in CONFIGS:
-            f1 = fig[config]["f1"]
-            shares = "  ".join(f"{m} {fig[config][m]['mean']:.2f}" for m in SHARES)
-            low, high = f1["ci"]
-            print(f"  {config:>9} F1 {f1['mean']:.3f} [{low:.3f}-{high:.3f}]  {shares}")
+            shares = "  ".join(f"{m} {_num(fig[config][m]['mean'], '.2f')}" for m in SHARES)
+            print(f"  {config:>9} F1 {_figure(fig[config]['f1'], '.3f')}  {shares}")
         for a, b in PAIRS:
             d = fig[f"{a}_vs_{b}"]
-            print(f"  {a} - {b}: {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
-                  f"{'  (clear of zero)' if d['beats'] else ''}")  # fmt: skip
+            clear = "  (clear of zero)" if d["beats"] else ""
+            print(f"  {a} - {b}: {_figure(d, '+.3f')}{clear}")
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _figure(stat: dict, spec: str) -> str:
+    """A mean and its interval; n/a where a run had nothing to score (--no-answers, say)."""
+    ci = stat.get("ci") or (None, None)
+    return f"{_num(stat['mean'], spec)} [{_num(ci[0], spec)}, {_num(ci[1], spec)}]"
 
 
 if __name__ == "__main__":

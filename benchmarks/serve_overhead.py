@@ -50,7 +50,8 @@ def engine_factory(kind: str, workdir: Path) -> Callable:
 
 
 def settings(max_tokens: int) -> ChatSettings:
-    return ChatSettings(temp=0.0, max_tokens=max_tokens, extract_facts=False)
+    # Recall off, as in `mlxmem bench speed`: the recorded figures measure the window and summary.
+    return ChatSettings(temp=0.0, max_tokens=max_tokens, extract_facts=False, recall=False)
 
 
 class Direct:

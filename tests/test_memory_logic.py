@@ -11,6 +11,7 @@ from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.extraction import is_duplicate, judge, normalize
+from mlxmem.memory.recall import RECALL_HEADER
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import (
     MIN_VERBATIM,
@@ -44,52 +45,85 @@ def test_evict_count_folds_the_oldest_half_and_keeps_two_exchanges():
     assert evict_count(turns(5)) == 1  # cannot end on an exchange without going under 4
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["recall", "no-recall"])
+def sent(recall: bool, i: int) -> str:
+    """The i-th message of a long chat; with recall, every fourth one after the first folds
+    asks about an early turn, so that recall finds it in the log."""
+    if recall and i >= 12 and i % 4 == 0:
+        return f"Turn {i}: how many sardines did Miso eat in turn {i - 10}?"
+    return user_text(i)
+
+
+# (recall, budget). Recall keeps 12.5% of the budget free for its block: at 600 tokens the
+# window would fold on 37 of 40 turns (18 without recall), at 1,024 on 8 (7 without).
+LONG_CHATS = [(True, 1024), (False, 600)]
+
+
+def long_chat_params(request) -> tuple[bool, int]:
+    return LONG_CHATS[request.node.callspec.indices["long_chat"]]
+
+
+@pytest.fixture(scope="module", params=LONG_CHATS, ids=["recall-1024", "no-recall-600"])
 def long_chat(request, tmp_path_factory):
-    """40 turns on a 600-token budget through the fake engine, with recall (the default) and
-    without: the runs every invariant test below reads. Returns the engine, the store, and
-    per turn its result and model calls."""
+    """40 turns through the fake engine, with recall (the default) and without, each on a
+    small budget: the runs every invariant test below reads. Returns the engine, the store,
+    and per turn its result and model calls."""
+    recall, budget = request.param
     engine = FakeEngine(scripted)
     store = Store(tmp_path_factory.mktemp("long") / "mlxmem.duckdb")
-    settings = ChatSettings(recall=request.param)
-    companion = Companion(engine, store, "default", 600, 120, settings)
+    settings = ChatSettings(recall=recall)
+    companion = Companion(engine, store, "default", budget, 120, settings)
     turns = []
     for i in range(40):
         before = len(engine.calls)
-        result = companion.send(user_text(i))
+        result = companion.send(sent(recall, i))
         turns.append((result, engine.calls[before:]))
     return engine, store, turns
 
 
-def test_budget_every_model_call_fits(long_chat):
+def test_budget_every_model_call_fits(long_chat, request):
     _, _, turns = long_chat
+    _, budget = long_chat_params(request)
     for result, calls in turns:
         for call in calls:
-            assert call.prompt_tokens + call.max_tokens <= 600
-        assert sum(result.prompt.layers.to_dict().values()) == 600
+            assert call.prompt_tokens + call.max_tokens <= budget
+        assert sum(result.prompt.layers.to_dict().values()) == budget
 
 
-def test_the_newest_message_is_in_the_prompt_verbatim(long_chat):
+def test_the_newest_message_is_in_the_prompt_verbatim(long_chat, request):
     _, _, turns = long_chat
+    recall, _ = long_chat_params(request)
     for i, (result, _) in enumerate(turns):
         newest = result.prompt.messages[-1]
-        assert (newest.role, newest.content) == ("user", user_text(i))
+        assert newest.role == "user"
+        if result.prompt.recalled:  # the recalled block, then the message as it was sent
+            assert newest.content.startswith(RECALL_HEADER)
+            assert newest.content.endswith("\n\n" + sent(recall, i))
+        else:
+            assert newest.content == sent(recall, i)
+    # The questions about early turns found them in the log.
+    assert sum(bool(r.prompt.recalled) for r, _ in turns) >= (5 if recall else 0)
 
 
 def test_between_collapses_only_the_new_message_is_prefilled(long_chat, request):
     engine, _, turns = long_chat
+    recall, _ = long_chat_params(request)
     quiet = [(i, r) for i, (r, _) in enumerate(turns) if i > 0 and not r.collapses]
-    # Recall keeps 75 of the 600 tokens free for its block: the window folds far more often.
-    recall = request.node.callspec.params["long_chat"]
-    assert len(quiet) >= (2 if recall else 20)
+    assert len(quiet) >= 20
     for i, result in quiet:
-        assert result.stats.prefilled_tokens <= engine.count_text(user_text(i)) + 10
+        # The message, and its recalled block; after a turn that recalled, that message (its
+        # block is gone from it now) and its reply are prefilled again.
+        allowed = engine.count_text(sent(recall, i)) + 10 + result.prompt.layers.recall
+        previous = turns[i - 1][0]
+        if previous.prompt.recalled:
+            allowed += engine.count_text(sent(recall, i - 1) + previous.reply) + 16
+        assert result.stats.prefilled_tokens <= allowed
 
 
-def test_nothing_lost_every_turn_is_logged_in_order(long_chat):
+def test_nothing_lost_every_turn_is_logged_in_order(long_chat, request):
     _, store, _ = long_chat
+    recall, _ = long_chat_params(request)
     log = store.turns("default")
-    assert [m.text for m in log if m.role == "user"] == [user_text(i) for i in range(40)]
+    assert [m.text for m in log if m.role == "user"] == [sent(recall, i) for i in range(40)]
     assert [m.role for m in log] == ["user", "assistant"] * 40
 
 
@@ -102,12 +136,13 @@ def test_compress_never_forget_every_turn_is_summarized_or_verbatim(long_chat):
     assert len(snap.turns) >= MIN_VERBATIM
 
 
-def test_summaries_keep_their_token_cap(long_chat):
+def test_summaries_keep_their_token_cap(long_chat, request):
     _, store, _ = long_chat
+    _, budget = long_chat_params(request)
     summaries = store.summaries("default")
     assert summaries
     for s in summaries:
-        assert s.token_count <= summary_cap(600)
+        assert s.token_count <= summary_cap(budget)
 
 
 def test_collapse_is_generated_on_the_cached_chat_prefix():

@@ -179,9 +179,10 @@ class Companion:
         enough = self.budget.budget
         while self._tokens_needed(enough) > enough:
             enough += 64
+        recall = " (recall's room included: --no-recall frees it)" if self.settings.recall else ""
         raise InputError(
             f"a context budget of {self.budget.budget} tokens is too small for this model's "
-            f"instructions, memory and reply; use at least {enough}"
+            f"instructions, memory{recall} and reply; use at least {enough}"
         )
 
     def _tokens_needed(self, budget: int) -> int:
