@@ -7,6 +7,7 @@ from conftest import files_containing
 from mlxmem.memory import terms
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import (
+    MAX_QUERY_TERMS,
     RECALL_HEADER,
     RECALL_TURNS,
     query_terms,
@@ -134,6 +135,14 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
         found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
     assert found[0].seq == 77
     assert len(found) == RECALL_TURNS  # speed: benchmarks/recall_retrieval.py --scale
+
+
+def test_a_pasted_text_searches_for_its_first_and_last_terms_only():
+    words = [f"w{i}x" for i in range(500)]
+    found = query_terms("Where did we leave " + " ".join(words) + " the kohlrabi?")
+    assert len(found) == MAX_QUERY_TERMS
+    assert found[0] == "leav" and found[-1] == "kohlrabi"
+    assert query_terms("(You are Mel; I am Jo.) " + " ".join(words) + " Mel?")[-1] == "@assistant"
 
 
 def test_the_stemmer_is_snowball_english():
