@@ -6,34 +6,34 @@ A slow model on a CPU answers 20 questions of one conversation in about an hour,
 are made one conversation at a time (`--conversation conv-NN --sessions N --limit 20`). This
 reads their per-question scores and gives, per run and pooled over all of them: mean F1 per
 configuration with its 95% bootstrap interval, the paired differences recall - window and
-recall - mlxmem (the same questions, so their intervals are what decides), and the shares of
-questions whose prompt held an evidence turn and every content word of the answer. `--out`
-keeps those figures only: no question, answer or summary of the corpus (its licence keeps its
-text out of this repository).
+recall - mlxmem (the same questions, so their intervals are what decides), the shares of
+questions whose prompt held an evidence turn and every content word of the answer, and how
+often recall brought back evidence that had left the window. All of it is the eval's own
+arithmetic (`aggregate`, `paired_difference`, `evicted_evidence`) over the pooled questions.
+`--out` keeps those figures only: no question, answer or summary of the corpus (its licence
+keeps its text out of this repository).
 """
 
 import argparse
 import json
 from pathlib import Path
 
-from mlxmem.eval.locomo import CONFIGS, SCORED, bootstrap_ci, paired_difference
+from mlxmem.eval.locomo import CONFIGS, SCORED, aggregate, evicted_evidence, paired_difference
 
 PAIRS = (("recall", "window"), ("recall", "mlxmem"), ("mlxmem", "window"), ("oracle", "no_memory"))
 SHARES = ("evidence_in_prompt", "answer_in_prompt")
 
 
 def figures(items: list[dict]) -> dict:
-    scored = [i for i in items if i["category"] in SCORED]
-    out: dict = {"questions": len(scored)}
+    """The eval's own aggregates of `items` (overall, categories 1-4), its paired differences,
+    and its count of questions whose evidence had left the window."""
+    scores = aggregate(items)
+    out: dict = {"questions": sum(i["category"] in SCORED for i in items)}
     for config in CONFIGS:
-        values = {m: [i[config][m] for i in scored if i[config].get(m) is not None]
-                  for m in ("f1", *SHARES)}  # fmt: skip
-        out[config] = {
-            m: {"mean": sum(v) / len(v) if v else None, "ci": bootstrap_ci(v), "n": len(v)}
-            for m, v in values.items()
-        }
+        out[config] = {m: scores[config][m]["overall"] for m in ("f1", *SHARES)}
     for a, b in PAIRS:
-        out[f"{a}_vs_{b}"] = paired_difference(scored, a, b)
+        out[f"{a}_vs_{b}"] = paired_difference(items, a, b)
+    out["evicted_evidence"] = evicted_evidence(items)["overall"]
     return out
 
 
@@ -72,6 +72,9 @@ def main() -> None:
             d = fig[f"{a}_vs_{b}"]
             clear = "  (clear of zero)" if d["beats"] else ""
             print(f"  {a} - {b}: {_figure(d, '+.3f')}{clear}")
+        evicted = fig["evicted_evidence"]
+        print(f"  evidence left the window for {evicted['questions']}; recall brought it back"
+              f" for {evicted['evidence_recalled']}")  # fmt: skip
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -19,6 +19,10 @@ def run_file(path: Path, conv: str, scores: list[tuple[float, float]]) -> Path:
             f1 = {"recall": recall, "window": window}.get(config, 0.0)
             item[config] = {"answer": "SECRET", "f1": f1, "evidence_in_prompt": 1.0,
                             "answer_in_prompt": 0.0}  # fmt: skip
+        # The evidence (seq 3) left the window of every other question; recall found it when
+        # it scored.
+        item |= {"evidence_seqs": [3], "evicted_upto": 5 if i % 2 == 0 else 1}
+        item["recall"]["evidence_recalled"] = int(recall > 0.3)
         items.append(item)
     items.append({**items[0], "category": 5})  # adversarial: not in the overall figures
     run = {
@@ -46,5 +50,9 @@ def test_pooled_figures_are_the_paired_difference_over_every_run(tmp_path):
     expected = paired_difference([i for i in items if i["category"] != 5], "recall", "window")
     assert pooled["recall_vs_window"] == expected
     assert abs(pooled["recall"]["f1"]["mean"] - 2.0 / 5) < 1e-9
+    # Evidence out of the window: questions 0 and 2 of the first run, 0 of the second; recall
+    # found it for the first only (F1 0.5; 0.3 and 0.2 for the others).
+    evicted = pooled["evicted_evidence"]
+    assert (evicted["questions"], evicted["evidence_recalled"]) == (3, 1)
     assert "SECRET" not in out.read_text()  # the corpus's text stays out of the results
     assert "recall - window" in done.stdout

@@ -1,6 +1,8 @@
 """The memory layers with the fake engine (same interface as the MLX one) and a real DuckDB
 file: collapse boundaries, the budget invariant, facts in the prompt, extraction filters."""
 
+from typing import NamedTuple
+
 import pytest
 from conftest import FACT, scripted, user_text
 from hypothesis import given, settings
@@ -53,96 +55,89 @@ def sent(recall: bool, i: int) -> str:
     return user_text(i)
 
 
-# (recall, budget). Recall keeps 12.5% of the budget free for its block: at 600 tokens the
-# window would fold on 37 of 40 turns (18 without recall), at 1,024 on 8 (7 without).
-LONG_CHATS = [(True, 1024), (False, 600)]
+class LongChat(NamedTuple):
+    engine: FakeEngine
+    store: Store
+    turns: list  # per turn: its result and the model calls it made
+    messages: list[str]  # what was sent, in order
+    recall: bool
+    budget: int
 
 
-def long_chat_params(request) -> tuple[bool, int]:
-    return LONG_CHATS[request.node.callspec.indices["long_chat"]]
-
-
-@pytest.fixture(scope="module", params=LONG_CHATS, ids=["recall-1024", "no-recall-600"])
-def long_chat(request, tmp_path_factory):
+# Recall keeps 12.5% of the budget free for its block: at 600 tokens the window would fold on
+# 37 of 40 turns (18 without recall), at 1,024 on 8 (7 without).
+@pytest.fixture(scope="module", params=[(True, 1024), (False, 600)], ids=["recall", "no-recall"])
+def long_chat(request, tmp_path_factory) -> LongChat:
     """40 turns through the fake engine, with recall (the default) and without, each on a
-    small budget: the runs every invariant test below reads. Returns the engine, the store,
-    and per turn its result and model calls."""
+    small budget: the runs every invariant test below reads."""
     recall, budget = request.param
     engine = FakeEngine(scripted)
     store = Store(tmp_path_factory.mktemp("long") / "mlxmem.duckdb")
     settings = ChatSettings(recall=recall)
     companion = Companion(engine, store, "default", budget, 120, settings)
+    messages = [sent(recall, i) for i in range(40)]
     turns = []
-    for i in range(40):
+    for text in messages:
         before = len(engine.calls)
-        result = companion.send(sent(recall, i))
+        result = companion.send(text)
         turns.append((result, engine.calls[before:]))
-    return engine, store, turns
+    return LongChat(engine, store, turns, messages, recall, budget)
 
 
-def test_budget_every_model_call_fits(long_chat, request):
-    _, _, turns = long_chat
-    _, budget = long_chat_params(request)
-    for result, calls in turns:
+def test_budget_every_model_call_fits(long_chat):
+    for result, calls in long_chat.turns:
         for call in calls:
-            assert call.prompt_tokens + call.max_tokens <= budget
-        assert sum(result.prompt.layers.to_dict().values()) == budget
+            assert call.prompt_tokens + call.max_tokens <= long_chat.budget
+        assert sum(result.prompt.layers.to_dict().values()) == long_chat.budget
 
 
-def test_the_newest_message_is_in_the_prompt_verbatim(long_chat, request):
-    _, _, turns = long_chat
-    recall, _ = long_chat_params(request)
-    for i, (result, _) in enumerate(turns):
+def test_the_newest_message_is_in_the_prompt_verbatim(long_chat):
+    for (result, _), text in zip(long_chat.turns, long_chat.messages, strict=True):
         newest = result.prompt.messages[-1]
         assert newest.role == "user"
         if result.prompt.recalled:  # the recalled block, then the message as it was sent
             assert newest.content.startswith(RECALL_HEADER)
-            assert newest.content.endswith("\n\n" + sent(recall, i))
+            assert newest.content.endswith("\n\n" + text)
         else:
-            assert newest.content == sent(recall, i)
-    # The questions about early turns found them in the log.
-    assert sum(bool(r.prompt.recalled) for r, _ in turns) >= (5 if recall else 0)
+            assert newest.content == text
+    # The questions about early turns found them in the log; without recall, nothing is.
+    recalled = sum(bool(r.prompt.recalled) for r, _ in long_chat.turns)
+    assert recalled >= 5 if long_chat.recall else recalled == 0
 
 
-def test_between_collapses_only_the_new_message_is_prefilled(long_chat, request):
-    engine, _, turns = long_chat
-    recall, _ = long_chat_params(request)
+def test_between_collapses_only_the_new_message_is_prefilled(long_chat):
+    engine, turns, messages = long_chat.engine, long_chat.turns, long_chat.messages
     quiet = [(i, r) for i, (r, _) in enumerate(turns) if i > 0 and not r.collapses]
     assert len(quiet) >= 20
     for i, result in quiet:
         # The message, and its recalled block; after a turn that recalled, that message (its
         # block is gone from it now) and its reply are prefilled again.
-        allowed = engine.count_text(sent(recall, i)) + 10 + result.prompt.layers.recall
+        allowed = engine.count_text(messages[i]) + 10 + result.prompt.layers.recall
         previous = turns[i - 1][0]
         if previous.prompt.recalled:
-            allowed += engine.count_text(sent(recall, i - 1) + previous.reply) + 16
+            allowed += engine.count_text(messages[i - 1] + previous.reply) + 16
         assert result.stats.prefilled_tokens <= allowed
 
 
-def test_nothing_lost_every_turn_is_logged_in_order(long_chat, request):
-    _, store, _ = long_chat
-    recall, _ = long_chat_params(request)
-    log = store.turns("default")
-    assert [m.text for m in log if m.role == "user"] == [sent(recall, i) for i in range(40)]
+def test_nothing_lost_every_turn_is_logged_in_order(long_chat):
+    log = long_chat.store.turns("default")
+    assert [m.text for m in log if m.role == "user"] == long_chat.messages
     assert [m.role for m in log] == ["user", "assistant"] * 40
 
 
 def test_compress_never_forget_every_turn_is_summarized_or_verbatim(long_chat):
-    _, store, turns = long_chat
-    assert sum(bool(r.collapses) for r, _ in turns) >= 3
-    snap = store.snapshot("default")
+    assert sum(bool(r.collapses) for r, _ in long_chat.turns) >= 3
+    snap = long_chat.store.snapshot("default")
     assert snap.summary is not None and snap.summary.first_seq == 1
     assert [m.seq for m in snap.turns] == list(range(snap.summary.last_seq + 1, 81))
     assert len(snap.turns) >= MIN_VERBATIM
 
 
-def test_summaries_keep_their_token_cap(long_chat, request):
-    _, store, _ = long_chat
-    _, budget = long_chat_params(request)
-    summaries = store.summaries("default")
+def test_summaries_keep_their_token_cap(long_chat):
+    summaries = long_chat.store.summaries("default")
     assert summaries
     for s in summaries:
-        assert s.token_count <= summary_cap(budget)
+        assert s.token_count <= summary_cap(long_chat.budget)
 
 
 def test_collapse_is_generated_on_the_cached_chat_prefix():
@@ -395,8 +390,13 @@ def test_a_long_fact_does_not_hide_the_short_ones_after_it():
 def test_too_small_a_budget_is_refused_up_front_with_the_size_that_works():
     with pytest.raises(InputError, match="use at least") as info:
         make(budget=300, reserve=100)
+    assert "--no-recall frees it" in str(info.value)  # recall is on: its room is counted
     enough = int(str(info.value).rsplit(" ", 1)[-1])
     make(budget=enough, reserve=100)  # the suggested size works
+    with pytest.raises(InputError, match="use at least") as info:
+        make(budget=300, reserve=100, recall=False)
+    assert "recall" not in str(info.value)
+    assert int(str(info.value).rsplit(" ", 1)[-1]) < enough  # without its room, less will do
 
 
 def test_fact_extraction_prompt_fits_small_budgets():
