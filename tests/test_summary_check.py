@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
 from mlxmem.memory.summary_check import (
@@ -16,9 +17,10 @@ from mlxmem.memory.summary_check import (
     extractive_summary,
     key_items,
     speaker_names,
+    specific_clauses,
 )
 from mlxmem.memory.turns import Turn
-from mlxmem.memory.window import SUMMARY_REQUEST, summary_request
+from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow, summary_request
 from mlxmem.testing import FakeEngine
 
 DAY = datetime(2023, 5, 8, 12, tzinfo=timezone.utc)
@@ -138,7 +140,7 @@ def test_extractive_summary_fits_the_cap_and_keeps_who_said_what_when():
     assert engine.count_text(text) <= 160
     assert "Boston" in text and "12 June" in text and "Yosemite" in text and "Saturday" in text
     assert "[9 May 2023] Caroline: I went" in text  # the day of what it folds, and who said it
-    assert "[10 May 2023] Caroline: I'm moving" in text
+    assert "[10 May] Caroline: I'm moving" in text  # the year once, on the first line of it
     assert "Caroline: " in text and "Mel: " in text
     assert text.index("Caroline: I'm moving to Boston") < text.index("Mel: We're going camping")
     assert "Hey Mel" not in text and "Thanks, Caroline" not in text  # greetings carry nothing
@@ -170,11 +172,65 @@ def test_extractive_summary_merges_an_earlier_one_with_its_days_and_speakers():
     )
     merged = extractive_summary(engine, 160, earlier, later, names, earlier_is_extractive=True)
     assert engine.count_text(merged) <= 160
-    assert "Priya" in merged and "[17 May 2023]" in merged
+    assert "Priya" in merged and "[17 May]" in merged
     assert "[9 May 2023] Caroline: I went" in merged  # the earlier summary's day and speaker, kept
-    assert merged.index("[9 May 2023]") < merged.index("[17 May 2023]")
+    assert merged.index("[9 May 2023]") < merged.index("[17 May]")
     # Read back and written again, an extractive summary is unchanged.
     assert extractive_summary(engine, 160, merged, [], names, earlier_is_extractive=True) == merged
+
+
+def test_each_year_is_written_once_and_read_back_for_every_line():
+    engine = FakeEngine()
+    new_year = datetime(2023, 12, 30, 12, tzinfo=timezone.utc)
+    chat = [
+        ("user", "I flew to Lisbon with Ana on 30 December."),
+        ("assistant", "Lisbon in winter sounds lovely."),
+        ("user", "We watched fireworks over Porto at midnight."),
+        ("assistant", "Porto has the best fireworks."),
+        ("user", "Back in Berlin on 2 January."),
+        ("assistant", "Rest well in Berlin."),
+    ]
+    text = extractive_summary(engine, 200, None, logged(chat, new_year), {})
+    lines = text.splitlines()
+    assert lines[0].startswith("[30 December 2023] ") and lines[1].startswith("[31 December] ")
+    assert lines[2].startswith("[1 January 2024] ")
+    # Read back, each line has its year again: with the first day dropped (it adds nothing),
+    # the line that now comes first says its year.
+    assert extractive_summary(engine, 200, text, [], {}, earlier_is_extractive=True) == text
+    earlier = "\n".join(["[29 December 2023] User: It was cold.", *lines])
+    again = extractive_summary(engine, 200, earlier, [], {}, earlier_is_extractive=True)
+    assert again == text
+    without = "\n".join(["[29 December 2023] User: It was cold.", *lines[1:]])
+    shorter = extractive_summary(engine, 200, without, [], {}, earlier_is_extractive=True)
+    assert shorter.startswith("[31 December 2023] ") and "[1 January 2024] " in shorter
+
+
+@pytest.mark.parametrize(
+    ("sentence", "kept"),
+    [
+        ("I love it, and I started around 3 years ago.", "I started around 3 years ago."),
+        ("Last week I got this amazing deal with a gear company.", None),  # no name: all stays
+        ("We hiked in Oregon, then we camped in Idaho for 2 nights!", None),  # all specific
+        ("It was great, so much fun, in May!", None),  # what is left is under 3 words
+        (
+            "It was so good, but my favourite was Dune by Frank Herbert!",
+            "My favourite was Dune by Frank Herbert!",
+        ),
+    ],
+)
+def test_an_older_sentence_keeps_its_clauses_with_names_numbers_and_dates(sentence, kept):
+    assert specific_clauses(sentence) == (kept or sentence)
+
+
+def test_a_sentence_of_the_earlier_summary_keeps_only_what_is_specific():
+    earlier = (
+        "[8 May 2023] Caroline: I went hiking with my friends, and we got lost near Denver "
+        "for 2 hours."
+    )
+    later = logged([("user", "Mel, I adopted a cat named Oscar.")], DAY + timedelta(3))
+    merged = extractive_summary(FakeEngine(), 160, earlier, later, {}, earlier_is_extractive=True)
+    assert "[8 May 2023] Caroline: We got lost near Denver for 2 hours." in merged
+    assert "with my friends" not in merged and "Oscar" in merged
 
 
 def test_nothing_said_still_gives_a_summary():
@@ -203,6 +259,30 @@ def test_a_repeating_model_summary_is_replaced_by_an_extractive_one():
         assert "fantastic experience" not in summary.text
         assert "Rex" in summary.text and "km" in summary.text
         assert summary.fact_ids == () and summary.first_seq == 1
+
+
+def test_a_fold_names_its_speakers_from_the_whole_window():
+    # The folded half never greets anyone; the half that stays does ("Thanks, Mel!"). The
+    # extractive summary labels who said what by name, not "User" and "Assistant".
+    chat = [
+        ("user", "I moved to Boston on 12 June."),
+        ("assistant", "We camp in Yosemite with the 2 kids in July."),
+        ("user", "My sister Ana flies in on 3 July."),
+        ("assistant", "Ana can join the 4th of July barbecue."),
+        ("user", "Thanks, Mel! See you soon."),
+        ("assistant", "Hey Caroline! Safe travels."),
+        ("user", "Thanks, Mel! Bye for now."),
+        ("assistant", "Hey Caroline! Bye."),
+    ]
+    engine = FakeEngine(lambda prompt: ANSWERED)  # fails the check: the summary is extracted
+    window = ConversationWindow(
+        engine, Store(), "c", PromptBudget(engine, 2000, 200), "Be kind.", "chat"
+    )
+    event = window.collapse_oldest([], None, logged(chat))
+    assert event.evicted_turns == 4 and event.summary.source == "extractive"
+    assert "Caroline: I moved to Boston" in event.summary.text
+    assert "Mel: We camp in Yosemite" in event.summary.text
+    assert "User:" not in event.summary.text and "Assistant:" not in event.summary.text
 
 
 def test_a_decent_model_summary_is_kept_as_the_model_wrote_it():

@@ -154,7 +154,9 @@ class ConversationWindow:
             return None
         evicted = turns[:n]
         start = time.perf_counter()
-        names = speaker_names([(t.role, t.text) for t in evicted], [f.text for f in facts])
+        # Who is who, read from the whole window: a fold's half alone often greets too few
+        # times to tell, and its summary then says "User" where the earlier one said "Tim".
+        names = speaker_names([(t.role, t.text) for t in turns], [f.text for f in facts])
         prompt = self._summary_budget().assemble(
             self.instructions,
             [f.text for f in facts],
