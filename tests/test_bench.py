@@ -5,15 +5,20 @@ small windows. Nothing here asserts a time: benchmarks measure, tests check cons
 """
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 from typer.testing import CliRunner
 
+import mlxmem
 from mlxmem import bench
 from mlxmem.bench import synth
-from mlxmem.bench.common import resolve_arch
+from mlxmem.bench.common import resolve_arch, source_commit, versions
 from mlxmem.bench.turns import read_transcript, run_turns
 from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
@@ -402,3 +407,27 @@ def test_scale_log_has_the_asked_size_and_one_needle(tmp_path):
     assert [t.seq for t in store.search(NEEDLE)] == [3]
     # The window is the newest turns only: a turn reads what follows the summary.
     assert len(store.snapshot("default").turns) == 20
+
+
+def test_a_run_records_the_commit_it_ran_from(tmp_path):
+    # From a checkout, the commit (and "+dirty" if tracked files changed); from a copy of the
+    # package outside any checkout (an installed wheel), nothing.
+    root = Path(mlxmem.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("mlxmem is not imported from a git checkout")
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"]).returncode == 1
+    assert source_commit() == head.strip() + ("+dirty" if dirty else "")
+    assert versions()["commit"] == source_commit()
+    shutil.copytree(root / "mlxmem", tmp_path / "site" / "mlxmem")
+    code = "from mlxmem.bench.common import versions; print('commit' in versions())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "False"

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -190,8 +191,6 @@ def machine_text(info: dict[str, Any]) -> str:
 
 def _cpu_name() -> str:
     if platform.system() == "Darwin":
-        import subprocess
-
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run(
                 ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True
@@ -215,15 +214,39 @@ def _memory_gb() -> float | None:
 
 
 def versions() -> dict[str, str]:
+    """Versions of what a run used, with the source commit when mlxmem runs from a checkout
+    (every run's JSON then says which code made it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"mlxmem": __version__, "python": platform.python_version()}
+    commit = source_commit()
+    if commit:
+        found["commit"] = commit
     for package in ("mlx", "mlx-lm", "duckdb", "transformers"):
         try:
             found[package] = version(package)
         except PackageNotFoundError:
             pass
     return found
+
+
+def source_commit() -> str | None:
+    """The git commit of the checkout mlxmem is imported from, with "+dirty" when its tracked
+    files differ from it; None for an installed wheel or without git."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists() or not (root / "pyproject.toml").is_file():
+        return None
+    git = ["git", "-C", str(root)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
 
 
 # -- statistics ---------------------------------------------------------------------------------
