@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from mlxmem.engine import Engine
@@ -66,7 +66,10 @@ _NOT_NAMES = frozenset(
     "so my you your we it that this".split()
 )
 # "[8 May 2023] ..." or, after a line of the same year, "[21 May] ...".
-_DAY_LINE_RE = re.compile(r"^\[(\d{1,2} [A-Z][a-z]+)(?: (\d{4}))?\] (.*)$")
+_MONTH_NAMES = (
+    "January|February|March|April|May|June|July|August|September|October|November|December"
+)
+_DAY_LINE_RE = re.compile(rf"^\[(\d{{1,2}} (?:{_MONTH_NAMES}))(?: (\d{{4}}))?\] (.*)$")
 _SPEAKER_RE = re.compile(r"^([A-Z][\w'’-]*(?: [A-Z][\w'’-]*)?): (.+)$", re.DOTALL)
 _GREETING_RE = re.compile(
     r"^(?:\[[^\]]*\]\s*)?(?:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations|"
@@ -74,10 +77,13 @@ _GREETING_RE = re.compile(
     re.IGNORECASE,
 )
 _LEAD_RE = re.compile(r"^(\[[^\]]*\]\s*)?(.*)$", re.DOTALL)
-# Where a sentence splits into clauses: a comma, semicolon or dash, or before a conjunction.
-_CONJUNCTIONS = "and|but|so|because|which|while|though|although|when"
-_CLAUSE_RE = re.compile(rf"\s*[,;–—]\s+|\s+-\s+|\s+(?=(?:{_CONJUNCTIONS})\s)")
-_CONJUNCTION_RE = re.compile(rf"^(?:{_CONJUNCTIONS})\s+", re.IGNORECASE)
+# Where a sentence splits into clauses: a comma, semicolon or dash. A clause that opens with a
+# relative word ("..., which cost 3,000 dollars") stays with the one before it, and a kept
+# clause loses the "and" or "but" it opened with.
+_CLAUSE_RE = re.compile(r"\s*[,;–—]\s+|\s+-\s+")
+_RELATIVE_RE = re.compile(r"^(?:which|who|whom|whose|where|that)\b", re.IGNORECASE)
+_CONJUNCTION_RE = re.compile(r"^(?:and|but|so|then)\s+", re.IGNORECASE)
+_END_RE = re.compile(r"\s*[.!?…]+$")
 _VOCATIVE_RE = re.compile(r",\s+([A-Z][a-z]+)\s*[!?.]")
 # Words a greeting opens with: "Hey Mel!", "Thanks, Caroline!" say nothing worth keeping.
 _OPENER_RE = re.compile(
@@ -237,14 +243,18 @@ def extractive_summary(
 ) -> str:
     """A summary of the `earlier` summary plus the `folded` turns without a model, within
     `cap` tokens (counted by `engine`): whole sentences chosen for the names, numbers and dates
-    they add (a third of the cap first from the folded turns, so the summary moves on), shown
+    they add (a fifth of the cap first from the folded turns, so the summary moves on), shown
     in order under their day ("[8 May 2023]", then "[21 May]" within the year) and their
     speaker (a name from `names`, else User / Assistant). An earlier extractive summary is read
     back into its sentences, days and speakers; an earlier sentence keeps only its specific
     clauses (see specific_clauses)."""
     names = names or {}
     addressed = addressed_names([t.text for t in folded]) | set(names.values())
-    units = _earlier_units(earlier, earlier_is_extractive) if earlier else []
+    lowercase = {
+        _norm(w) for text in [earlier or "", *(t.text for t in folded)]
+        for w in _TOKEN_RE.findall(text) if w.islower()
+    }  # fmt: skip
+    units = _earlier_units(earlier, earlier_is_extractive, lowercase) if earlier else []
     for turn in folded:
         speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
         day = day_label(turn.created_at)
@@ -288,7 +298,8 @@ def render(units: Sequence[_Unit]) -> str:
                 lines.append(" ".join(parts))
             parts = [f"[{_short_day(unit.day, year)}]"] if unit.day else []
             day, speaker = unit.day, None
-            year = unit.day.rsplit(" ", 1)[-1] if unit.day else year
+            last = unit.day.rsplit(" ", 1)[-1] if unit.day else ""
+            year = last if last.isdigit() else year
         parts.append(_segment(unit, speaker))
         speaker = unit.speaker
     if parts:
@@ -301,7 +312,7 @@ def _short_day(day: str, year: str | None) -> str:
     splits digits (SmolLM2's, Qwen's) a year costs 5 tokens, and a line per day is the
     summary's shape."""
     head, _, this_year = day.rpartition(" ")
-    return head if this_year == year else day
+    return head if this_year.isdigit() and this_year == year else day
 
 
 def _segment(unit: _Unit, speaker: str | None) -> str:
@@ -397,9 +408,11 @@ def _sentences(text: str) -> list[str]:
     return out
 
 
-def _earlier_units(text: str, structured: bool) -> list[_Unit]:
+def _earlier_units(text: str, structured: bool, lowercase: set[str]) -> list[_Unit]:
     """An earlier summary as units: an extractive one read back into its days and speakers
-    (what `render` wrote), a model's as plain sentences."""
+    (what `render` wrote), its longer sentences cut to their specific clauses; a model's as
+    plain sentences (its clauses are not cut: a model's sentence often names its subject once,
+    "Caroline felt proud, and she ran 5 miles")."""
     units: list[_Unit] = []
     year = None
     for line in text.splitlines():
@@ -414,35 +427,51 @@ def _earlier_units(text: str, structured: bool) -> list[_Unit]:
             labelled = _SPEAKER_RE.match(sentence) if structured else None
             if labelled:
                 speaker, sentence = labelled.groups()
-            if len(sentence.split()) > AGED_WORDS:
-                sentence = specific_clauses(sentence)
+            if structured and len(sentence.split()) > AGED_WORDS:
+                sentence = specific_clauses(sentence, lowercase)
             units.append(_Unit(len(units), day, speaker, sentence, False))
     return units
 
 
-def specific_clauses(sentence: str) -> str:
+def specific_clauses(sentence: str, lowercase: Collection[str] = ()) -> str:
     """The clauses of `sentence` that hold a name, number or date, joined; `sentence` itself
-    when all or none do, or when what is left is under 3 words. "I love it, and I started
-    around 3 years ago." -> "I started around 3 years ago." """
-    end = sentence[-1] if sentence[-1] in ".!?…" else "."
-    clauses = [c for c in _CLAUSE_RE.split(sentence.rstrip(".!?… ")) if c]
-    kept = [c for i, c in enumerate(clauses) if _holds_item(c, opens=i == 0)]
+    when all or none do, when what is left is under 3 words, or when it quotes (a title is
+    not cut in half). "I love it, and I started around 3 years ago." -> "I started around 3
+    years ago." A capitalized word that opens a clause is a name unless it is a stopword or
+    is in `lowercase` (the words the conversation writes in lower case): so reading the
+    result back keeps it as it is."""
+    if not sentence.strip() or any(q in sentence for q in '"“”'):
+        return sentence
+    end = _END_RE.search(sentence)
+    clauses: list[str] = []
+    for clause in _CLAUSE_RE.split(_END_RE.sub("", sentence)):
+        if clauses and _RELATIVE_RE.match(clause):
+            clauses[-1] += ", " + clause
+        elif clause:
+            clauses.append(clause)
+    kept = [c for c in clauses if _holds_item(c, lowercase)]
     if not kept or len(kept) == len(clauses):
         return sentence
     text = _CONJUNCTION_RE.sub("", ", ".join(kept))
+    first = text.split()[0] if text.split() else ""
     if len(text.split()) < 3:
         return sentence
-    return text[0].upper() + text[1:] + end
+    if first.islower():
+        text = text[0].upper() + text[1:]
+    return text + (end.group().strip() if end else ".")
 
 
-def _holds_item(clause: str, opens: bool) -> bool:
-    """A number, a month or weekday, or a name (a capitalized word that does not open the
-    sentence; no acronym, which is as often an interjection: "OMG")."""
+def _holds_item(clause: str, lowercase: Collection[str]) -> bool:
+    """A number, a month or weekday, or a name: a capitalized word (no acronym, which is as
+    often an interjection: "OMG"), not the clause's first unless it is never written in lower
+    case and no stopword."""
     for i, word in enumerate(_TOKEN_RE.findall(clause)):
-        if word[0].isdigit() or _norm(word) in _MONTHS:
+        low = _norm(word)
+        if word[0].isdigit() or (word[0].isupper() and low in _MONTHS):
             return True
-        if (i > 0 or not opens) and _is_name(word) and not word.isupper():
-            return True
+        if _is_name(word) and not word.isupper():
+            if i > 0 or (low not in lowercase and low not in STOPWORDS):
+                return True
     return False
 
 
