@@ -38,8 +38,8 @@ MAX_UNIT_WORDS = 40  # a longer sentence is cut: one sentence must not take the 
 # A sentence read back from the earlier summary keeps, when longer than this many words, only
 # its clauses with a name, number or date: the newest fold keeps whole sentences, older ones
 # their specifics with a few words around them (with SmolLM2's tokenizer the development
-# conversations' final summaries kept 107 of 167 named entities of the folded evidence turns
-# instead of 92; benchmarks/summary_entities.py and benchmarks/README.md).
+# conversations' final summaries kept 102 of 167 named entities of the folded evidence turns
+# instead of 92 on the same folds; benchmarks/README.md).
 AGED_WORDS = 6
 
 _SENTENCE_RE = re.compile(r"(?<=[.!?…])\s+|\n+")

@@ -28,10 +28,11 @@ from mlxmem.text import utc_now
 
 # Keep at least the newest two exchanges verbatim.
 MIN_VERBATIM = 4
-# The summary's hard cap (8% of a 4,096-token budget): at 160 the extractive summary of a whole
-# LoCoMo conversation kept 34% of the named entities of its folded evidence turns, at 320 53%,
-# and the prompts held more of the gold answers' words (benchmarks/summary_entities.py).
-SUMMARY_MAX_TOKENS = 320
+# The summary's hard cap (a tenth of a 4,096-token budget): with SmolLM2's tokenizer, the
+# extractive summary of a whole LoCoMo conversation kept 34% of the named entities of its
+# folded evidence turns at 160, 63% at 320 and 71% at 400, and the prompts held more of the
+# gold answers' words each time (benchmarks/summary_entities.py, benchmarks/README.md).
+SUMMARY_MAX_TOKENS = 400
 UNANSWERED = "(no reply: it was interrupted)"
 _REQUEST = (
     "Pause the conversation. Write an updated summary of everything so far: merge the earlier "
