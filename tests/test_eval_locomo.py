@@ -167,6 +167,8 @@ def test_replay_and_probes_with_the_fake_engine(tmp_path):
     assert result["oracle_vs_no_memory"]["beats"] and result["recall_vs_mlxmem"]["mean"] > 0
     layers = result["layers"]["conv-1"]
     assert layers["summaries"]["count"] >= 1 and layers["facts"]["extraction"].startswith("off")
+    # The fake's summary names what it folds, so the check keeps every one as the model's.
+    assert layers["summaries"]["sources"] == {"model": layers["summaries"]["count"]}
     # Probes never touch the chat slot: after the replay it got no further call.
     chat_calls = [i for i, c in enumerate(engine.calls) if c.slot == "locomo/chat"]
     probe_calls = [i for i, c in enumerate(engine.calls) if c.slot.startswith("probe/")]
@@ -207,6 +209,7 @@ def test_a_summary_that_fails_the_check_is_replaced_and_keeps_the_trips(tmp_path
     layers = result["layers"]["conv-1"]
     assert "Lisbon" in layers["summaries"]["final"] and "Quito" in layers["summaries"]["final"]
     assert layers["entity_survival"]["share"] == 1.0
+    assert layers["summaries"]["sources"] == {"extractive": layers["summaries"]["count"]}
 
 
 def test_what_reached_the_prompt():

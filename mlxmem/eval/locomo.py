@@ -677,6 +677,8 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
             "tokens_mean": sum(sizes) / len(sizes) if sizes else None,
             "tokens_max": max(sizes, default=None),
             "cap": companion.window.summary_cap,
+            # How many were the model's and how many extractive (the model's failed the check).
+            "sources": dict(Counter(s.source or "unknown" for s in summaries)),
             "final": latest.text if latest else None,
         },
         "entity_survival": entity_survival(
