@@ -215,13 +215,12 @@ def _memory_gb() -> float | None:
 
 def versions() -> dict[str, str]:
     """Versions of what a run used, with the source commit when mlxmem runs from a checkout
-    (every run's JSON then says which code made it)."""
+    (every run's JSON then says which code made it), as it was when the run started."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"mlxmem": __version__, "python": platform.python_version()}
-    commit = source_commit()
-    if commit:
-        found["commit"] = commit
+    if _COMMIT_AT_START:
+        found["commit"] = _COMMIT_AT_START
     for package in ("mlx", "mlx-lm", "duckdb", "transformers"):
         try:
             found[package] = version(package)
@@ -247,6 +246,11 @@ def source_commit() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
+
+
+# Read when a bench or eval run imports this module, not when its record is written at the end:
+# an hour-long eval must name the code it ran, not a commit made while it ran.
+_COMMIT_AT_START = source_commit()
 
 
 # -- statistics ---------------------------------------------------------------------------------
