@@ -125,12 +125,18 @@ def test_turns_bookkeeping_with_the_fake_engine(transcript):
     assert report["non_collapse_turns"] == len(steady) > 0
 
 
+def replayed(**option) -> dict:
+    """bench turns over 20 synthetic exchanges at a 1,024-token budget, checked turn by turn."""
+    result = run_turns(FakeEngine(), bench.synthetic_transcript(20), 1024, 64, **option)
+    report = result.to_dict()
+    check_turns(report)
+    return report
+
+
 def test_replayed_replies_go_into_the_cache_as_generated_ones_would():
-    exchanges = bench.synthetic_transcript(20)
     shares = {}
     for in_cache in (True, False):
-        result = run_turns(FakeEngine(), exchanges, 1024, 64, reply_in_cache=in_cache).to_dict()
-        check_turns(result)
+        result = replayed(reply_in_cache=in_cache)
         shares[in_cache] = result["cache_share_non_collapse"]
         forced = [t["reply_prefilled_tokens"] for t in result["per_turn"]]
         assert (sum(forced) > 0) is in_cache
@@ -140,11 +146,9 @@ def test_replayed_replies_go_into_the_cache_as_generated_ones_would():
 def test_bench_turns_with_recall_measures_its_cost():
     # Recall's block sits in one message only: the next turn prefills that message and its
     # reply again, so the cache covers less of each prompt than without recall.
-    exchanges = bench.synthetic_transcript(20)
     shares = {}
     for recall in (False, True):
-        result = run_turns(FakeEngine(), exchanges, 1024, 64, recall=recall).to_dict()
-        check_turns(result)
+        result = replayed(recall=recall)
         assert result["settings"]["recall"] is recall
         recalled = [t for t in result["per_turn"] if t["layers"]["recall"] > 0]
         assert bool(recalled) is recall

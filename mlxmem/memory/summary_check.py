@@ -149,7 +149,6 @@ def key_items(texts: Sequence[str]) -> set[str]:
     a sentence and are never written in lower case there ("Sounds" after a smiley is no name),
     acronyms, numbers, months and weekdays."""
     names: set[str] = set()
-    lower: set[str] = set()
     others: set[str] = set()
     for text in texts:
         for sentence in _SENTENCE_RE.split(text):
@@ -157,11 +156,15 @@ def key_items(texts: Sequence[str]) -> set[str]:
                 low = _norm(word)
                 if word[0].isdigit() or low in _MONTHS:
                     others.add(low)
-                elif word.islower():
-                    lower.add(low)
                 elif i > 0 and _is_name(word):
                     names.add(low)
-    return (names - lower) | others
+    return (names - lowercase_words(texts)) | others
+
+
+def lowercase_words(texts: Sequence[str]) -> set[str]:
+    """The words `texts` write in lower case (normalized): a capitalized one of them is no
+    name ("Sounds" after a smiley)."""
+    return {_norm(w) for text in texts for w in _TOKEN_RE.findall(text) if w.islower()}
 
 
 def repeated_share(words: Sequence[str], n: int = REPEAT_N) -> float:
@@ -250,10 +253,7 @@ def extractive_summary(
     clauses (see specific_clauses)."""
     names = names or {}
     addressed = addressed_names([t.text for t in folded]) | set(names.values())
-    lowercase = {
-        _norm(w) for text in [earlier or "", *(t.text for t in folded)]
-        for w in _TOKEN_RE.findall(text) if w.islower()
-    }  # fmt: skip
+    lowercase = lowercase_words([earlier or "", *(t.text for t in folded)])
     units = _earlier_units(earlier, earlier_is_extractive, lowercase) if earlier else []
     for turn in folded:
         speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
@@ -285,8 +285,8 @@ def extractive_summary(
 
 
 def render(units: Sequence[_Unit]) -> str:
-    """Units in order: a line per day ("[8 May 2023] ..."), a speaker's label where the speaker
-    changes. What `_earlier_units` reads back."""
+    """Units in order: a line per day ("[8 May 2023] ...", "[21 May] ..." within the year), a
+    speaker's label where the speaker changes. What `_earlier_units` reads back."""
     lines: list[str] = []
     day: str | None = None
     year: str | None = None
@@ -296,10 +296,9 @@ def render(units: Sequence[_Unit]) -> str:
         if i == 0 or unit.day != day:
             if parts:
                 lines.append(" ".join(parts))
-            parts = [f"[{_short_day(unit.day, year)}]"] if unit.day else []
+            label, year = _short_day(unit.day, year) if unit.day else (None, year)
+            parts = [f"[{label}]"] if label else []
             day, speaker = unit.day, None
-            last = unit.day.rsplit(" ", 1)[-1] if unit.day else ""
-            year = last if last.isdigit() else year
         parts.append(_segment(unit, speaker))
         speaker = unit.speaker
     if parts:
@@ -307,12 +306,14 @@ def render(units: Sequence[_Unit]) -> str:
     return "\n".join(lines)
 
 
-def _short_day(day: str, year: str | None) -> str:
-    """ "8 May 2023", written as "8 May" after a line of the same year: with a tokenizer that
-    splits digits (SmolLM2's, Qwen's) a year costs 5 tokens, and a line per day is the
-    summary's shape."""
+def _short_day(day: str, year: str | None) -> tuple[str, str | None]:
+    """ "8 May 2023" as a line shows it, "8 May" after a line of the same `year`, and the year
+    the next line follows: with a tokenizer that splits digits (SmolLM2's, Qwen's) a year
+    costs 5 tokens, and a line per day is the summary's shape."""
     head, _, this_year = day.rpartition(" ")
-    return head if this_year.isdigit() and this_year == year else day
+    if not this_year.isdigit():  # a day read back without its year
+        return day, year
+    return (head if this_year == year else day), this_year
 
 
 def _segment(unit: _Unit, speaker: str | None) -> str:
@@ -408,7 +409,7 @@ def _sentences(text: str) -> list[str]:
     return out
 
 
-def _earlier_units(text: str, structured: bool, lowercase: set[str]) -> list[_Unit]:
+def _earlier_units(text: str, structured: bool, lowercase: Collection[str]) -> list[_Unit]:
     """An earlier summary as units: an extractive one read back into its days and speakers
     (what `render` wrote), its longer sentences cut to their specific clauses; a model's as
     plain sentences (its clauses are not cut: a model's sentence often names its subject once,
@@ -453,10 +454,10 @@ def specific_clauses(sentence: str, lowercase: Collection[str] = ()) -> str:
     if not kept or len(kept) == len(clauses):
         return sentence
     text = _CONJUNCTION_RE.sub("", ", ".join(kept))
-    first = text.split()[0] if text.split() else ""
-    if len(text.split()) < 3:
+    words = text.split()
+    if len(words) < 3:
         return sentence
-    if first.islower():
+    if words[0].islower():
         text = text[0].upper() + text[1:]
     return text + (end.group().strip() if end else ".")
 
