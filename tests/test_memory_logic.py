@@ -311,10 +311,10 @@ def test_judge_filters(raw, expected, reason):
 def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
     # Qwen2.5-Coder-1.5B on LoCoMo (benchmarks/README.md): the speaker thanks Gina, and the
     # answer makes Gina the user, or gives her what the user said of themself.
-    thanks = "Thanks, Gina! Your support means so much. I'm gonna keep chasing my dreams of dance."
+    thanks = "Thanks, Gina! I owe you one. I'll keep practising the cello every day."
     assert judge("The user is named Gina.", (), thanks) == (None, "about_addressee")
-    cool = "Cool, Gina! I love all dances, but contemporary is my top pick. It's so expressive."
-    assert judge("Gina's favorite dance is contemporary.", (), cool) == (None, "about_addressee")
+    cool = "Cool, Gina! I like all board games, but chess is my favourite. It's so calm."
+    assert judge("Gina's favorite game is chess.", (), cool) == (None, "about_addressee")
     # A name the message only mentions or talks about is fine, even next to a comma.
     kept = [
         ("My sister Gina moved to Lisbon last spring and I miss her so much.", "The user's "

@@ -25,15 +25,15 @@ from mlxmem.testing import FakeEngine
 
 DAY = datetime(2023, 5, 8, 12, tzinfo=timezone.utc)
 CHAT = [
-    ("user", "Hey Mel! Good to see you! How have you been?"),
-    ("assistant", "Hey Caroline! I'm swamped with the kids & work. What's up with you?"),
-    ("user", "I went to a LGBTQ support group yesterday and it was so powerful."),
+    ("user", "Hey Tom! Nice to catch you! How are things?"),
+    ("assistant", "Hey Nadia! I'm busy with the kids & work. And you?"),
+    ("user", "I joined a pottery class at the YMCA yesterday and it was so calming."),
     (
         "assistant",
-        "Wow, that's cool, Caroline! I ran a charity race for mental health on Saturday.",
+        "Wow, that's cool, Nadia! I ran a fun run for the food bank on Saturday.",
     ),
-    ("user", "That's great, Mel! I'm moving to Boston on 12 June, 3 weeks from now."),
-    ("assistant", "Thanks, Caroline! We're going camping in Yosemite with the 2 kids next month."),
+    ("user", "That's great, Tom! I'm moving to Boston on 12 June, 3 weeks from now."),
+    ("assistant", "Thanks, Nadia! We're going camping in Yosemite with the 2 kids next month."),
 ]
 FOLDED = [text for _, text in CHAT]
 # SmolLM2-135M's summaries of LoCoMo windows (benchmarks/results/summary-prompts-smollm2-135m)
@@ -43,13 +43,13 @@ REPEATS = (
     "with others. I'm excited to share my passion for dance with others.\n\nI'm excited to share "
     "my passion for dance with others. I'm excited to share my passion for dance with others."
 )
-RETOLD = "Hey Gina, I'm so glad you're here. I'm sure you're not alone in this."
+RETOLD = "Hey Dana, I'm so glad you're here. I'm sure you're not alone in this."
 ANSWERED = (
     "I'm glad you're excited about the upcoming dance studio! I'm sure it'll be a fantastic "
     "experience. I'm sure it'll be a fantastic experience!"
 )
 DECENT = (
-    "Caroline went to an LGBTQ support group and is moving to Boston on 12 June. Melanie ran a "
+    "Nadia joined a pottery class at the YMCA and is moving to Boston on 12 June. Tom ran a "
     "charity race on Saturday and plans a camping trip to Yosemite with her 2 kids next month."
 )
 
@@ -91,8 +91,8 @@ def test_what_a_small_model_writes_fails(text, problem):
 
 
 def test_coverage_counts_the_earlier_summary_too():
-    earlier = "Caroline adopted a dog called Oscar in Denver in 2019."
-    thin = "Caroline is moving to Boston on 12 June; Melanie ran a charity race on Saturday."
+    earlier = "Nadia adopted a dog called Oscar in Denver in 2019."
+    thin = "Nadia is moving to Boston on 12 June; Tom ran a fun run on Saturday."
     assert check_summary(thin, FOLDED).ok
     merged = check_summary(thin, FOLDED, earlier)
     assert merged.coverage < check_summary(thin, FOLDED).coverage
@@ -101,14 +101,14 @@ def test_coverage_counts_the_earlier_summary_too():
 
 
 def test_quoted_words_are_no_first_person_retelling():
-    quoted = 'Caroline told Melanie about Boston: "I move on 12 June, and my sister helps me."'
+    quoted = 'Nadia told Tom about Boston: "I move on 12 June, and my sister helps me."'
     assert "first-person" not in check_summary(quoted, FOLDED).problems
     assert "first-person" in check_summary(quoted.replace('"', ""), FOLDED).problems
 
 
 def test_key_items_are_names_numbers_and_dates():
-    items = key_items(["Then Caroline moved to Boston on 12 June 2023.", "We met Anna in May."])
-    assert items == {"caroline", "boston", "12", "june", "2023", "anna", "may"}
+    items = key_items(["Then Nadia moved to Boston on 12 June 2023.", "We met Anna in May."])
+    assert items == {"nadia", "boston", "12", "june", "2023", "anna", "may"}
     assert key_items(["Hello there. I think so, OK?"]) == set()
 
 
@@ -116,16 +116,16 @@ def test_key_items_are_names_numbers_and_dates():
 
 
 def test_speaker_names_from_greetings_and_address():
-    assert speaker_names(CHAT) == {"user": "Caroline", "assistant": "Mel"}
+    assert speaker_names(CHAT) == {"user": "Nadia", "assistant": "Tom"}
     # One mention is no evidence; a fact naming the user is.
     assert speaker_names(CHAT[:2]) == {}
-    assert speaker_names(CHAT[:2], ["The user is called Caroline."]) == {"user": "Caroline"}
+    assert speaker_names(CHAT[:2], ["The user is called Nadia."]) == {"user": "Nadia"}
     assert speaker_names([("user", "Hi! My name is Ana and I bake bread.")]) == {"user": "Ana"}
 
 
 def test_the_request_names_the_speakers_and_asks_for_the_third_person():
-    named = summary_request({"user": "Caroline", "assistant": "Mel"})
-    assert "Caroline (the user) and Mel (the assistant)" in named
+    named = summary_request({"user": "Nadia", "assistant": "Tom"})
+    assert "Nadia (the user) and Tom (the assistant)" in named
     assert "third person" in named and "third person" in SUMMARY_REQUEST
     assert "the user and the assistant" in SUMMARY_REQUEST
 
@@ -139,11 +139,11 @@ def test_extractive_summary_fits_the_cap_and_keeps_who_said_what_when():
     text = extractive_summary(engine, 160, None, turns, speaker_names(CHAT))
     assert engine.count_text(text) <= 160
     assert "Boston" in text and "12 June" in text and "Yosemite" in text and "Saturday" in text
-    assert "[9 May 2023] Caroline: I went" in text  # the day of what it folds, and who said it
-    assert "[10 May] Caroline: I'm moving" in text  # the year once, on the first line of it
-    assert "Caroline: " in text and "Mel: " in text
-    assert text.index("Caroline: I'm moving to Boston") < text.index("Mel: We're going camping")
-    assert "Hey Mel" not in text and "Thanks, Caroline" not in text  # greetings carry nothing
+    assert "[9 May 2023] Nadia: I joined" in text  # the day of what it folds, and who said it
+    assert "[10 May] Nadia: I'm moving" in text  # the year once, on the first line of it
+    assert "Nadia: " in text and "Tom: " in text
+    assert text.index("Nadia: I'm moving to Boston") < text.index("Tom: We're going camping")
+    assert "Hey Tom" not in text and "Thanks, Nadia" not in text  # greetings carry nothing
 
 
 @pytest.mark.parametrize("cap", [32, 60, 160])
@@ -165,7 +165,7 @@ def test_extractive_summary_merges_an_earlier_one_with_its_days_and_speakers():
     earlier = extractive_summary(engine, 80, None, logged()[:4], names)
     later = logged(
         [
-            ("user", "My cousin Priya visits on 3 July, Mel."),
+            ("user", "My cousin Priya visits on 3 July, Tom."),
             ("assistant", "Lovely! Priya can join our 4th of July barbecue."),
         ],
         DAY + timedelta(9),
@@ -173,7 +173,7 @@ def test_extractive_summary_merges_an_earlier_one_with_its_days_and_speakers():
     merged = extractive_summary(engine, 160, earlier, later, names, earlier_is_extractive=True)
     assert engine.count_text(merged) <= 160
     assert "Priya" in merged and "[17 May]" in merged
-    assert "[9 May 2023] Caroline: I went" in merged  # the earlier summary's day and speaker, kept
+    assert "[9 May 2023] Nadia: I joined" in merged  # the earlier summary's day and speaker, kept
     assert merged.index("[9 May 2023]") < merged.index("[17 May]")
     # Read back and written again, an extractive summary is unchanged.
     assert extractive_summary(engine, 160, merged, [], names, earlier_is_extractive=True) == merged
@@ -232,12 +232,12 @@ def test_an_older_sentence_keeps_its_clauses_with_names_numbers_and_dates(senten
 
 def test_a_sentence_of_the_earlier_summary_keeps_only_what_is_specific():
     earlier = (
-        "[8 May 2023] Caroline: I went hiking with my friends, and we got lost near Denver "
+        "[8 May 2023] Nadia: I went hiking with my friends, and we got lost near Denver "
         "for 2 hours."
     )
-    later = logged([("user", "Mel, I adopted a cat named Oscar.")], DAY + timedelta(3))
+    later = logged([("user", "Tom, I adopted a cat named Oscar.")], DAY + timedelta(3))
     merged = extractive_summary(FakeEngine(), 160, earlier, later, {}, earlier_is_extractive=True)
-    assert "[8 May 2023] Caroline: We got lost near Denver for 2 hours." in merged
+    assert "[8 May 2023] Nadia: We got lost near Denver for 2 hours." in merged
     assert "with my friends" not in merged and "Oscar" in merged
 
 
@@ -245,22 +245,22 @@ def test_a_cut_sentence_read_back_again_stays_as_it_is():
     # The clause kept first now opens the sentence; its name must still count as one, or the
     # next fold would cut "Tim came over" too.
     engine = FakeEngine()
-    earlier = "[8 May 2023] Caroline: I was tired, and Tim came over, and we cooked dinner at 7."
+    earlier = "[8 May 2023] Nadia: I was tired, and Tim came over, and we cooked dinner at 7."
     once = extractive_summary(engine, 160, earlier, [], {}, earlier_is_extractive=True)
-    assert once == "[8 May 2023] Caroline: Tim came over, and we cooked dinner at 7."
+    assert once == "[8 May 2023] Nadia: Tim came over, and we cooked dinner at 7."
     assert extractive_summary(engine, 160, once, [], {}, earlier_is_extractive=True) == once
 
 
 def test_a_model_summary_read_back_keeps_its_sentences_whole():
-    model = "Caroline felt really proud of her work, and she ran 5 miles."
+    model = "Nadia felt really proud of her work, and she ran 5 miles."
     assert extractive_summary(FakeEngine(), 160, model, [], {}) == model
 
 
 def test_bracketed_text_that_is_no_day_and_days_without_a_year_read_back_as_written():
     earlier = (
-        "[3 Things] Caroline: I pack 3 bags for Boston.\n"
-        "[12 May] Mel: Ana visits Rome.\n"
-        "[14 May] Caroline: Ana flies to Oslo."
+        "[3 Things] Nadia: I pack 3 bags for Boston.\n"
+        "[12 May] Tom: Ana visits Rome.\n"
+        "[14 May] Nadia: Ana flies to Oslo."
     )
     again = extractive_summary(FakeEngine(), 160, earlier, [], {}, earlier_is_extractive=True)
     assert again == earlier
@@ -280,7 +280,7 @@ def collapse_with(summary: str) -> Store:
     store = Store()
     companion = Companion(FakeEngine(responder), store, "default", 600, 120, ChatSettings())
     for i in range(16):
-        companion.send(f"Caroline here: on day {i} I walked Rex {i} km along the Thames.")
+        companion.send(f"Nadia here: on day {i} I walked Rex {i} km along the Thames.")
     assert store.summaries("default"), "no collapse happened"
     return store
 
@@ -295,17 +295,17 @@ def test_a_repeating_model_summary_is_replaced_by_an_extractive_one():
 
 
 def test_a_fold_names_its_speakers_from_the_whole_window():
-    # The folded half never greets anyone; the half that stays does ("Thanks, Mel!"). The
+    # The folded half never greets anyone; the half that stays does ("Thanks, Tom!"). The
     # extractive summary labels who said what by name, not "User" and "Assistant".
     chat = [
         ("user", "I moved to Boston on 12 June."),
         ("assistant", "We camp in Yosemite with the 2 kids in July."),
         ("user", "My sister Ana flies in on 3 July."),
         ("assistant", "Ana can join the 4th of July barbecue."),
-        ("user", "Thanks, Mel! See you soon."),
-        ("assistant", "Hey Caroline! Safe travels."),
-        ("user", "Thanks, Mel! Bye for now."),
-        ("assistant", "Hey Caroline! Bye."),
+        ("user", "Thanks, Tom! See you soon."),
+        ("assistant", "Hey Nadia! Safe travels."),
+        ("user", "Thanks, Tom! Bye for now."),
+        ("assistant", "Hey Nadia! Bye."),
     ]
     engine = FakeEngine(lambda prompt: ANSWERED)  # fails the check: the summary is extracted
     window = ConversationWindow(
@@ -313,8 +313,8 @@ def test_a_fold_names_its_speakers_from_the_whole_window():
     )
     event = window.collapse_oldest([], None, logged(chat))
     assert event.evicted_turns == 4 and event.summary.source == "extractive"
-    assert "Caroline: I moved to Boston" in event.summary.text
-    assert "Mel: We camp in Yosemite" in event.summary.text
+    assert "Nadia: I moved to Boston" in event.summary.text
+    assert "Tom: We camp in Yosemite" in event.summary.text
     assert "User:" not in event.summary.text and "Assistant:" not in event.summary.text
 
 
@@ -357,7 +357,7 @@ def test_a_summary_in_another_script_is_read_as_words():
 def test_the_extractive_summary_does_not_depend_on_the_hash_seed():
     code = (
         "from mlxmem.memory.summary_check import _without_address as w;"
-        "print(w('Thanks for the tip, Mel, Caroline!', {'Mel', 'Caroline', 'Ana', 'Bo'}))"
+        "print(w('Thanks for the tip, Tom, Nadia!', {'Tom', 'Nadia', 'Ana', 'Bo'}))"
     )
     seen = {
         subprocess.run(

@@ -154,14 +154,14 @@ def pick_questions(questions: Sequence[Question], limit: int | None) -> list[Que
     return [questions[i * len(questions) // limit] for i in range(limit)]
 
 
-# LoCoMo dates its sessions like "1:56 pm on 8 May, 2023".
+# LoCoMo dates its sessions like "7:30 pm on 21 June, 2023".
 SESSION_TIME_FORMAT = "%I:%M %p on %d %B, %Y"
 NEW_CONVERSATION = "(a new conversation begins)"
 NO_REPLY = "(no reply)"
 
 
 def session_time(text: str) -> datetime:
-    """A LoCoMo session time ("1:56 pm on 8 May, 2023") as a time in this device's time zone,
+    """A LoCoMo session time ("7:30 pm on 21 June, 2023") as a time in this device's time zone,
     so that a prompt shows the session's own day."""
     try:
         return datetime.strptime(" ".join(text.split()), SESSION_TIME_FORMAT).astimezone()
