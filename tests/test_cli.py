@@ -222,8 +222,8 @@ def locomo10_sample() -> dict:
     photo = {
         "speaker": "Rui",
         "dia_id": "D1:2",
-        "text": "Look!",
-        "blip_caption": "a photo of a lake",
+        "text": "See this!",
+        "blip_caption": "a photo of a red kite",
     }
     return {
         "sample_id": "conv-7",
@@ -262,7 +262,7 @@ def test_eval_convert_locomo_writes_the_evals_layout(tmp_path):
     assert [t["id"] for t in conv.turns] == ["D1:1", "D1:2", "D2:1", "D2:2"]  # by session
     assert conv.turns[1] == {
         "role": "assistant",
-        "text": "Look! [shares a photo: a photo of a lake]",
+        "text": "See this! [shares a photo: a photo of a red kite]",
         "session": 1,
         "session_time": "1:00 pm on 1 May, 2023",
         "id": "D1:2",
