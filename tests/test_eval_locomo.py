@@ -96,7 +96,9 @@ def test_sessions_are_logged_at_their_dates_and_dialogue_ids_map_to_log_seqs(tmp
     assert seq_of["D1:1"] == 1 and seq_of["D2:1"] == 5
     may = [datetime(2023, 5, d, 10).astimezone() for d in (1, 2)]
     assert ev.exchange_times(conv) == [(may[0], may[0])] * 2 + [(may[1], may[1])] * 2
-    assert ev.session_time(" 7:30  pm on 21 June, 2023") == datetime(2023, 6, 21, 19, 30).astimezone()
+    assert (
+        ev.session_time(" 7:30  pm on 21 June, 2023") == datetime(2023, 6, 21, 19, 30).astimezone()
+    )
     with pytest.raises(InputError, match="session time"):
         ev.session_time("yesterday")
 
