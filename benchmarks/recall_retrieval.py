@@ -1,5 +1,6 @@
 """Does recall find the turn a question is about? Retrieval alone, no model: each development
-conversation of LoCoMo is logged into a scratch store as the eval replays it, and for each
+conversation of LoCoMo is logged into a scratch store as the eval replays it (each turn at its
+session's time), and for each
 question (categories 1-4) whose evidence lies before the window, recall's search ranks the
 turns before the window against the question as the eval asks it.
 
@@ -25,6 +26,7 @@ from mlxmem.eval.locomo import (
     CATEGORIES,
     SCORED,
     default_data_dir,
+    exchange_times,
     exchanges,
     load_conversation,
     probe_text,
@@ -47,9 +49,9 @@ def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
     pairs, seq_of = exchanges(conv)
     store = Store(store_dir / f"{cid}.duckdb")
     with store.connect() as con:  # one transaction: as append_turn would, without N opens
-        for user, reply in pairs:
-            insert_turn(con, cid, "user", user)
-            insert_turn(con, cid, "assistant", reply)
+        for (user, reply), (asked, answered) in zip(pairs, exchange_times(conv), strict=True):
+            insert_turn(con, cid, "user", user, at=asked)  # at its session's time, as the eval
+            insert_turn(con, cid, "assistant", reply, at=answered)
     edge = 2 * len(pairs) - window
     rows = []
     with store.connect() as con:

@@ -3,7 +3,8 @@ where the day changes, recalled turns and the summary keep their dates. Fake eng
 DuckDB files. Times are at noon UTC, so that the day is the same in any local time zone."""
 
 import os
-from datetime import datetime, timedelta, timezone
+import time
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 from conftest import on
@@ -12,8 +13,8 @@ from mlxmem.engine import Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import SUMMARY_HEADER, system_text
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.dates import day_range
-from mlxmem.memory.recall import recall_line
+from mlxmem.memory.dates import day_range, local_midnight_utc, named_days
+from mlxmem.memory.recall import query_terms, recall_line, search_before
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import UNANSWERED, as_messages
 from mlxmem.testing import FakeEngine
@@ -171,3 +172,55 @@ def test_a_given_time_travels_with_its_turn_to_another_device(devices):
         ]  # ordered by time across devices: the imported turns come first
         assert turns[2].text == "Written on B today." and turns[2].created_at > day(9)
         assert [t.seq for t in turns] == sorted(t.seq for t in turns)
+
+
+# -- days a message names, in recall -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "ranges"),
+    [
+        ("What did Gina find on 1 February, 2023?", [("2023-01-25", "2023-02-09")]),
+        ("And on May 23, 2023? Or the 3rd of June 2023?", [("2023-05-16", "2023-05-31"),
+                                                          ("2023-05-27", "2023-06-11")]),
+        ("What happened in december 2023?", [("2023-12-01", "2024-01-01")]),
+        ("In July, 2022 and June 2022.", [("2022-07-01", "2022-08-01"),
+                                          ("2022-06-01", "2022-07-01")]),
+        ("When did we go camping in June?", []),  # a month alone narrows nothing
+        ("Back in 2022, maybe?", []),
+        ("On 31 February 2023, or 1 January 0001?", []),  # no such day; out of range
+    ],
+)  # fmt: skip
+def test_the_days_a_message_names(text, ranges):
+    assert [(a.isoformat(), b.isoformat()) for a, b in named_days(text)] == ranges
+
+
+def test_recall_prefers_the_turns_of_the_days_a_message_names(tmp_path):
+    store = Store(tmp_path / "days.duckdb")
+    june_1 = datetime(2023, 6, 1, 12, tzinfo=timezone.utc)
+    for at, text in [(day(2), "We baked rye bread."), (day(20), "We baked rye bread again."),
+                     (june_1, "We baked rye bread with seeds.")]:  # fmt: skip
+        store.append_turn("c", "user", text, at=at)
+    asked = query_terms("What bread did we bake on 2 May 2023?")
+    assert asked == ["bread", "bake", "may", "2023", "#2023-04-25/2023-05-10"]
+
+    def found(terms):
+        with store.connect() as con:
+            return [t.seq for t in search_before(con, "c", 3, terms)]
+
+    assert found(query_terms("What bread did we bake?")) == [2, 3, 1]
+    assert found(asked) == [1, 2, 3]
+    # A month: its turns from its first day to its last, in the device's time zone.
+    assert found(query_terms("What bread did we bake in May 2023?")) == [2, 1, 3]
+    # A range query_terms did not write is ignored, not an error.
+    assert found(["bread", "bake", "#soon/later"]) == [2, 3, 1]
+
+
+def test_a_named_day_starts_at_local_midnight(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert local_midnight_utc(date(2023, 5, 2)) == datetime(2023, 5, 1, 15)  # naive UTC
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -5,7 +5,8 @@ day changes where the person's day changes."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import date, datetime, time, timedelta, timezone
 
 # When the first and the last of a run of turns were written (a summary's, say).
 Span = tuple[datetime, datetime]
@@ -42,3 +43,58 @@ def day_range(first: datetime, last: datetime) -> str:
 def dated(text: str, when: datetime) -> str:
     """A message's text as shown when its day differs from the message before it."""
     return f"{day_marker(when)}\n{text}"
+
+
+MONTHS = (
+    "January February March April May June July August September October November December"
+).split()
+_MONTH = "|".join(MONTHS)
+_ORDINAL = r"(?:st|nd|rd|th)?"
+# "3 June 2023", "3rd of June, 2023", "June 3, 2023", "June 2023"; with its year a month name
+# is a month in any case ("june 2023"). A month or a year alone narrows nothing: on LoCoMo's
+# development questions it found no more (benchmarks/recall_retrieval.py).
+_DAY_MONTH_YEAR_RE = re.compile(
+    rf"\b(\d{{1,2}}){_ORDINAL}(?: of)? ({_MONTH}),? (\d{{4}})\b", re.IGNORECASE
+)
+_MONTH_DAY_YEAR_RE = re.compile(rf"\b({_MONTH}) (\d{{1,2}}){_ORDINAL},? (\d{{4}})\b", re.IGNORECASE)
+_MONTH_YEAR_RE = re.compile(rf"\b({_MONTH}),? (\d{{4}})\b", re.IGNORECASE)
+# A day a message names is an anchor, not an exact day: what was said that week ("the weekend
+# before 10 April", "two weeks ago, on 3 June": the turn was written around then).
+AROUND_A_DAY = timedelta(days=7)
+
+DayRange = tuple[date, date]  # local days, first included, last excluded
+
+
+def _month(name: str) -> int:
+    return [m.lower() for m in MONTHS].index(name.lower()) + 1
+
+
+def named_days(text: str) -> list[DayRange]:
+    """The days `text` names, in order: a date with the week either side of it, a month of a
+    given year whole. Dates that do not exist (31 February) are skipped."""
+    found: list[tuple[int, DayRange]] = []
+    rest = text  # what each pattern matched is blanked out for the next ones
+    for pattern, (year, month, day) in (
+        (_DAY_MONTH_YEAR_RE, (3, 2, 1)),
+        (_MONTH_DAY_YEAR_RE, (3, 1, 2)),
+        (_MONTH_YEAR_RE, (2, 1, 0)),
+    ):
+        for match in pattern.finditer(rest):
+            y, m = int(match[year]), _month(match[month])
+            try:
+                if day:
+                    named = date(y, m, int(match[day]))
+                    days = (named - AROUND_A_DAY, named + AROUND_A_DAY + timedelta(days=1))
+                else:
+                    days = (date(y, m, 1), date(y + m // 12, m % 12 + 1, 1))
+            except (ValueError, OverflowError):
+                continue
+            found.append((match.start(), days))
+        rest = pattern.sub(lambda match: " " * len(match[0]), rest)
+    return [days for _, days in sorted(found)]
+
+
+def local_midnight_utc(day: date) -> datetime:
+    """The start of a local `day` as the store keeps times: naive UTC."""
+    start = datetime.combine(day, time()).astimezone()  # a naive time is read as local
+    return start.astimezone(timezone.utc).replace(tzinfo=None)

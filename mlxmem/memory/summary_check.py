@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from mlxmem.engine import Engine
-from mlxmem.memory.dates import day_label
+from mlxmem.memory.dates import MONTHS, day_label
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.turns import Turn
 
@@ -66,9 +66,7 @@ _NOT_NAMES = frozenset(
     "so my you your we it that this".split()
 )
 # "[8 May 2023] ..." or, after a line of the same year, "[21 May] ...".
-_MONTH_NAMES = (
-    "January|February|March|April|May|June|July|August|September|October|November|December"
-)
+_MONTH_NAMES = "|".join(MONTHS)
 _DAY_LINE_RE = re.compile(rf"^\[(\d{{1,2}} (?:{_MONTH_NAMES}))(?: (\d{{4}}))?\] (.*)$")
 _SPEAKER_RE = re.compile(r"^([A-Z][\w'’-]*(?: [A-Z][\w'’-]*)?): (.+)$", re.DOTALL)
 _GREETING_RE = re.compile(
