@@ -189,6 +189,8 @@ def test_a_given_time_travels_with_its_turn_to_another_device(devices):
         ("When did we go camping in June?", []),  # a month alone narrows nothing
         ("Back in 2022, maybe?", []),
         ("On 31 February 2023, or 1 January 0001?", []),  # no such day; out of range
+        ("In January 0001?", []),  # its midnight is before the earliest time a store holds
+        ("On 3  June\n2023, and again on June 3rd, 2023?", [("2023-05-27", "2023-06-11")]),
     ],
 )  # fmt: skip
 def test_the_days_a_message_names(text, ranges):
@@ -216,11 +218,30 @@ def test_recall_prefers_the_turns_of_the_days_a_message_names(tmp_path):
     assert found(["bread", "bake", "#soon/later"]) == [2, 3, 1]
 
 
-def test_a_named_day_starts_at_local_midnight(monkeypatch):
-    monkeypatch.setenv("TZ", "Asia/Tokyo")
-    time.tzset()
-    try:
-        assert local_midnight_utc(date(2023, 5, 2)) == datetime(2023, 5, 1, 15)  # naive UTC
-    finally:
-        monkeypatch.undo()
+@pytest.fixture
+def time_zone(monkeypatch):
+    """Sets the process's local time zone (POSIX TZ, with the system's tz database)."""
+    if not hasattr(time, "tzset"):
+        pytest.skip("no time.tzset here")
+
+    def set_zone(name: str) -> None:
+        monkeypatch.setenv("TZ", name)
         time.tzset()
+        if time.tzname[0] in ("UTC", "GMT") and name != "UTC":
+            pytest.skip(f"no tz database entry for {name}")
+
+    yield set_zone
+    monkeypatch.delenv("TZ", raising=False)
+    time.tzset()
+
+
+def test_a_named_day_starts_at_its_first_local_instant(time_zone):
+    time_zone("Asia/Tokyo")
+    assert local_midnight_utc(date(2023, 5, 2)) == datetime(2023, 5, 1, 15)  # naive UTC
+    # Santiago's clocks went from 23:59:59 to 01:00 on 3 September 2023: the day began at
+    # 01:00 (UTC-3), not an hour before, on 2 September.
+    time_zone("America/Santiago")
+    assert local_midnight_utc(date(2023, 9, 3)) == datetime(2023, 9, 3, 4)
+    # Havana's midnight of 5 November 2023 came twice: the day began at the first.
+    time_zone("America/Havana")
+    assert local_midnight_utc(date(2023, 11, 5)) == datetime(2023, 11, 5, 4)

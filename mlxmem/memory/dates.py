@@ -48,16 +48,18 @@ def dated(text: str, when: datetime) -> str:
 MONTHS = (
     "January February March April May June July August September October November December"
 ).split()
-_MONTH = "|".join(MONTHS)
-_ORDINAL = r"(?:st|nd|rd|th)?"
+_MONTH_NUMBERS = {name.lower(): n for n, name in enumerate(MONTHS, 1)}
+_MONTH = rf"(?P<month>{'|'.join(MONTHS)})"
+_DAY = r"(?P<day>\d{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(?P<year>\d{4})"
 # "3 June 2023", "3rd of June, 2023", "June 3, 2023", "June 2023"; with its year a month name
 # is a month in any case ("june 2023"). A month or a year alone narrows nothing: on LoCoMo's
 # development questions it found no more (benchmarks/recall_retrieval.py).
-_DAY_MONTH_YEAR_RE = re.compile(
-    rf"\b(\d{{1,2}}){_ORDINAL}(?: of)? ({_MONTH}),? (\d{{4}})\b", re.IGNORECASE
-)
-_MONTH_DAY_YEAR_RE = re.compile(rf"\b({_MONTH}) (\d{{1,2}}){_ORDINAL},? (\d{{4}})\b", re.IGNORECASE)
-_MONTH_YEAR_RE = re.compile(rf"\b({_MONTH}),? (\d{{4}})\b", re.IGNORECASE)
+_NAMED_DAY_RES = [
+    re.compile(rf"\b{_DAY}(?:\s+of)?\s+{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),
+    re.compile(rf"\b{_MONTH}\s+{_DAY},?\s+{_YEAR}\b", re.IGNORECASE),
+    re.compile(rf"\b{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),  # a month: after the dates
+]
 # A day a message names is an anchor, not an exact day: what was said that week ("the weekend
 # before 10 April", "two weeks ago, on 3 June": the turn was written around then).
 AROUND_A_DAY = timedelta(days=7)
@@ -65,36 +67,35 @@ AROUND_A_DAY = timedelta(days=7)
 DayRange = tuple[date, date]  # local days, first included, last excluded
 
 
-def _month(name: str) -> int:
-    return [m.lower() for m in MONTHS].index(name.lower()) + 1
-
-
 def named_days(text: str) -> list[DayRange]:
-    """The days `text` names, in order: a date with the week either side of it, a month of a
-    given year whole. Dates that do not exist (31 February) are skipped."""
+    """The days `text` names, in order, each once: a date with the week either side of it, a
+    month of a given year whole. Dates that do not exist (31 February) are skipped, and so are
+    those the store's times cannot reach (the year 1)."""
     found: list[tuple[int, DayRange]] = []
     rest = text  # what each pattern matched is blanked out for the next ones
-    for pattern, (year, month, day) in (
-        (_DAY_MONTH_YEAR_RE, (3, 2, 1)),
-        (_MONTH_DAY_YEAR_RE, (3, 1, 2)),
-        (_MONTH_YEAR_RE, (2, 1, 0)),
-    ):
+    for pattern in _NAMED_DAY_RES:
         for match in pattern.finditer(rest):
-            y, m = int(match[year]), _month(match[month])
+            year, month = int(match["year"]), _MONTH_NUMBERS[match["month"].lower()]
             try:
-                if day:
-                    named = date(y, m, int(match[day]))
+                if "day" in pattern.groupindex:
+                    named = date(year, month, int(match["day"]))
                     days = (named - AROUND_A_DAY, named + AROUND_A_DAY + timedelta(days=1))
                 else:
-                    days = (date(y, m, 1), date(y + m // 12, m % 12 + 1, 1))
+                    days = (date(year, month, 1), date(year + month // 12, month % 12 + 1, 1))
+                for day in days:
+                    local_midnight_utc(day)
             except (ValueError, OverflowError):
                 continue
             found.append((match.start(), days))
         rest = pattern.sub(lambda match: " " * len(match[0]), rest)
-    return [days for _, days in sorted(found)]
+    return list(dict.fromkeys(days for _, days in sorted(found)))
 
 
 def local_midnight_utc(day: date) -> datetime:
-    """The start of a local `day` as the store keeps times: naive UTC."""
-    start = datetime.combine(day, time()).astimezone()  # a naive time is read as local
+    """The start of a local `day` as the store keeps times: naive UTC. Where a clock change
+    skips midnight (Santiago, Cairo), the day starts at the first time it has."""
+    for fold in (0, 1):
+        start = datetime.combine(day, time(fold=fold)).astimezone()  # naive: read as local
+        if start.date() == day:
+            break
     return start.astimezone(timezone.utc).replace(tzinfo=None)

@@ -18,7 +18,7 @@ from datetime import date
 
 import duckdb
 
-from mlxmem.memory.dates import day_marker, local_midnight_utc, named_days
+from mlxmem.memory.dates import DayRange, day_marker, local_midnight_utc, named_days
 from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE
 from mlxmem.memory.terms import terms as words_of
 from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
@@ -192,7 +192,7 @@ def query_terms(text: str) -> list[str]:
     return found
 
 
-def _day_range(term: str) -> tuple[date, date] | None:
+def _day_range(term: str) -> DayRange | None:
     try:
         first, until = term.removeprefix(_DAYS_PREFIX).split("/")
         return date.fromisoformat(first), date.fromisoformat(until)
