@@ -18,6 +18,7 @@ from mlxmem.memory.summary_check import (
     key_items,
     speaker_names,
     specific_clauses,
+    specifics_left_out,
 )
 from mlxmem.memory.turns import Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow, summary_request
@@ -320,8 +321,44 @@ def test_a_fold_names_its_speakers_from_the_whole_window():
 
 def test_a_decent_model_summary_is_kept_as_the_model_wrote_it():
     decent = "The user walked Rex along the Thames on days 0 to 9, 0 to 9 km a day."
-    store = collapse_with(decent)
-    assert [(s.source, s.text) for s in store.summaries("default")][0] == ("model", decent)
+    first = collapse_with(decent).summaries("default")[0]
+    assert first.source in ("model", "model+extractive")
+    assert first.text.startswith(decent + "\n") or first.text == decent
+
+
+def test_a_model_summary_is_followed_by_the_specifics_it_left_out():
+    # The model kept the gist and dropped names, numbers and dates: the folded turns'
+    # sentences that hold them follow, under their day and speaker, within the cap.
+    chat = [
+        ("user", "I moved to Boston on 12 June, Tom."),
+        ("assistant", "We camp in Yosemite with the 2 kids in July, Nadia."),
+        ("user", "My sister Ana flies in on 3 July."),
+        ("assistant", "Ana can join the barbecue at Lake Tahoe."),
+        *CHAT,
+    ]
+    gist = "Nadia moved to Boston on 12 June; Tom goes camping with his kids."
+    engine = FakeEngine(lambda prompt: gist)
+    window = ConversationWindow(
+        engine, Store(), "c", PromptBudget(engine, 2000, 200), "Be kind.", "chat"
+    )
+    event = window.collapse_oldest([], None, logged(chat))
+    folded = [text for _, text in chat[: event.evicted_turns]]
+    assert check_summary(gist, folded).ok and event.summary.source == "model+extractive"
+    text = event.summary.text
+    assert text.startswith(gist + "\n[")
+    assert "Tom: We camp in Yosemite" in text and "Ana flies in on 3 July" in text
+    assert "Lake Tahoe" in text and engine.count_text(text) <= window.summary_cap
+    assert "Boston" not in text.removeprefix(gist)  # what the model said is not said again
+    # Nothing left out, or no room: the model's summary alone.
+    every = gist + " Tom camps in Yosemite in July with 2 kids; Ana flies in on 3 July and "
+    every += "joins the barbecue at Lake Tahoe."
+    assert specifics_left_out(engine, 200, every, logged(chat)[:4], {}) == ""
+    assert specifics_left_out(engine, 3, gist, logged(chat)[:4], {}) == ""
+    # The next fold's model summary drops them again: the earlier summary's lines compete.
+    later = logged([("user", "I start at the Boston Globe on 1 August.")], DAY + timedelta(9))
+    again = specifics_left_out(engine, 200, gist, later, {"user": "Nadia"}, text)
+    assert "Nadia: I start at the Boston Globe on 1 August." in again
+    assert "Lake Tahoe" in again and "Yosemite" in again  # from the earlier summary's lines
 
 
 def test_chat_context_says_who_wrote_the_summary(capsys):

@@ -203,7 +203,8 @@ def _layer_lines(results: dict) -> None:
         err.print(
             f"{cid}: {layers['messages']} messages, facts {layers['facts']['extraction']} "
             f"({layers['facts']['added']} added), {s['count']} summaries "
-            f"({s['sources'].get('extractive', 0)} extractive, mean "
+            f"({s['sources'].get('extractive', 0)} extractive, "
+            f"{s['sources'].get('model+extractive', 0)} the model's with specifics added, mean "
             f"{_num(s['tokens_mean'])} tokens, cap {s['cap']}), evidence entities kept in "
             f"the summary {e['entities_in_summary']}/{e['entities']} ({share}; capitalized words)"
         )

@@ -24,18 +24,22 @@ class Summary:
     token_count: int | None
     created_at: datetime
     fact_ids: tuple[int, ...] = ()  # the facts that were in the summary's prompt
-    # Who wrote it: "model", or "extractive" (the model's failed the check, or it could not
-    # see every folded turn); None for a summary written before sources were recorded.
+    # Who wrote it: "model"; "model+extractive" (the model's, then the folded turns' sentences
+    # with the names, numbers and dates it left out); or "extractive" (the model's failed the
+    # check, or it could not see every folded turn); None for one written before sources were
+    # recorded.
     source: str | None = None
 
 
-SOURCES = ("model", "extractive")
+SOURCES = ("model", "model+extractive", "extractive")
 
 
 def describe_source(source: str | None) -> str:
     """Who wrote a summary, as the front ends say it."""
     if source == "model":
         return "written by the model"
+    if source == "model+extractive":
+        return "written by the model, then the names, numbers and dates it left out, from the turns"
     if source == "extractive":
         return "extractive: picked from the turns, the model's summary failed the check"
     return "unknown: written before sources were recorded"

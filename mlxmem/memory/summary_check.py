@@ -253,13 +253,7 @@ def extractive_summary(
     addressed = addressed_names([t.text for t in folded]) | set(names.values())
     lowercase = lowercase_words([earlier or "", *(t.text for t in folded)])
     units = _earlier_units(earlier, earlier_is_extractive, lowercase) if earlier else []
-    for turn in folded:
-        speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
-        day = day_label(turn.created_at)
-        for sentence in _sentences(turn.text):
-            sentence = _without_address(sentence, addressed)
-            if len(sentence.split()) >= 2:
-                units.append(_Unit(len(units), day, speaker, sentence, True))
+    units += _folded_units(folded, names, addressed, len(units))
     if not units:
         return "(nothing was said)"
     entities = _entity_words([u.text for u in units]) - {_norm(n) for n in addressed}
@@ -280,6 +274,62 @@ def extractive_summary(
             return text
         chosen.pop()  # the last picked added the least for its cost
     return shorten_to(engine, render([keep]), cap)
+
+
+def specifics_left_out(
+    engine: Engine,
+    room: int,
+    summary: str,
+    folded: Sequence[Turn],
+    names: dict[str, str] | None = None,
+    earlier: str | None = None,
+) -> str:
+    """The sentences that hold the names, numbers and dates `summary` (a model's, which passed
+    the check) left out, within `room` tokens, under their day and speaker as the extractive
+    summary shows them; "" when it left none out or none fits. They come from the `folded`
+    turns (a fifth of the room first) and from the `earlier` summary's own such lines, so the
+    specifics of older folds stay while they are worth their room. A model that summarizes well
+    still keeps the gist and drops the specifics: Qwen2.5-Coder-1.5B's summaries of LoCoMo used
+    about 75 of their 400 tokens and kept 2 of 7 to 7 of 16 of the folded evidence turns'
+    names, and no dates."""
+    names = names or {}
+    addressed = addressed_names([t.text for t in folded]) | set(names.values())
+    lines = [line for line in (earlier or "").splitlines() if _DAY_LINE_RE.match(line.strip())]
+    lowercase = lowercase_words([*lines, *(t.text for t in folded)])
+    units = _earlier_units("\n".join(lines), True, lowercase)
+    units += _folded_units(folded, names, addressed, len(units))
+    entities = _entity_words([u.text for u in units]) - {_norm(n) for n in addressed}
+    known = _unit_items(summary, entities)
+    value = {
+        u.order: {w for w in _unit_items(u.text, entities) - known if not w.startswith("~")}
+        for u in units
+    }
+    pool = [u for u in units if value[u.order]]
+    cost = {u.order: engine.count_text(_segment(u, None)) for u in pool}
+    chosen: list[_Unit] = []
+    _pick(chosen, [u for u in pool if u.fresh], value, cost, int(room * FRESH_SHARE))
+    _pick(chosen, pool, value, cost, room)
+    while chosen:
+        text = render(sorted(chosen, key=lambda u: u.order))
+        if engine.count_text(text) <= room:
+            return text
+        chosen.pop()
+    return ""
+
+
+def _folded_units(
+    folded: Sequence[Turn], names: dict[str, str], addressed: set[str], start: int
+) -> list[_Unit]:
+    """The folded turns' sentences, without greetings, each with its day and speaker."""
+    units = []
+    for turn in folded:
+        speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
+        day = day_label(turn.created_at)
+        for sentence in _sentences(turn.text):
+            sentence = _without_address(sentence, addressed)
+            if len(sentence.split()) >= 2:
+                units.append(_Unit(start + len(units), day, speaker, sentence, True))
+    return units
 
 
 def render(units: Sequence[_Unit]) -> str:

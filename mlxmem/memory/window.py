@@ -23,6 +23,7 @@ from mlxmem.memory.summary_check import (
     extractive_summary,
     shorten_to,
     speaker_names,
+    specifics_left_out,
 )
 from mlxmem.text import utc_now
 
@@ -33,6 +34,9 @@ MIN_VERBATIM = 4
 # folded evidence turns at 160, 63% at 320 and 71% at 400, and the prompts held more of the
 # gold answers' words each time (benchmarks/summary_entities.py, benchmarks/README.md).
 SUMMARY_MAX_TOKENS = 400
+# A model's summary that leaves this much of the cap free is followed by the folded turns'
+# sentences that hold the names, numbers and dates it left out (summary_check.specifics_left_out).
+MIN_SPECIFICS_ROOM = 24
 UNANSWERED = "(no reply: it was interrupted)"
 _REQUEST = (
     "Pause the conversation. Write an updated summary of everything so far: merge the earlier "
@@ -177,6 +181,12 @@ class ConversationWindow:
         earlier = summary.text if summary else None
         if prompt.omitted or not check_summary(text, [t.text for t in evicted], earlier).ok:
             text, source = self._fallback(summary, evicted, names), "extractive"
+        else:
+            room = self.summary_cap - self.engine.count_text(text) - 1  # a line break
+            if room >= MIN_SPECIFICS_ROOM:
+                extra = specifics_left_out(self.engine, room, text, evicted, names, earlier)
+                if extra:
+                    text, source = self._cap(f"{text}\n{extra}"), "model+extractive"
         tokens = self.engine.count_text(text)
         first = summary.first_seq if summary else evicted[0].seq
         seen = tuple(f.id for f in facts)
