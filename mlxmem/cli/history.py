@@ -52,7 +52,8 @@ def show(
         False,
         "--summaries",
         help="The rolling summaries instead of the turns: the turns each covers, who wrote it "
-        "(the model, or extractive: picked from the turns when the model's failed the check) "
+        "(the model; model+extractive: the model's, then the names, numbers and dates it left "
+        "out; or extractive: picked from the turns when the model's failed the check) "
         "and its text.",
     ),
     as_json: bool = JSON,

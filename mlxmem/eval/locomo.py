@@ -677,7 +677,8 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
             "tokens_mean": sum(sizes) / len(sizes) if sizes else None,
             "tokens_max": max(sizes, default=None),
             "cap": companion.window.summary_cap,
-            # How many were the model's and how many extractive (the model's failed the check).
+            # How many were the model's (alone, or with the specifics it left out after it) and
+            # how many extractive (the model's failed the check).
             "sources": dict(Counter(s.source or "unknown" for s in summaries)),
             "final": latest.text if latest else None,
         },

@@ -329,7 +329,8 @@ def m011_fact_provenance(con: duckdb.DuckDBPyConnection) -> None:
     con.begin()
 
 
-# Who wrote each summary (issue 19): "model", or "extractive" when the model's failed the check
+# Who wrote each summary (issue 19): "model" ("model+extractive" once the specifics it left out
+# follow it, a later value of the same column), or "extractive" when the model's failed the check
 # of mlxmem.memory.summary_check and a summary was extracted from the folded turns instead.
 # Summaries written before stay NULL, "unknown": the fallback of that time cannot be told from a
 # model's summary after the fact, and a guess would be a claim the store cannot back.

@@ -126,7 +126,9 @@ def check_summary(text: str, folded: Sequence[str], earlier: str | None = None) 
     kept = items & set(_words(text))
     coverage = len(kept) / len(items) if items else None
     words = _words(text)
-    personal = sum(w in _PERSONAL for w in _words(_QUOTED_RE.sub(" ", text)))
+    # Lines in the extractive form ("[8 May] Nadia: I ...") quote the turns, as they should.
+    prose = prose_lines(text)
+    personal = sum(w in _PERSONAL for w in _words(_QUOTED_RE.sub(" ", prose)))
     repeated = repeated_share(words)
     problems = []
     if not words:
@@ -140,6 +142,11 @@ def check_summary(text: str, folded: Sequence[str], earlier: str | None = None) 
     if len(items) >= MIN_ITEMS and (coverage or 0.0) < MIN_COVERAGE:
         problems.append("coverage")
     return SummaryCheck(tuple(problems), coverage, repeated, personal)
+
+
+def prose_lines(text: str) -> str:
+    """`text` without its lines in the extractive form (a day, then who said what)."""
+    return "\n".join(line for line in text.splitlines() if not _DAY_LINE_RE.match(line.strip()))
 
 
 def key_items(texts: Sequence[str]) -> set[str]:
@@ -300,14 +307,14 @@ def specifics_left_out(
     units += _folded_units(folded, names, addressed, len(units))
     entities = _entity_words([u.text for u in units]) - {_norm(n) for n in addressed}
     known = _unit_items(summary, entities)
-    value = {
-        u.order: {w for w in _unit_items(u.text, entities) - known if not w.startswith("~")}
-        for u in units
-    }
+    value = {u.order: _specifics(u.text, entities) - known for u in units}
     pool = [u for u in units if value[u.order]]
     cost = {u.order: engine.count_text(_segment(u, None)) for u in pool}
     chosen: list[_Unit] = []
-    _pick(chosen, [u for u in pool if u.fresh], value, cost, int(room * FRESH_SHARE))
+    fresh = [u for u in pool if u.fresh]
+    # A fifth of the room for the newest fold first, and room for one of its sentences at least.
+    first = max(int(room * FRESH_SHARE), min((cost[u.order] for u in fresh), default=0))
+    _pick(chosen, fresh, value, cost, min(first, room))
     _pick(chosen, pool, value, cost, room)
     while chosen:
         text = render(sorted(chosen, key=lambda u: u.order))
@@ -315,6 +322,18 @@ def specifics_left_out(
             return text
         chosen.pop()
     return ""
+
+
+def _specifics(text: str, entities: set[str]) -> set[str]:
+    """A sentence's names, numbers and dates, strictly: no content words, no "week" or
+    "today", and a month only where it is written as one ("May", not "may")."""
+    return {
+        w
+        for w in _unit_items(text, entities)
+        if not w.startswith("~")
+        and w not in _WHEN
+        and (w not in _MONTHS or re.search(rf"\b{w.capitalize()}\b", text))
+    }
 
 
 def _folded_units(
@@ -466,17 +485,20 @@ def _earlier_units(text: str, structured: bool, lowercase: Collection[str]) -> l
     year = None
     for line in text.splitlines():
         day, rest = None, line.strip()
-        match = _DAY_LINE_RE.match(rest) if structured else None
+        match = _DAY_LINE_RE.match(rest)
+        # A day's line is the extractive form wherever it is: after a model's paragraph
+        # (source model+extractive) its days and speakers are read back too.
+        line_structured = structured or match is not None
         if match:
             day, line_year, rest = match.groups()
             year = line_year or year
             day = f"{day} {year}" if year else day
         speaker = None
         for sentence in _sentences(rest):
-            labelled = _SPEAKER_RE.match(sentence) if structured else None
+            labelled = _SPEAKER_RE.match(sentence) if line_structured else None
             if labelled:
                 speaker, sentence = labelled.groups()
-            if structured and len(sentence.split()) > AGED_WORDS:
+            if line_structured and len(sentence.split()) > AGED_WORDS:
                 sentence = specific_clauses(sentence, lowercase)
             units.append(_Unit(len(units), day, speaker, sentence, False))
     return units

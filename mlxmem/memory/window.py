@@ -21,6 +21,7 @@ from mlxmem.memory.store import Fact, Store, Summary, Turn
 from mlxmem.memory.summary_check import (
     check_summary,
     extractive_summary,
+    prose_lines,
     shorten_to,
     speaker_names,
     specifics_left_out,
@@ -179,7 +180,12 @@ class ConversationWindow:
         # else one extracted from the earlier summary and the evicted turns.
         text, source = self._cap(result.text.strip()), "model"
         earlier = summary.text if summary else None
-        if prompt.omitted or not check_summary(text, [t.text for t in evicted], earlier).ok:
+        # The specifics after an earlier model summary are picked again below, not asked of
+        # the model: it is checked against that summary's own paragraph.
+        checked = (
+            prose_lines(earlier) if summary and summary.source == "model+extractive" else earlier
+        )
+        if prompt.omitted or not check_summary(text, [t.text for t in evicted], checked).ok:
             text, source = self._fallback(summary, evicted, names), "extractive"
         else:
             room = self.summary_cap - self.engine.count_text(text) - 1  # a line break

@@ -98,7 +98,8 @@ class ChatService:
                 "facts_left_out": prompt.facts_left_out,
                 "recalled": prompt.recalled,
                 # The summary in the prompt: the turns it covers and who wrote it ("model",
-                # "extractive", or null for one written before sources were recorded).
+                # "model+extractive", "extractive", or null for one written before sources
+                # were recorded).
                 "summary": summary
                 and {
                     "first_seq": summary.first_seq,
