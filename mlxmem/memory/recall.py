@@ -99,15 +99,13 @@ _BOOST = (
     f"CASE WHEN docs.role = $role THEN {SPEAKER_BOOST} ELSE 1 END"
     f" * CASE WHEN docs.named_day THEN {DAYS_BOOST} ELSE 1 END"
 )
-# A turn written on a day the message names: one test per range it names (none: false, free).
-_NAMED_DAY = "{named_day}"
 # Document length is counted in indexed words; the index is read only for the query's terms.
 # A turn's neighbours are found by seq (no window over the whole log: it costs more than the
 # rest of the search at 100,000 turns); a deleted turn leaves a gap.
 _SEARCH_SQL = f"""
 WITH docs AS (
     SELECT m.id, m.seq AS pos, m.role, coalesce(d.length, 0) AS dl,
-        {_NAMED_DAY} AS named_day
+        {{named_day}} AS named_day
     FROM messages m JOIN conversations c ON c.id = m.conversation_id
     LEFT JOIN {DOCS_TABLE} d ON d.message_id = m.id
     WHERE c.name = $conversation AND m.seq <= $last_seq
@@ -166,8 +164,9 @@ ORDER BY score DESC, ranked.own DESC, ranked.pos DESC LIMIT $limit
 
 @functools.cache
 def _search_sql(day_ranges: int) -> str:
+    """_SEARCH_SQL with `named_day`: one test per range the message names (none: false, free)."""
     tests = [f"(m.created_at >= $from{i} AND m.created_at < $until{i})" for i in range(day_ranges)]
-    return _SEARCH_SQL.replace(_NAMED_DAY, " OR ".join(tests) or "false")
+    return _SEARCH_SQL.replace("{named_day}", " OR ".join(tests) or "false")
 
 
 def query_terms(text: str) -> list[str]:

@@ -53,8 +53,7 @@ _REFUSAL_RE = re.compile(
     re.IGNORECASE,
 )
 _MONTHS = frozenset(
-    "january february march april may june july august september october november december "
-    "monday tuesday wednesday thursday friday saturday sunday".split()
+    [m.lower() for m in MONTHS] + "monday tuesday wednesday thursday friday saturday sunday".split()
 )
 _PERSONAL = frozenset(
     "i i'm i've i'd i'll me my mine myself we we're we've we'll we'd us our ours ourselves "
@@ -275,12 +274,7 @@ def extractive_summary(
         chosen.append(max(fresh, key=lambda u: (len(value[u.order]), -cost[u.order], -u.order)))
     _pick(chosen, units, value, cost, cap)
     keep = chosen[0] if chosen else min(units, key=lambda u: u.order)
-    while chosen:
-        text = render(sorted(chosen, key=lambda u: u.order))
-        if engine.count_text(text) <= cap:
-            return text
-        chosen.pop()  # the last picked added the least for its cost
-    return shorten_to(engine, render([keep]), cap)
+    return _fit(engine, chosen, cap) or shorten_to(engine, render([keep]), cap)
 
 
 def specifics_left_out(
@@ -316,6 +310,13 @@ def specifics_left_out(
     first = max(int(room * FRESH_SHARE), min((cost[u.order] for u in fresh), default=0))
     _pick(chosen, fresh, value, cost, min(first, room))
     _pick(chosen, pool, value, cost, room)
+    return _fit(engine, chosen, room)
+
+
+def _fit(engine: Engine, chosen: list[_Unit], room: int) -> str:
+    """The `chosen` units rendered within `room` tokens (a day's label costs tokens their own
+    counts left out): the last picked, which added the least for its cost, go first; "" if
+    none fits."""
     while chosen:
         text = render(sorted(chosen, key=lambda u: u.order))
         if engine.count_text(text) <= room:
