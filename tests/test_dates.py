@@ -218,6 +218,50 @@ def test_recall_prefers_the_turns_of_the_days_a_message_names(tmp_path):
     assert found(["bread", "bake", "#soon/later"]) == [2, 3, 1]
 
 
+# Seen from Wednesday 17 May 2023.
+@pytest.mark.parametrize(
+    ("text", "ranges"),
+    [
+        ("What did I tell you yesterday?", [("2023-05-16", "2023-05-17")]),
+        ("And the day before yesterday?", [("2023-05-15", "2023-05-16")]),
+        ("Three days ago, or 3 days ago?", [("2023-05-13", "2023-05-16")]),
+        ("A couple of  days ago?", [("2023-05-14", "2023-05-17")]),
+        ("Two weeks ago, you said?", [("2023-04-26", "2023-05-11")]),
+        ("What did I say last week?", [("2023-05-03", "2023-05-17")]),
+        ("Last weekend?", [("2023-05-13", "2023-05-15")]),
+        ("Last Wednesday, or last friday?", [("2023-05-10", "2023-05-11"),
+                                             ("2023-05-12", "2023-05-13")]),
+        ("Last month?", [("2023-04-01", "2023-05-01")]),
+        ("A month ago?", [("2023-04-02", "2023-05-03")]),
+        ("Last year, then two years ago?", [("2022-01-01", "2023-01-01"),
+                                            ("2021-01-01", "2022-01-01")]),
+        ("Yesterday, on 3 June 2023?", [("2023-05-16", "2023-05-17"),
+                                        ("2023-05-27", "2023-06-11")]),
+        ("2023 years ago?", []),  # before the year 1: skipped
+        ("The last weekday, the past weeks.", []),
+    ],
+)  # fmt: skip
+def test_the_days_a_message_names_from_the_day_it_is_written(text, ranges):
+    today = date(2023, 5, 17)
+    assert [(a.isoformat(), b.isoformat()) for a, b in named_days(text, today)] == ranges
+    if not any("2023-06" in b for _, b in ranges):  # without its day, no relative day is read
+        assert named_days(text) == []
+
+
+def test_recall_reads_the_days_a_message_names_from_when_it_is_written(tmp_path):
+    store = Store(tmp_path / "relative.duckdb")
+    for at, text in [(day(2), "We baked rye bread."), (day(15), "We baked rye bread again."),
+                     (day(16), "We baked rye bread with seeds.")]:  # fmt: skip
+        store.append_turn("c", "user", text, at=at)
+    companion = Companion(FakeEngine(), store, "c", 600, 120, ChatSettings(extract_facts=False))
+    asked = companion.recall_terms("What bread did we bake two weeks ago?", at=day(16))
+    assert asked == ["bread", "bake", "two", "week", "#2023-04-25/2023-05-10"]
+    plain = companion.recall_terms("What bread did we bake?", at=day(16))
+    with store.connect() as con:
+        assert [t.seq for t in search_before(con, "c", 3, plain)] == [2, 3, 1]
+        assert [t.seq for t in search_before(con, "c", 3, asked)] == [1, 2, 3]
+
+
 @pytest.fixture
 def time_zone(monkeypatch):
     """Sets the process's local time zone (POSIX TZ, with the system's tz database)."""

@@ -621,7 +621,7 @@ class ReplayCompanion(Companion):
     no turn of the transcript recalls anything (that would only cost prefill: the replies are
     the transcript's)."""
 
-    def recall_terms(self, text: str) -> list[str]:
+    def recall_terms(self, text: str, at: datetime | None = None) -> list[str]:
         return []
 
 

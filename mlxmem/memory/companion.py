@@ -22,7 +22,7 @@ from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
 from mlxmem.memory.budget import response_reserve as budget_reserve
-from mlxmem.memory.dates import dated, same_day
+from mlxmem.memory.dates import dated, local_day, same_day
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
 from mlxmem.memory.facts import check_fact_text, insert_fact
@@ -247,11 +247,12 @@ class Companion:
         them free, so a recalled turn never waits for the next collapse to fit."""
         return int(self.budget.budget * RECALL_SHARE) if self.settings.recall else 0
 
-    def recall_terms(self, text: str) -> list[str]:
-        """What to search the log for, if recall is on and `text` may refer to the past."""
+    def recall_terms(self, text: str, at: datetime | None = None) -> list[str]:
+        """What to search the log for, if recall is on and `text` (written at `at`, default
+        now) may refer to the past."""
         if not (self.settings.recall and refers_to_past(text)):
             return []
-        return query_terms(text)
+        return query_terms(text, local_day(at or utc_now()).date())
 
     # -- a turn -----------------------------------------------------------------------------
 
@@ -300,7 +301,7 @@ class Companion:
         # One open of the store before the model starts (none while it is held): log the
         # message (with its token ids, so that no later turn encodes it again) and read what
         # the prompt is built from, unless the store is as this Companion's last turn left it.
-        terms = self.recall_terms(text)
+        terms = self.recall_terms(text, at)
         previous, mark = self._kept or (None, None)
         self._kept = None
         user, first = self.store.append_and_snapshot(
@@ -554,7 +555,7 @@ class Companion:
         """The prompt as it would be assembled now, for an unsent `draft` message if given
         (with what recall would add to it, and its date if it were sent at `at`, default now,
         on a new day); nothing is logged."""
-        terms = self.recall_terms(draft) if draft else []
+        terms = self.recall_terms(draft, at) if draft else []
         return self._assemble(self.store.snapshot(self.conversation, terms), draft, at)
 
     def remember(self, text: str) -> Fact:

@@ -67,12 +67,79 @@ AROUND_A_DAY = timedelta(days=7)
 DayRange = tuple[date, date]  # local days, first included, last excluded
 
 
-def named_days(text: str) -> list[DayRange]:
+_NUMBER_WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
+_COUNTS = {"a": 1, "an": 1, "a couple of": 2, "a few": 3} | {
+    word: n for n, word in enumerate(_NUMBER_WORDS, 1)
+}
+_COUNT = rf"(?P<n>\d{{1,3}}|an?|{'|'.join(_NUMBER_WORDS)}|a\s+couple\s+of|a\s+few)"
+_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+# Days said relative to when the message is written ("yesterday", "two weeks ago", "last
+# month", "last Friday"), read only when that day is known (a live chat's message). Each is
+# generous, as a named date is: a boost for the turns written then, not a filter.
+_RELATIVE_RES = [
+    re.compile(r"\bthe day before yesterday\b", re.IGNORECASE),
+    re.compile(r"\byesterday\b", re.IGNORECASE),
+    re.compile(rf"\b{_COUNT}\s+(?P<unit>day|week|month|year)s?\s+ago\b", re.IGNORECASE),
+    re.compile(r"\b(?:last|past|previous)\s+(?P<unit>week|weekend|month|year)\b", re.IGNORECASE),
+    re.compile(rf"\blast\s+(?P<weekday>{'|'.join(_WEEKDAYS)})\b", re.IGNORECASE),
+]
+
+
+def _month_start(day: date, back: int) -> date:
+    """The first day of the month `back` months before `day`'s."""
+    months = day.year * 12 + day.month - 1 - back
+    return date(months // 12, months % 12 + 1, 1)
+
+
+def _relative_days(match: re.Match, today: date) -> DayRange:
+    """The local days a relative phrase `match` names, seen from `today`."""
+    one = timedelta(days=1)
+    groups = match.groupdict()
+    if "weekday" in groups:  # "last Friday": the latest one before today
+        back = (today.weekday() - _WEEKDAYS.index(match["weekday"].lower()) - 1) % 7 + 1
+        return today - back * one, today - (back - 1) * one
+    unit = (groups.get("unit") or "").lower()
+    if "n" not in groups:
+        if not unit:  # yesterday, or the day before
+            back = 2 if match[0].lower().startswith("the day before") else 1
+            return today - back * one, today - (back - 1) * one
+        if unit == "week":
+            return today - 14 * one, today
+        if unit == "weekend":  # the latest Saturday and Sunday before today
+            saturday = today - ((today.weekday() - 5) % 7 or 7) * one
+            return saturday, saturday + 2 * one
+        if unit == "month":
+            return _month_start(today, 1), _month_start(today, 0)
+        return date(today.year - 1, 1, 1), date(today.year, 1, 1)
+    word = " ".join(match["n"].lower().split())
+    n = int(word) if word.isdigit() else _COUNTS[word]
+    if unit == "day":  # a day either side
+        return today - (n + 1) * one, today - (n - 2) * one
+    if unit == "week":  # a week either side
+        return today - (7 * n + 7) * one, today - (7 * n - 8) * one
+    if unit == "month":  # half a month either side
+        return today - (30 * n + 15) * one, today - (30 * n - 16) * one
+    return date(today.year - n, 1, 1), date(today.year - n + 1, 1, 1)
+
+
+def named_days(text: str, today: date | None = None) -> list[DayRange]:
     """The days `text` names, in order, each once: a date with the week either side of it, a
-    month of a given year whole. Dates that do not exist (31 February) are skipped, and so are
-    those the store's times cannot reach (the year 1)."""
+    month of a given year whole, and, when `today` (the local day the text was written) is
+    given, the days it names relative to it ("yesterday", "three weeks ago", "last month").
+    Dates that do not exist (31 February) are skipped, and so are those the store's times
+    cannot reach (the year 1)."""
     found: list[tuple[int, DayRange]] = []
     rest = text  # what each pattern matched is blanked out for the next ones
+    for pattern in _RELATIVE_RES if today is not None else ():
+        for match in pattern.finditer(rest):
+            try:
+                days = _relative_days(match, today)
+                for day in days:
+                    local_midnight_utc(day)
+            except (ValueError, OverflowError):
+                continue
+            found.append((match.start(), days))
+        rest = pattern.sub(lambda match: " " * len(match[0]), rest)
     for pattern in _NAMED_DAY_RES:
         for match in pattern.finditer(rest):
             year, month = int(match["year"]), _MONTH_NUMBERS[match["month"].lower()]

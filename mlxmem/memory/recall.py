@@ -169,11 +169,12 @@ def _search_sql(day_ranges: int) -> str:
     return _SEARCH_SQL.replace("{named_day}", " OR ".join(tests) or "false")
 
 
-def query_terms(text: str) -> list[str]:
+def query_terms(text: str, today: date | None = None) -> list[str]:
     """The terms of `text` worth searching for: lowercased, no stopwords, stemmed, each once.
     If the message says who is who and then names one of the speakers, the name becomes a
     request for that speaker's turns ("@user" or "@assistant"); the days it names become
-    requests for the turns of those days ("#2023-05-27/2023-06-11"), last."""
+    requests for the turns of those days ("#2023-05-27/2023-06-11"), last, and with `today`
+    (the local day it is written) so do the days it names from there ("last week")."""
     speakers = {}
     for match in _SPEAKER_RE.finditer(text):
         for name in words_of(match.group(2)):
@@ -186,7 +187,7 @@ def query_terms(text: str) -> list[str]:
         found = found[:half] + found[-half:]
     if len(named) == 1:
         found.append(_ROLE_PREFIX + named.pop())
-    for first, until in named_days(text)[:MAX_DAY_RANGES]:
+    for first, until in named_days(text, today)[:MAX_DAY_RANGES]:
         found.append(f"{_DAYS_PREFIX}{first.isoformat()}/{until.isoformat()}")
     return found
 
