@@ -32,12 +32,13 @@ class Running:
         self.url = url
 
 
-def start(model: str, timeout: float = 180.0) -> Running:
+def start(model: str, timeout: float = 180.0, preexec_fn=None) -> Running:
     """Start `mlxmem serve` on a free port; its first line says where it listens."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlxmem.cli", "serve", "--model", model, "--port", "0", "-q"],
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
@@ -110,3 +111,18 @@ def test_serve_streams_caches_and_shares_memory_with_the_cli(tiny):
         server.proc.send_signal(signal.SIGINT)
         code = server.proc.wait(60)
     assert code == 0  # Ctrl-C stops the server cleanly
+
+
+def ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `mlxmem serve &` in a script leaves it
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_serve_stops_cleanly_on_sigint_even_when_started_ignoring_it_and_on_sigterm(tiny, stop):
+    server = start(str(tiny), preexec_fn=ignore_sigint)
+    try:
+        assert request(server, "GET", "/v1/models")[0] == 200
+        server.proc.send_signal(stop)
+        assert server.proc.wait(60) == 0
+    finally:
+        server.proc.kill()  # a server that did not stop is not left running

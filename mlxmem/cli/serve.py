@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 
 import typer
@@ -96,6 +97,7 @@ def serve(
     # One plain line (no rich wrapping): scripts read the address from it with --port 0.
     typer.echo(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)", err=True)
     try:
+        _stop_on_signals()
         server.serve_forever()
     except KeyboardInterrupt:
         err.print("stopping")
@@ -108,3 +110,15 @@ def serve(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and a service manager's SIGTERM both stop the server the same clean way. Set
+    here, not inherited: a shell starting a job in the background (`mlxmem serve &` in a
+    script) leaves SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
