@@ -5,6 +5,7 @@ day changes where the person's day changes."""
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import date, datetime, time, timedelta, timezone
 
@@ -122,33 +123,29 @@ def _relative_days(match: re.Match, today: date) -> DayRange:
     return date(today.year - n, 1, 1), date(today.year - n + 1, 1, 1)
 
 
+def _days(match: re.Match) -> DayRange:
+    """The local days a date or a month of a year `match` names."""
+    year, month = int(match["year"]), _MONTH_NUMBERS[match["month"].lower()]
+    if match.re.groupindex.get("day"):
+        named = date(year, month, int(match["day"]))
+        return named - AROUND_A_DAY, named + AROUND_A_DAY + timedelta(days=1)
+    return date(year, month, 1), date(year + month // 12, month % 12 + 1, 1)
+
+
 def named_days(text: str, today: date | None = None) -> list[DayRange]:
     """The days `text` names, in order, each once: a date with the week either side of it, a
     month of a given year whole, and, when `today` (the local day the text was written) is
     given, the days it names relative to it ("yesterday", "three weeks ago", "last month").
     Dates that do not exist (31 February) are skipped, and so are those the store's times
     cannot reach (the year 1)."""
+    readers = [(p, functools.partial(_relative_days, today=today)) for p in _RELATIVE_RES]
+    readers = [*(readers if today is not None else ()), *((p, _days) for p in _NAMED_DAY_RES)]
     found: list[tuple[int, DayRange]] = []
     rest = text  # what each pattern matched is blanked out for the next ones
-    for pattern in _RELATIVE_RES if today is not None else ():
+    for pattern, read in readers:
         for match in pattern.finditer(rest):
             try:
-                days = _relative_days(match, today)
-                for day in days:
-                    local_midnight_utc(day)
-            except (ValueError, OverflowError):
-                continue
-            found.append((match.start(), days))
-        rest = pattern.sub(lambda match: " " * len(match[0]), rest)
-    for pattern in _NAMED_DAY_RES:
-        for match in pattern.finditer(rest):
-            year, month = int(match["year"]), _MONTH_NUMBERS[match["month"].lower()]
-            try:
-                if "day" in pattern.groupindex:
-                    named = date(year, month, int(match["day"]))
-                    days = (named - AROUND_A_DAY, named + AROUND_A_DAY + timedelta(days=1))
-                else:
-                    days = (date(year, month, 1), date(year + month // 12, month % 12 + 1, 1))
+                days = read(match)
                 for day in days:
                     local_midnight_utc(day)
             except (ValueError, OverflowError):
