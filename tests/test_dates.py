@@ -238,7 +238,13 @@ def test_recall_prefers_the_turns_of_the_days_a_message_names(tmp_path):
         ("Yesterday, on 3 June 2023?", [("2023-05-16", "2023-05-17"),
                                         ("2023-05-27", "2023-06-11")]),
         ("2023 years ago?", []),  # before the year 1: skipped
-        ("The last weekday, the past weeks.", []),
+        ("The last weekday, the past weeks, 0 days ago.", []),
+        ("In the past year, or the last month?", [("2022-05-16", "2023-05-18"),
+                                                  ("2023-04-16", "2023-05-18")]),  # until today
+        ("The day before\n  yesterday, and last week's game?", [("2023-05-15", "2023-05-16"),
+                                                                ("2023-05-03", "2023-05-17")]),
+        ("At last week-long trips, on the last Friday of May.", []),
+        ("Fıve days ago, in Auguſt 2023?", []),  # no crash on letters that fold to ASCII
     ],
 )  # fmt: skip
 def test_the_days_a_message_names_from_the_day_it_is_written(text, ranges):
@@ -246,6 +252,16 @@ def test_the_days_a_message_names_from_the_day_it_is_written(text, ranges):
     assert [(a.isoformat(), b.isoformat()) for a, b in named_days(text, today)] == ranges
     if not any("2023-06" in b for _, b in ranges):  # without its day, no relative day is read
         assert named_days(text) == []
+
+
+@pytest.mark.parametrize(
+    ("today", "weekend"),
+    [(20, 13), (21, 13), (22, 20)],  # Saturday, Sunday, Monday 20-22 May
+)
+def test_last_weekend_is_the_latest_one_over_before_today(today, weekend):
+    assert named_days("last weekend", date(2023, 5, today)) == [
+        (date(2023, 5, weekend), date(2023, 5, weekend + 2))
+    ]
 
 
 def test_recall_reads_the_days_a_message_names_from_when_it_is_written(tmp_path):

@@ -47,6 +47,8 @@ def test_query_terms_and_cues():
     assert refers_to_past("Do you remember my greenhouse")
     assert refers_to_past("where is it?")
     assert not refers_to_past("I baked bread today.")
+    assert refers_to_past("Tell me what I said yesterday.")
+    assert refers_to_past("Same as last Friday, and last weekend.")
 
 
 def test_a_question_about_an_evicted_turn_recalls_it():

@@ -94,10 +94,10 @@ def serve(
         if exc.errno == errno.EADDRINUSE:
             hint = "; choose another --port, or --port 0 for any free one (the address is printed)"
         raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
-    # One plain line (no rich wrapping): scripts read the address from it with --port 0.
-    typer.echo(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)", err=True)
+    _stop_on_signals()  # before the address is printed: a script may signal as soon as it reads it
     try:
-        _stop_on_signals()
+        # One plain line (no rich wrapping): scripts read the address from it with --port 0.
+        typer.echo(f"mlxmem serving {model} on {server.url} (Ctrl-C stops)", err=True)
         server.serve_forever()
     except KeyboardInterrupt:
         err.print("stopping")
@@ -118,6 +118,8 @@ def _stop_on_signals() -> None:
     script) leaves SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
 
     def stop(signum, frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second one must not cut the close short
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -56,10 +56,12 @@ _YEAR = r"(?P<year>\d{4})"
 # "3 June 2023", "3rd of June, 2023", "June 3, 2023", "June 2023"; with its year a month name
 # is a month in any case ("june 2023"). A month or a year alone narrows nothing: on LoCoMo's
 # development questions it found no more (benchmarks/recall_retrieval.py).
+# ASCII: with IGNORECASE alone, "ſ" and "ı" match "s" and "i" and the names read back miss.
+_FLAGS = re.IGNORECASE | re.ASCII
 _NAMED_DAY_RES = [
-    re.compile(rf"\b{_DAY}(?:\s+of)?\s+{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),
-    re.compile(rf"\b{_MONTH}\s+{_DAY},?\s+{_YEAR}\b", re.IGNORECASE),
-    re.compile(rf"\b{_MONTH},?\s+{_YEAR}\b", re.IGNORECASE),  # a month: after the dates
+    re.compile(rf"\b{_DAY}(?:\s+of)?\s+{_MONTH},?\s+{_YEAR}\b", _FLAGS),
+    re.compile(rf"\b{_MONTH}\s+{_DAY},?\s+{_YEAR}\b", _FLAGS),
+    re.compile(rf"\b{_MONTH},?\s+{_YEAR}\b", _FLAGS),  # a month: after the dates
 ]
 # A day a message names is an anchor, not an exact day: what was said that week ("the weekend
 # before 10 April", "two weeks ago, on 3 June": the turn was written around then).
@@ -74,16 +76,22 @@ _COUNTS = {"a": 1, "an": 1, "a couple of": 2, "a few": 3} | {
 }
 _COUNT = rf"(?P<n>\d{{1,3}}|an?|{'|'.join(_NUMBER_WORDS)}|a\s+couple\s+of|a\s+few)"
 _WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_UNIT_END = r"\b(?!-)(?!\s+of\b)"  # not "last week-long", "the last Friday of May"
 # Days said relative to when the message is written ("yesterday", "two weeks ago", "last
-# month", "last Friday"), read only when that day is known (a live chat's message). Each is
-# generous, as a named date is: a boost for the turns written then, not a filter.
+# month", "the past year", "last Friday"), read only when that day is known (a live chat's
+# message). Each is generous, as a named date is: a boost for the turns written then, not a
+# filter.
 _RELATIVE_RES = [
-    re.compile(r"\bthe day before yesterday\b", re.IGNORECASE),
-    re.compile(r"\byesterday\b", re.IGNORECASE),
-    re.compile(rf"\b{_COUNT}\s+(?P<unit>day|week|month|year)s?\s+ago\b", re.IGNORECASE),
-    re.compile(r"\b(?:last|past|previous)\s+(?P<unit>week|weekend|month|year)\b", re.IGNORECASE),
-    re.compile(rf"\blast\s+(?P<weekday>{'|'.join(_WEEKDAYS)})\b", re.IGNORECASE),
+    re.compile(r"\b(?P<before>the\s+day\s+before\s+)?yesterday\b", _FLAGS),
+    re.compile(rf"\b{_COUNT}\s+(?P<unit>day|week|month|year)s?{_UNIT_END}\s+ago\b", _FLAGS),
+    re.compile(
+        rf"\b(?P<the>the\s+)?(?P<which>last|past|previous)\s+(?P<unit>week|weekend|month|year)"
+        rf"{_UNIT_END}",
+        _FLAGS,
+    ),
+    re.compile(rf"\blast\s+(?P<weekday>{'|'.join(_WEEKDAYS)}){_UNIT_END}", _FLAGS),
 ]
+_ROLLING_DAYS = {"week": 7, "weekend": 7, "month": 31, "year": 366}
 
 
 def _month_start(day: date, back: int) -> date:
@@ -99,21 +107,25 @@ def _relative_days(match: re.Match, today: date) -> DayRange:
     if "weekday" in groups:  # "last Friday": the latest one before today
         back = (today.weekday() - _WEEKDAYS.index(match["weekday"].lower()) - 1) % 7 + 1
         return today - back * one, today - (back - 1) * one
-    unit = (groups.get("unit") or "").lower()
-    if "n" not in groups:
-        if not unit:  # yesterday, or the day before
-            back = 2 if match[0].lower().startswith("the day before") else 1
-            return today - back * one, today - (back - 1) * one
+    if "unit" not in groups:  # yesterday, or the day before
+        back = 2 if match["before"] else 1
+        return today - back * one, today - (back - 1) * one
+    unit = match["unit"].lower()
+    if "which" in groups:
+        if match["the"] or match["which"].lower() == "past":  # "the past month": until today
+            return today - _ROLLING_DAYS[unit] * one, today + one
         if unit == "week":
             return today - 14 * one, today
-        if unit == "weekend":  # the latest Saturday and Sunday before today
-            saturday = today - ((today.weekday() - 5) % 7 or 7) * one
-            return saturday, saturday + 2 * one
+        if unit == "weekend":  # the Saturday and Sunday of the latest weekend before today
+            back = (today.weekday() - 5) % 7 + (7 if today.weekday() >= 5 else 0)
+            return today - back * one, today - (back - 2) * one
         if unit == "month":
             return _month_start(today, 1), _month_start(today, 0)
         return date(today.year - 1, 1, 1), date(today.year, 1, 1)
     word = " ".join(match["n"].lower().split())
     n = int(word) if word.isdigit() else _COUNTS[word]
+    if n < 1:
+        raise ValueError("no day is 0 days ago")
     if unit == "day":  # a day either side
         return today - (n + 1) * one, today - (n - 2) * one
     if unit == "week":  # a week either side

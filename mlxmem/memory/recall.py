@@ -38,8 +38,9 @@ BM25_K1 = 1.2
 BM25_B = 0.5
 # Cues that a message reaches back in time (besides being a question).
 _PAST_RE = re.compile(
-    r"\b(remember|recall|earlier|before|last (time|week|month|year|summer|winter)|ago|told you|"
-    r"i (said|mentioned)|you said|again|back when|used to|what was|when did|did i|have i)\b",
+    r"\b(remember|recall|earlier|before|yesterday|the other day|ago|told you|i (said|mentioned)|"
+    r"last (time|night|week|weekend|month|year|summer|winter|(mon|tues|wednes|thurs|fri|satur|sun)"
+    r"day)|you said|again|back when|used to|what was|when did|did i|have i)\b",
     re.IGNORECASE,
 )
 
