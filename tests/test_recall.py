@@ -2,6 +2,7 @@
 file: what is recalled, where it goes, how it is counted, and that deleted turns never come
 back."""
 
+import pytest
 from conftest import files_containing
 
 from mlxmem.memory import terms
@@ -10,6 +11,7 @@ from mlxmem.memory.recall import (
     MAX_QUERY_TERMS,
     RECALL_HEADER,
     RECALL_TURNS,
+    asks_for,
     query_terms,
     refers_to_past,
     search_before,
@@ -130,8 +132,8 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
             "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i, "
             "'user', 'I walked the dog and had bread number ' || i, now() FROM range(1, 2001) t(i)"
         )
-        con.execute(
-            "UPDATE messages SET text = 'the kohlrabi in the greenhouse is purple' WHERE seq = 77"
+        con.execute(  # first person, as the others are: the prior favours neither
+            "UPDATE messages SET text = 'my kohlrabi in the greenhouse is purple' WHERE seq = 77"
         )
         assert terms.index_missing(con) == 2000  # a bulk load, indexed after the fact
         found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
@@ -142,8 +144,8 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
 def test_a_pasted_text_searches_for_its_first_and_last_terms_only():
     words = [f"w{i}x" for i in range(500)]
     found = query_terms("Where did we leave " + " ".join(words) + " the kohlrabi?")
-    assert len(found) == MAX_QUERY_TERMS
-    assert found[0] == "leav" and found[-1] == "kohlrabi"
+    assert len(found) == MAX_QUERY_TERMS + 1 and found[-1] == "?name"  # what "where" asks for
+    assert found[0] == "leav" and found[-2] == "kohlrabi"
     assert query_terms("(You are Mel; I am Jo.) " + " ".join(words) + " Mel?")[-1] == "@assistant"
 
 
@@ -164,6 +166,63 @@ def test_a_word_meets_its_other_forms_in_the_log(tmp_path):
         found = search_before(con, "c", 3, query_terms("Which paints did I use?"))
         assert [t.seq for t in found][:2] == [1, 2]  # the match, then the turn after it
         assert search_before(con, "c", 3, query_terms("The soups?"))[0].seq == 2
+
+
+def test_a_word_meets_the_words_it_begins_with_and_those_that_begin_with_it(tmp_path):
+    store = Store(tmp_path / "related.duckdb")
+    for text in ["A mentor helped me.", "Lunch was soup.", "She is a painter.", "Rain again."]:
+        store.append_turn("c", "user", text)
+    with store.connect() as con:
+        assert search_before(con, "c", 4, query_terms("Any mentorship?"))[0].seq == 1
+        assert search_before(con, "c", 4, query_terms("Any paintings?"))[0].seq == 3
+        # A short word (under four letters) meets only itself: "soup" is not "so".
+        assert [t.seq for t in search_before(con, "c", 4, ["so"])] == []
+
+
+@pytest.mark.parametrize(
+    ("question", "kind"),
+    [
+        ("(You are Mel; I am Jo.) Question: When did we bake?", "when"),
+        ("How long ago was it?", "when"),
+        ("How many dogs? And how long has she had them?", "number"),
+        ("Where did we go?", "name"),
+        ("Who called. What is the name of her cat?", "name"),
+        ("What did we bake? Why?", None),
+        ("Is whenever fine?", None),
+    ],
+)
+def test_what_a_question_asks_for(question, kind):
+    assert asks_for(question) == kind
+
+
+def test_a_turn_that_holds_what_the_question_asks_for_ranks_first(tmp_path):
+    store = Store(tmp_path / "asks.duckdb")
+    for text in ["We baked rye bread on Friday.", "We baked rye bread on purpose."]:
+        store.append_turn("c", "user", text)
+    with store.connect() as con:
+        found = search_before(con, "c", 2, query_terms("Why did we bake rye bread?"))
+        assert [t.seq for t in found] == [2, 1]  # a tie: the later first
+        found = search_before(con, "c", 2, query_terms("When did we bake rye bread?"))
+        assert [t.seq for t in found] == [1, 2]  # the one with its day
+
+
+def test_of_two_close_matches_the_turn_that_tells_of_its_speaker_ranks_first(tmp_path):
+    # The prior moves a turn a place or two among close matches, not ahead of a strong one:
+    # ten strong matches first, then two alike but for who they speak of. Four turns apart,
+    # so that no passage or reply holds two of them.
+    store = Store(tmp_path / "self.duckdb")
+    filler = ["Rain again.", "Lunch was soup.", "The bus was late.", "Cold today."]
+    texts = [*["Rye bread with love, rye bread with love.", *filler] * 10]
+    texts += ["I love rye bread, truly.", *filler, "You love rye bread, truly.", *filler]
+    for text in texts:
+        store.append_turn("c", "user", text)
+    with store.connect() as con:
+        found = search_before(con, "c", len(texts), query_terms("Does anyone love rye bread?"), 12)
+    strong = {1 + 5 * i for i in range(10)}
+    assert {t.seq for t in found[:10]} == strong
+    alike = [t.text for t in found[10:] if "love" in t.text]
+    assert alike == ["I love rye bread, truly.", "You love rye bread, truly."]  # the later first
+    # without the prior, as their tie is broken
 
 
 def index_rows(con, message_id: int) -> list[tuple]:
@@ -249,8 +308,10 @@ def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
     with store.connect() as con:
         # The reply to the matching question ranks with it, though it has no query word, and
         # before it: a turn that tells outranks a question (recall's prior).
-        found = search_before(con, "c", 4, query_terms("Which team did Mel sign with?"))
-        assert [t.seq for t in found][:2] == [2, 1]
+        found = [
+            t.seq for t in search_before(con, "c", 4, query_terms("Which team did Mel sign with?"))
+        ]
+        assert found[0] == 2 and 1 in found
         # Asked about the assistant's team: the assistant's turn first, the user's after.
         found = search_before(
             con, "c", 4, query_terms("(You are Mel; I am Jo.) Mel's basketball team?")
