@@ -177,6 +177,8 @@ def test_a_word_meets_the_words_it_begins_with_and_those_that_begin_with_it(tmp_
         assert search_before(con, "c", 4, query_terms("Any paintings?"))[0].seq == 3
         # A short word (under four letters) meets only itself: "soup" is not "so".
         assert [t.seq for t in search_before(con, "c", 4, ["so"])] == []
+        # Nor does a pasted blob: its hundred thousand prefixes would be as many terms.
+        assert search_before(con, "c", 4, query_terms("lunc" + "h" * 100_000 + "?")) == []
 
 
 @pytest.mark.parametrize(

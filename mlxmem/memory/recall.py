@@ -81,13 +81,15 @@ PRIOR_POOL = 50
 # - a turn that speaks of its speaker ("I", "my", "we") more than of the other ("you"): the one
 #   that tells, not the one that replies: SELF_BONUS;
 # - a query term also matches the log's words it begins with or that begin it, at
-#   RELATED_WEIGHT of a match ("mentorship" and "mentor", "art" and "artist"), for
-#   words of MIN_RELATED_CHARS or more and the first RELATED_TERMS of them (each costs a
-#   prefix test of the index rows).
+#   RELATED_WEIGHT of a match ("mentorship" and "mentor", "painting" and "painter"), for
+#   words of MIN_RELATED_CHARS to MAX_RELATED_CHARS (not a pasted blob: each of its prefixes
+#   would be a term) and the first RELATED_TERMS of them (each costs a prefix test of the
+#   index rows).
 ANSWER_BONUS = 0.015
 SELF_BONUS = 0.003
 RELATED_WEIGHT = 0.3
 MIN_RELATED_CHARS = 4
+MAX_RELATED_CHARS = 24
 RELATED_TERMS = 16
 _ASKS_PREFIX = "?"  # "?when", "?number", "?name": what the question asks for
 # What each kind of question asks for, and (RE2, as DuckDB's regexp reads it) what a turn
@@ -289,7 +291,8 @@ def search_before(
     if not terms or last_seq < 1 or limit < 1:
         return []
     role = roles[0] if len(roles) == 1 else None
-    related = [t for t in terms if len(t) >= MIN_RELATED_CHARS][:RELATED_TERMS]
+    related = [t for t in terms if MIN_RELATED_CHARS <= len(t) <= MAX_RELATED_CHARS]
+    related = related[:RELATED_TERMS]
     params = {
         "conversation": conversation,
         "last_seq": last_seq,
