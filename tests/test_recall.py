@@ -173,12 +173,23 @@ def test_a_word_meets_the_words_it_begins_with_and_those_that_begin_with_it(tmp_
     for text in ["A mentor helped me.", "Lunch was soup.", "She is a painter.", "Rain again."]:
         store.append_turn("c", "user", text)
     with store.connect() as con:
-        assert search_before(con, "c", 4, query_terms("Any mentorship?"))[0].seq == 1
+        # The turn and its reply; no passage: passages are of the words asked only.
+        assert [t.seq for t in search_before(con, "c", 4, query_terms("Any mentorship?"))] == [1, 2]
         assert search_before(con, "c", 4, query_terms("Any paintings?"))[0].seq == 3
         # A short word (under four letters) meets only itself: "soup" is not "so".
         assert [t.seq for t in search_before(con, "c", 4, ["so"])] == []
-        # Nor does a pasted blob: its hundred thousand prefixes would be as many terms.
-        assert search_before(con, "c", 4, query_terms("lunc" + "h" * 100_000 + "?")) == []
+        # Nor does a long one (a pasted blob: each of its prefixes would be a term).
+        assert search_before(con, "c", 4, query_terms("lunc" + "h" * 60 + "?")) == []
+
+
+def test_a_related_word_counts_less_than_the_word_itself(tmp_path):
+    store = Store(tmp_path / "related.duckdb")
+    # The second also gets half the first's score, as its reply: at more than half a match
+    # for a related word, it would come first.
+    for text in ["Her mentorship helped.", "Her mentor helped.", "Rain again.", "Cold today."]:
+        store.append_turn("c", "user", text)
+    with store.connect() as con:
+        assert search_before(con, "c", 4, query_terms("Any mentorship?"))[0].seq == 1
 
 
 @pytest.mark.parametrize(
@@ -197,15 +208,22 @@ def test_what_a_question_asks_for(question, kind):
     assert asks_for(question) == kind
 
 
-def test_a_turn_that_holds_what_the_question_asks_for_ranks_first(tmp_path):
+@pytest.mark.parametrize(
+    ("question", "holds", "lacks"),
+    [
+        ("When did we bake rye bread?", "We baked rye bread on Friday.", "...on purpose."),
+        ("How many times did we bake rye bread?", "We baked rye bread twice.", "...gladly."),
+        ("Where did we bake rye bread?", "We baked rye bread in Lisbon.", "...in haste."),
+    ],
+)
+def test_a_turn_that_holds_what_the_question_asks_for_ranks_first(tmp_path, question, holds, lacks):
     store = Store(tmp_path / "asks.duckdb")
-    for text in ["We baked rye bread on Friday.", "We baked rye bread on purpose."]:
+    for text in [holds, "We baked rye bread " + lacks.removeprefix("...")]:
         store.append_turn("c", "user", text)
     with store.connect() as con:
         found = search_before(con, "c", 2, query_terms("Why did we bake rye bread?"))
         assert [t.seq for t in found] == [2, 1]  # a tie: the later first
-        found = search_before(con, "c", 2, query_terms("When did we bake rye bread?"))
-        assert [t.seq for t in found] == [1, 2]  # the one with its day
+        assert [t.seq for t in search_before(con, "c", 2, query_terms(question))] == [1, 2]
 
 
 def test_of_two_close_matches_the_turn_that_tells_of_its_speaker_ranks_first(tmp_path):
@@ -223,8 +241,8 @@ def test_of_two_close_matches_the_turn_that_tells_of_its_speaker_ranks_first(tmp
     strong = {1 + 5 * i for i in range(10)}
     assert {t.seq for t in found[:10]} == strong
     alike = [t.text for t in found[10:] if "love" in t.text]
-    assert alike == ["I love rye bread, truly.", "You love rye bread, truly."]  # the later first
-    # without the prior, as their tie is broken
+    # Without the prior the later would be first, as their tie is broken.
+    assert alike == ["I love rye bread, truly.", "You love rye bread, truly."]
 
 
 def index_rows(con, message_id: int) -> list[tuple]:
@@ -308,12 +326,13 @@ def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
     for role, text in turns:
         store.append_turn("c", role, text)
     with store.connect() as con:
-        # The reply to the matching question ranks with it, though it has no query word, and
-        # before it: a turn that tells outranks a question (recall's prior).
+        # The reply to the matching question ranks first, though it has no query word; the
+        # question itself, which asks and tells nothing, after the turns that tell (recall's
+        # prior: four turns are close matches all).
         found = [
             t.seq for t in search_before(con, "c", 4, query_terms("Which team did Mel sign with?"))
         ]
-        assert found[0] == 2 and 1 in found
+        assert found == [2, 4, 3, 1]
         # Asked about the assistant's team: the assistant's turn first, the user's after.
         found = search_before(
             con, "c", 4, query_terms("(You are Mel; I am Jo.) Mel's basketball team?")
