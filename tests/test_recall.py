@@ -202,6 +202,12 @@ def test_a_related_word_counts_less_than_the_word_itself(tmp_path):
         ("Who called. What is the name of her cat?", "name"),
         ("What did we bake? Why?", None),
         ("Is whenever fine?", None),
+        # In the question, in its last clause that starts with a question word:
+        ("When I was a kid, what did I love to eat?", None),
+        ("When did you go, and with whom?", "when"),
+        ("Who cares. What did I bake last week?", None),
+        ("Sure, so when did we meet?", "when"),
+        ("According to Jo, who is the best cook?", "name"),
     ],
 )
 def test_what_a_question_asks_for(question, kind):

@@ -96,7 +96,8 @@ _ASKS_PREFIX = "?"  # "?when", "?number", "?name": what the question asks for
 # that holds it contains.
 _ASKS = {
     "when": (
-        r"(?:^|[.!?;:(]\s*)when\b|\bhow long ago\b|\bwhat (?:date|day|year|month)\b"
+        r"(?:^|[.!?;:(]\s*)(?:(?:and|but|so|then)\s+)?when\b|\bhow long ago\b"
+        r"|\bwhat (?:date|day|year|month)\b"
         r"|\bwhich (?:year|month)\b",
         r"(?i)\b(?:yesterday|today|tonight|tomorrow|ago|since|weekend|last (?:week|weekend|month|"
         r"year|night|summer|winter|spring|fall|(?:mon|tues|wednes|thurs|fri|satur|sun)day)|"
@@ -109,11 +110,17 @@ _ASKS = {
         r"(?i)\b(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|twice|once|few|several)\b",
     ),
     "name": (
-        r"(?:^|[.!?;:(]\s*)(?:who|whom|where)\b|\bwhich (?:city|country)\b|\bname of\b"
+        r"(?:^|[.!?;:(]\s*)(?:(?:and|but|so|then)\s+)?(?:who|whom|where)\b"
+        r"|\bwhich (?:city|country)\b|\bname of\b"
         r"|\bwhat (?:is|was) the name\b",
         r"[a-z,] [A-Z][a-z]+",  # a capitalized word inside a sentence
     ),
 }
+_QUESTION_RE = re.compile(r"[^.!?]*\?")
+_WH_CLAUSE_RE = re.compile(
+    r"\s*(?:(?:and|but|so|then)\s+)?(?:when|who|whom|whose|where|what|which|why|how)\b",
+    re.IGNORECASE,
+)
 _FIRST_PERSON = r"(?i)\b(?:i|me|my|we|us|our)\b"
 _SECOND_PERSON = r"(?i)\b(?:you|your|yours)\b"
 # A message may say who is who ("You are Melanie; I am Caroline"): a speaker's name then means
@@ -226,10 +233,15 @@ def _search_sql(day_ranges: int, longer: int) -> str:
 
 
 def asks_for(text: str) -> str | None:
-    """What a question asks for: "when", "number", "name", or None (what, how, why...)."""
-    for kind, (question, _) in _ASKS.items():
-        if re.search(question, text, re.IGNORECASE):
-            return kind
+    """What a question asks for: "when", "number", "name", or None (what, how, why...). Read
+    in each question (up to its "?"; the whole text if none), in its last clause that starts
+    with a question word: "When I was a kid, what did I eat?" asks what."""
+    for question in _QUESTION_RE.findall(text) or [text]:
+        clauses = re.split(r"[,;]", question)
+        asked = next((c for c in reversed(clauses) if _WH_CLAUSE_RE.match(c)), question)
+        for kind, (pattern, _) in _ASKS.items():
+            if re.search(pattern, asked.strip(), re.IGNORECASE):
+                return kind
     return None
 
 
