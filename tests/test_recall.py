@@ -217,15 +217,15 @@ def test_what_a_question_asks_for(question, kind):
 @pytest.mark.parametrize(
     ("question", "holds", "lacks"),
     [
-        ("When did we bake rye bread?", "We baked rye bread on Friday.", "...on purpose."),
-        ("How many times did we bake rye bread?", "We baked rye bread twice.", "...gladly."),
-        ("Where did we bake rye bread?", "We baked rye bread in Lisbon.", "...in haste."),
+        ("When did we bake rye bread?", "on Friday", "on purpose"),
+        ("How many times did we bake rye bread?", "twice", "gladly"),
+        ("Where did we bake rye bread?", "in Lisbon", "in haste"),
     ],
 )
 def test_a_turn_that_holds_what_the_question_asks_for_ranks_first(tmp_path, question, holds, lacks):
     store = Store(tmp_path / "asks.duckdb")
-    for text in [holds, "We baked rye bread " + lacks.removeprefix("...")]:
-        store.append_turn("c", "user", text)
+    for words in (holds, lacks):  # alike but for what the question asks for
+        store.append_turn("c", "user", f"We baked rye bread {words}.")
     with store.connect() as con:
         found = search_before(con, "c", 2, query_terms("Why did we bake rye bread?"))
         assert [t.seq for t in found] == [2, 1]  # a tie: the later first

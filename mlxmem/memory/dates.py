@@ -49,6 +49,7 @@ def dated(text: str, when: datetime) -> str:
 MONTHS = (
     "January February March April May June July August September October November December"
 ).split()
+WEEKDAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()  # date.weekday()
 _MONTH_NUMBERS = {name.lower(): n for n, name in enumerate(MONTHS, 1)}
 _MONTH = rf"(?P<month>{'|'.join(MONTHS)})"
 _DAY = r"(?P<day>\d{1,2})(?:st|nd|rd|th)?"
@@ -75,7 +76,7 @@ _COUNTS = {"a": 1, "an": 1, "a couple of": 2, "a few": 3} | {
     word: n for n, word in enumerate(_NUMBER_WORDS, 1)
 }
 _COUNT = rf"(?P<n>\d{{1,3}}|an?|{'|'.join(_NUMBER_WORDS)}|a\s+couple\s+of|a\s+few)"
-_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_WEEKDAY_NUMBERS = {name.lower(): n for n, name in enumerate(WEEKDAYS)}
 _UNIT_END = r"\b(?!-)(?!\s+of\b)"  # not "last week-long", "the last Friday of May"
 # Days said relative to when the message is written ("yesterday", "two weeks ago", "last
 # month", "the past year", "last Friday"), read only when that day is known (a live chat's
@@ -89,15 +90,14 @@ _RELATIVE_RES = [
         rf"{_UNIT_END}",
         _FLAGS,
     ),
-    re.compile(rf"\blast\s+(?P<weekday>{'|'.join(_WEEKDAYS)}){_UNIT_END}", _FLAGS),
+    re.compile(rf"\blast\s+(?P<weekday>{'|'.join(WEEKDAYS)}){_UNIT_END}", _FLAGS),
 ]
 _ROLLING_DAYS = {"week": 7, "weekend": 7, "month": 31, "year": 366}
 
 
-def _month_start(day: date, back: int) -> date:
-    """The first day of the month `back` months before `day`'s."""
-    months = day.year * 12 + day.month - 1 - back
-    return date(months // 12, months % 12 + 1, 1)
+def _whole_month(year: int, month: int) -> DayRange:
+    """The local days of a month: its first, and the first of the next."""
+    return date(year, month, 1), date(year + month // 12, month % 12 + 1, 1)
 
 
 def _relative_days(match: re.Match, today: date) -> DayRange:
@@ -105,7 +105,7 @@ def _relative_days(match: re.Match, today: date) -> DayRange:
     one = timedelta(days=1)
     groups = match.groupdict()
     if "weekday" in groups:  # "last Friday": the latest one before today
-        back = (today.weekday() - _WEEKDAYS.index(match["weekday"].lower()) - 1) % 7 + 1
+        back = (today.weekday() - _WEEKDAY_NUMBERS[match["weekday"].lower()] - 1) % 7 + 1
         return today - back * one, today - (back - 1) * one
     if "unit" not in groups:  # yesterday, or the day before
         back = 2 if match["before"] else 1
@@ -120,7 +120,8 @@ def _relative_days(match: re.Match, today: date) -> DayRange:
             back = (today.weekday() - 5) % 7 + (7 if today.weekday() >= 5 else 0)
             return today - back * one, today - (back - 2) * one
         if unit == "month":
-            return _month_start(today, 1), _month_start(today, 0)
+            before = today.replace(day=1) - one
+            return _whole_month(before.year, before.month)
         return date(today.year - 1, 1, 1), date(today.year, 1, 1)
     word = " ".join(match["n"].lower().split())
     n = int(word) if word.isdigit() else _COUNTS[word]
@@ -141,7 +142,7 @@ def _days(match: re.Match) -> DayRange:
     if match.re.groupindex.get("day"):
         named = date(year, month, int(match["day"]))
         return named - AROUND_A_DAY, named + AROUND_A_DAY + timedelta(days=1)
-    return date(year, month, 1), date(year + month // 12, month % 12 + 1, 1)
+    return _whole_month(year, month)
 
 
 def named_days(text: str, today: date | None = None) -> list[DayRange]:
@@ -150,8 +151,10 @@ def named_days(text: str, today: date | None = None) -> list[DayRange]:
     given, the days it names relative to it ("yesterday", "three weeks ago", "last month").
     Dates that do not exist (31 February) are skipped, and so are those the store's times
     cannot reach (the year 1)."""
-    readers = [(p, functools.partial(_relative_days, today=today)) for p in _RELATIVE_RES]
-    readers = [*(readers if today is not None else ()), *((p, _days) for p in _NAMED_DAY_RES)]
+    readers = [(p, _days) for p in _NAMED_DAY_RES]
+    if today is not None:
+        relative = functools.partial(_relative_days, today=today)
+        readers = [(p, relative) for p in _RELATIVE_RES] + readers
     found: list[tuple[int, DayRange]] = []
     rest = text  # what each pattern matched is blanked out for the next ones
     for pattern, read in readers:

@@ -18,7 +18,14 @@ from datetime import date
 
 import duckdb
 
-from mlxmem.memory.dates import DayRange, day_marker, local_midnight_utc, named_days
+from mlxmem.memory.dates import (
+    MONTHS,
+    WEEKDAYS,
+    DayRange,
+    day_marker,
+    local_midnight_utc,
+    named_days,
+)
 from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE
 from mlxmem.memory.terms import terms as words_of
 from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
@@ -36,11 +43,14 @@ BM25_K1 = 1.2
 # Length normalization at half strength: a long turn that tells a whole story is often the one
 # asked about (measured: benchmarks/recall_retrieval.py).
 BM25_B = 0.5
+_WEEKDAY_NAMES = "|".join(WEEKDAYS).lower()
+# Not "may": in any case it is a verb as often as a month.
+_MONTH_NAMES = "|".join(m for m in MONTHS if m != "May").lower()
 # Cues that a message reaches back in time (besides being a question).
 _PAST_RE = re.compile(
     r"\b(remember|recall|earlier|before|yesterday|the other day|ago|told you|i (said|mentioned)|"
-    r"last (time|night|week|weekend|month|year|summer|winter|(mon|tues|wednes|thurs|fri|satur|sun)"
-    r"day)|you said|again|back when|used to|what was|when did|did i|have i)\b",
+    rf"last (time|night|week|weekend|month|year|summer|winter|{_WEEKDAY_NAMES})|you said|again|"
+    r"back when|used to|what was|when did|did i|have i)\b",
     re.IGNORECASE,
 )
 
@@ -100,10 +110,8 @@ _ASKS = {
         r"|\bwhat (?:date|day|year|month)\b"
         r"|\bwhich (?:year|month)\b",
         r"(?i)\b(?:yesterday|today|tonight|tomorrow|ago|since|weekend|last (?:week|weekend|month|"
-        r"year|night|summer|winter|spring|fall|(?:mon|tues|wednes|thurs|fri|satur|sun)day)|"
-        r"next (?:week|month|year)|this (?:week|month|year|morning|summer)|"
-        r"(?:mon|tues|wednes|thurs|fri|satur|sun)day|january|february|march|april|june|july|"
-        r"august|september|october|november|december|\d{4})\b",
+        r"year|night|summer|winter|spring|fall)|next (?:week|month|year)|"
+        rf"this (?:week|month|year|morning|summer)|{_WEEKDAY_NAMES}|{_MONTH_NAMES}|\d{{4}})\b",
     ),
     "number": (
         r"\bhow (?:many|much|long)\b",

@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from mlxmem.engine import Engine
-from mlxmem.memory.dates import MONTHS, day_label
+from mlxmem.memory.dates import MONTHS, WEEKDAYS, day_label
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.turns import Turn
 
@@ -52,9 +52,7 @@ _REFUSAL_RE = re.compile(
     r"model)|I don'?t have (?:access|enough|any)|there is nothing to summari[sz]e)",
     re.IGNORECASE,
 )
-_MONTHS = frozenset(
-    [m.lower() for m in MONTHS] + "monday tuesday wednesday thursday friday saturday sunday".split()
-)
+_MONTHS = frozenset(name.lower() for name in (*MONTHS, *WEEKDAYS))
 _PERSONAL = frozenset(
     "i i'm i've i'd i'll me my mine myself we we're we've we'll we'd us our ours ourselves "
     "you you're you've you'll you'd your yours yourself yourselves".split()
