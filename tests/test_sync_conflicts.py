@@ -63,6 +63,60 @@ def test_two_devices_editing_a_fact_before_they_meet_keep_both_texts_and_say_so(
     assert "Lives in Lisbon" not in str(facts(a))
 
 
+def test_removing_one_side_of_a_conflict_keeps_the_other_on_every_device(devices):
+    a, b, folder = devices
+    on(a, "memory", "add", "Lives in Lisbon")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "memory", "edit", "1", "Lives in Porto")
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    for home in (a, b, a, b):
+        on(home, "sync")
+    both = json.loads(on(a, "memory", "list", "--json").stdout)
+    (faro,) = [f for f in both if f["text"] == "Lives in Faro"]
+    (porto,) = [f for f in both if f["text"] == "Lives in Porto"]
+    removed = on(a, "memory", "rm", str(faro["id"])).stdout
+    assert "Deleted 1 fact" in removed, removed
+    for home in (a, b, a, b):
+        on(home, "sync")
+    assert facts(a) == facts(b) == [porto["text"]]
+    assert files_containing(folder.parent, "Faro") == []
+    # And the other way round: removing the fact that kept its uid leaves the fork.
+    on(a, "memory", "add", "Likes tea")
+    for home in (a, b):
+        on(home, "sync")
+    fid = next(f["id"] for f in json.loads(on(a, "memory", "list", "--json").stdout)
+               if f["text"] == "Likes tea")  # fmt: skip
+    on(a, "memory", "edit", str(fid), "Likes green tea")
+    on(b, "memory", "edit", str(fid), "Likes black tea")
+    for home in (a, b, a, b):
+        on(home, "sync")
+    on(b, "memory", "rm", str(fid))
+    for home in (a, b, a, b):
+        on(home, "sync")
+    assert facts(a) == facts(b) and len(facts(a)) == 2, facts(a)
+    assert [t for t in facts(a) if "tea" in t] != []
+
+
+def test_a_text_deleted_before_the_conflict_met_does_not_return_as_a_fork(tmp_path):
+    a, b, c = (tmp_path / name for name in "ABC")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    on(a, "memory", "add", "Lives in Lisbon")
+    for home in (a, b, c):
+        on(home, "sync", str(folder))
+    on(a, "memory", "edit", "1", "Lives in GONE-PORTO")
+    on(a, "sync")
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    on(b, "sync")
+    on(a, "memory", "rm", "1")  # A never saw B's edit: it deletes its own text
+    # C saw both edits and forked the losing one before the deletion reached it, or after.
+    for home in (c, a, c, b, a, b, c):
+        on(home, "sync")
+    assert facts(a) == facts(b) == facts(c)
+    assert files_containing(tmp_path, "GONE-PORTO") == []
+
+
 def test_the_losing_text_is_kept_once_even_when_a_third_device_saw_it_first(tmp_path):
     a, b, c = (tmp_path / name for name in "ABC")
     folder = tmp_path / "shared"

@@ -1,12 +1,12 @@
 """What a deletion follows across devices: a fact synced before its turn is linked to it when
-the turn comes, a fact forked from a sync conflict dies with the fact it came from, and a batch
+the turn comes, a fact forked from a sync conflict outlives the fact it came from, and a batch
 mixing late facts of deleted turns with new facts merges (two files, two transactions)."""
 
 import uuid
 
 from conftest import files_containing
 
-from mlxmem.memory.records import conversation_uid
+from mlxmem.memory.records import conversation_uid, fork_uid
 from mlxmem.memory.store import Store
 
 OTHER = str(uuid.uuid4())  # another device
@@ -75,28 +75,38 @@ def test_a_tombstone_for_a_turn_reaches_a_fact_not_yet_linked_to_it(mlxmem_home)
     assert store.facts() == [] and files_containing(mlxmem_home, "CODE-777") == []
 
 
-def test_a_fork_dies_with_the_fact_it_came_from(mlxmem_home):
+def test_a_fork_outlives_the_fact_it_came_from(mlxmem_home):
+    # A fork keeps the text of a concurrent edit: another text than the fact's, which nobody
+    # deleted. Deleting the fact, here or elsewhere, leaves it.
     store = Store()
     original, fork = uid(), uid()
     store.merge(
-        [fact(original, "Lives in Lisbon."), fact(fork, "Lives in LOST-TEXT.", None, original)]
+        [fact(original, "Lives in GONE-TEXT."), fact(fork, "Lives in KEPT-TEXT.", None, original)]
     )
     assert len(store.facts()) == 2
     store.merge([tombstone(original, "fact")])
-    assert store.facts() == [] and files_containing(mlxmem_home, "LOST-TEXT") == []
-    # A fork arriving after its fact was deleted stays out, and its deletion travels.
+    assert texts(store) == ["Lives in KEPT-TEXT."]
+    assert files_containing(mlxmem_home, "GONE-TEXT") == []
+    # A fork arriving after its fact was deleted is kept the same way.
     late = uid()
     store.merge([fact(late, "Lives in LATE-TEXT.", None, original)])
-    assert store.facts() == [] and late in {r["uid"] for r in store.changes()}
+    assert texts(store) == ["Lives in KEPT-TEXT.", "Lives in LATE-TEXT."]
 
 
-def test_deleting_a_fact_here_deletes_its_forks(mlxmem_home):
+def test_deleting_a_fact_here_keeps_its_forks_and_names_the_fork_of_its_text(mlxmem_home):
     store = Store()
     original, fork = uid(), uid()
     store.merge(
-        [fact(original, "Drinks coffee."), fact(fork, "Drinks FORKED-TEA.", None, original)]
+        [fact(original, "Drinks GONE-COFFEE."), fact(fork, "Drinks FORKED-TEA.", None, original)]
     )
-    (kept,) = [f for f in store.facts() if f.text == "Drinks coffee."]
-    deletion = store.delete_facts([kept.id])
-    assert len(deletion.facts) == 2 and store.facts() == []
-    assert files_containing(mlxmem_home, "FORKED-TEA") == []
+    (gone,) = [f for f in store.facts() if "COFFEE" in f.text]
+    deletion = store.delete_facts([gone.id])
+    assert [f.text for f in deletion.facts] == ["Drinks GONE-COFFEE."]
+    assert texts(store) == ["Drinks FORKED-TEA."]
+    assert files_containing(mlxmem_home, "GONE-COFFEE") == []
+    # The deleted text, forked on a device that saw a concurrent edit win, stays out.
+    dead = {r["uid"] for r in store.changes() if r["kind"] == "tombstone"}
+    assert fork_uid(original, 0, OTHER) in dead
+    store.merge([fact(fork_uid(original, 0, OTHER), "Drinks GONE-COFFEE.", None, original)])
+    assert texts(store) == ["Drinks FORKED-TEA."]
+    assert files_containing(mlxmem_home, "GONE-COFFEE") == []

@@ -19,7 +19,6 @@ next one, and a merge that finds nothing new changes nothing.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING
@@ -34,14 +33,12 @@ from mlxmem.memory.records import (
     Tombstone,
     fact_key,
     fact_version,
+    fork_uid,
     timestamp,
     turn_key,
 )
 from mlxmem.memory.turns import conversation_id, insert_synced_turns
 from mlxmem.text import to_db, utc_now
-
-# The namespace of the uids given to the losing text of two concurrent edits of a fact.
-FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
 
 if TYPE_CHECKING:  # the Store calls merge_records; merging calls the Store's erase paths back
     from mlxmem.memory.store import Store
@@ -182,10 +179,11 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
         for uid, r in newest.items():
             if uid in dead:
                 continue
-            if uid not in local and dead & {r.get("message_uid"), r.get("fork_of")}:
+            if uid not in local and r.get("message_uid") in dead:
                 # Taken from a turn deleted here before the fact arrived (deleting a turn
-                # deletes its automatic facts), or forked from a deleted fact: deleted too,
-                # and that travels.
+                # deletes its automatic facts): deleted too, and that travels. A fork of a
+                # deleted fact is welcome: it keeps the other text, which nobody deleted (a
+                # fork of the deleted text itself has a tombstone of its own).
                 late.append(uid)
                 continue
             if uid not in local:
@@ -232,7 +230,7 @@ def _fork_fact(
     already here or was deleted. `loser`: the local row (text, source, updated_at, device,
     version, message_id); `device`: this device."""
     text, source, updated_at, dev, ver, message_id = loser
-    fork = str(uuid.uuid5(FORK_NAMESPACE, f"{uid}:{ver}:{dev}"))
+    fork = fork_uid(uid, ver, dev)
     if fork in dead or con.execute("SELECT 1 FROM facts WHERE uid = ?", [fork]).fetchone():
         return None
     fact = insert_fact(con, text, source, message_id, updated_at)

@@ -27,6 +27,15 @@ TOMBSTONE_KINDS = ("message", "fact", "conversation")
 EARLIEST = datetime(1970, 1, 1)
 LATEST = datetime(2999, 12, 31)
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
+# The namespace of the uids given to the losing text of two concurrent edits of a fact.
+FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
+
+
+def fork_uid(fact_uid: str, version: int, device: str) -> str:
+    """The uid of the fact that keeps the text `device` gave fact `fact_uid` at `version`, when
+    a concurrent edit elsewhere wins the fact: derived from the edit, so every device that forks
+    the same text makes the same fact, and a deletion of that text can name it in advance."""
+    return str(uuid.uuid5(FORK_NAMESPACE, f"{fact_uid}:{version}:{device}"))
 
 
 @dataclass(frozen=True)

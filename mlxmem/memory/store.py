@@ -31,7 +31,7 @@ from mlxmem.memory.facts import (
 )
 from mlxmem.memory.merge import MergeResult, merge_records
 from mlxmem.memory.recall import RECALL_TURNS, search_before
-from mlxmem.memory.records import Record, Tombstone, device_of, local_records
+from mlxmem.memory.records import Record, Tombstone, device_of, fork_uid, local_records
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
     SEARCH_LIMIT,
@@ -519,19 +519,26 @@ def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
 
 def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
     """Delete facts (from the facts file, once the main file has committed), and in every
-    conversation the summaries that had them in their prompt."""
+    conversation the summaries that had them in their prompt.
+
+    A fact's deletion also tombstones the fork its current text would become on a device that
+    saw a concurrent edit win (records.fork_uid), so that the deleted text cannot come back as
+    a fork. Forks that hold another text are facts of their own: they stay."""
     ids = [f.id for f in victims]
-    # The texts forked from these facts in a sync conflict go with them, on every device
-    # alike (each applies the same rule to the tombstones).
-    forks = erasure.con.execute(
-        f"{SELECT_FACTS} WHERE fork_of IN (SELECT uid FROM facts WHERE list_contains(?, id))"
-        " AND NOT list_contains(?, id)",
-        [ids, ids],
+    con = erasure.con
+    device, _ = device_of(con)
+    rows = con.execute(
+        "SELECT uid, coalesce(version, 0), coalesce(device_uid, ?) FROM facts"
+        " WHERE list_contains(?, id)",
+        [device, ids],
     ).fetchall()
-    victims = victims + [fact_of(row) for row in forks]
-    ids = [f.id for f in victims]
-    hit = _summaries_that_saw(erasure.con, ids)
-    add_tombstones(erasure.con, "fact", "facts", ids)
+    hit = _summaries_that_saw(con, ids)
+    add_tombstones(con, "fact", "facts", ids)
+    if rows:
+        con.execute(
+            "INSERT OR IGNORE INTO tombstones SELECT unnest(?), 'fact', ?, NULL",
+            [[fork_uid(*row) for row in rows], to_db(utc_now())],
+        )
     erasure.delete_facts(ids)
     return Deletion([], hit, [], victims)
 
