@@ -128,3 +128,35 @@ def test_a_device_json_with_nonsense_fields_does_not_break_sync_status(tmp_path,
     listed = json.loads(cli("sync", "--status", "--json").stdout)["devices"]
     assert {(d["name"], d["last_sync"]) for d in listed if not d["this_device"]} == {("?", None)}
     assert "never" in cli("sync", "--status").output
+
+
+def test_turns_after_a_record_at_the_time_limit_still_export_import_and_sync(tmp_path, devices):
+    from conftest import on
+
+    from mlxmem.memory.records import latest_time
+
+    a, b, folder = devices
+    os.environ["MLXMEM_HOME"] = str(a)
+    limit = f"{latest_time().isoformat()}+00:00"  # the latest time a record may carry now
+
+    def edit(records):
+        message = next(r for r in records if r["kind"] == "message")
+        records.append({**message, "uid": "00000000-0000-4000-8000-000000000002",
+                        "created_at": limit, "text": "AT-THE-LIMIT"})  # fmt: skip
+
+    engine = FakeEngine()
+    path = export_with(tmp_path, edit, engine)
+    cli("import", path)
+    chat(engine, "AFTER-THE-LIMIT")  # stamped after the record at the limit
+    turns = Store().turns("default")
+    assert turns[-2].text == "AFTER-THE-LIMIT" and turns[-2].created_at.isoformat() > limit
+    backup = tmp_path / "backup.json"
+    on(a, "export", str(backup))
+    on(b, "import", str(backup))
+    assert "AFTER-THE-LIMIT" in on(b, "history", "show", "--json").stdout
+    on(a, "memory", "add", "Written after it")
+    on(a, "sync", str(folder))
+    c = tmp_path / "C"
+    on(c, "sync", str(folder))
+    assert "AFTER-THE-LIMIT" in on(c, "history", "show", "--json").stdout
+    assert "Written after it" in on(c, "memory", "list", "--json").stdout

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import duckdb
@@ -23,9 +23,18 @@ from mlxmem.text import ROLES, as_utc, check_text
 
 Record = dict[str, Any]
 TOMBSTONE_KINDS = ("message", "fact", "conversation")
-# The times a record may carry: wide enough for any real clock, even a badly skewed one.
+# The times a record may carry: wide enough for any real clock, even a badly skewed one. The
+# latest moves with the clock: a turn written after one at the limit is stamped a microsecond
+# after it (a conversation's turns are in time order), and the clock outruns that, so what a
+# device writes after an accepted record is accepted in turn (on a device whose clock is
+# behind, once it catches up), where a fixed limit would refuse it for good.
 EARLIEST = datetime(1970, 1, 1)
-LATEST = datetime(2999, 12, 31)
+AHEAD = timedelta(days=100 * 365)
+
+
+def latest_time() -> datetime:
+    """The latest time a record may carry now (naive UTC, as stored)."""
+    return datetime.now(timezone.utc).replace(tzinfo=None) + AHEAD
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
 # The namespace of the uids given to the losing text of two concurrent edits of a fact.
 FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
@@ -162,16 +171,20 @@ def iso(value: datetime) -> str:
 
 def timestamp(value: str) -> datetime:
     """An ISO 8601 timestamp as the naive UTC datetime DuckDB stores; InputError for one that
-    is not a time or lies outside EARLIEST..LATEST (a crafted 9999-12-31 would overflow every
-    later turn's clock)."""
+    is not a time or lies outside EARLIEST..latest_time() (a crafted 9999-12-31 would overflow
+    every later turn's clock)."""
     try:
         parsed = datetime.fromisoformat(value)
         if parsed.tzinfo is not None:
             parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
     except (TypeError, ValueError, OverflowError):
         raise InputError(f"not an ISO 8601 time: {str(value)[:40]!r}") from None
-    if not EARLIEST <= parsed <= LATEST:
-        raise InputError(f"time {str(value)[:40]!r} is outside {EARLIEST.year}..{LATEST.year}")
+    latest = latest_time()
+    if not EARLIEST <= parsed <= latest:
+        raise InputError(
+            f"time {str(value)[:40]!r} is outside {EARLIEST.year}..{latest:%Y-%m-%d}"
+            f" ({AHEAD.days // 365} years from now)"
+        )
     return parsed
 
 
