@@ -27,6 +27,18 @@ def check_text(text: object, what: str = "message", allow_empty: bool = True) ->
     return text
 
 
+# Control characters a terminal acts on: C0 but tab and newline, DEL, and C1 (0x9b is CSI on
+# some terminals). ESC alone starts OSC 52 (a clipboard write), a screen clear or a title.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def visible_controls(text: str) -> str:
+    """`text` as a terminal may show it: each control character it would act on is written out
+    as `\\x1b` and the like, so stored text (an import, a synced file, a model's reply) can never
+    drive the terminal. JSON output keeps the text exact instead."""
+    return text.translate(_CONTROLS)
+
+
 def utc_now() -> datetime:
     """Now, timezone-aware UTC."""
     return datetime.now(timezone.utc)

@@ -25,10 +25,10 @@ def message(mid: str, text: str) -> dict:
     }  # fmt: skip
 
 
-def fact(fid: str, text: str, message_uid=None, fork_of=None) -> dict:
+def fact(fid: str, text: str, message_uid=None, fork_of=None, version=0) -> dict:
     record = {
         "kind": "fact", "uid": fid, "text": text, "source": "automatic", "created_at": T0,
-        "updated_at": T0, "device": OTHER, "message_uid": message_uid, "version": 0,
+        "updated_at": T0, "device": OTHER, "message_uid": message_uid, "version": version,
     }  # fmt: skip
     return record | ({"fork_of": fork_of} if fork_of else {})
 
@@ -97,7 +97,10 @@ def test_deleting_a_fact_here_keeps_its_forks_and_names_the_fork_of_its_text(mlx
     store = Store()
     original, fork = uid(), uid()
     store.merge(
-        [fact(original, "Drinks GONE-COFFEE."), fact(fork, "Drinks FORKED-TEA.", None, original)]
+        [
+            fact(original, "Drinks GONE-COFFEE.", version=1),  # an edit, which a conflict forks
+            fact(fork, "Drinks FORKED-TEA.", None, original),
+        ]
     )
     (gone,) = [f for f in store.facts() if "COFFEE" in f.text]
     deletion = store.delete_facts([gone.id])
@@ -106,7 +109,7 @@ def test_deleting_a_fact_here_keeps_its_forks_and_names_the_fork_of_its_text(mlx
     assert files_containing(mlxmem_home, "GONE-COFFEE") == []
     # The deleted text, forked on a device that saw a concurrent edit win, stays out.
     dead = {r["uid"] for r in store.changes() if r["kind"] == "tombstone"}
-    assert fork_uid(original, 0, OTHER) in dead
-    store.merge([fact(fork_uid(original, 0, OTHER), "Drinks GONE-COFFEE.", None, original)])
+    assert fork_uid(original, 1, OTHER) in dead
+    store.merge([fact(fork_uid(original, 1, OTHER), "Drinks GONE-COFFEE.", None, original, 1)])
     assert texts(store) == ["Drinks FORKED-TEA."]
     assert files_containing(mlxmem_home, "GONE-COFFEE") == []

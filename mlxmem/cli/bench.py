@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,7 +26,7 @@ from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIA
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
 
-from .common import JSON, err, plain_typer, print_json
+from .common import JSON, err, out, plain_typer, print_json
 
 app = plain_typer(
     help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
@@ -131,7 +130,7 @@ def speed(
             _plusminus(row["decode_tps_ratio"], spread["decode_tps_ratio"]),
             f"{row['peak_memory_gb'] * 1e3:.0f} / {row['bare_peak_memory_gb'] * 1e3:.0f}",
         )
-    Console().print(table)
+    out().print(table)
     _footer(run)
 
 
@@ -275,7 +274,7 @@ def turns(
     ]
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    out().print(table)
     _footer(run, plot)
 
 
@@ -323,7 +322,7 @@ def _one_shot_turns(
             str(r.turn), str(r.prompt_tokens), str(r.cached_tokens),
             "yes" if r.fact_added else "", reused[r.reused_previous],
         )  # fmt: skip
-    Console().print(table)
+    out().print(table)
     err.print(
         f"{s['turns_reusing_previous']} of {s['turns_judged']} turns reused the previous prompt "
         f"and reply in full; facts noted: {s['facts_added']}"
@@ -369,7 +368,7 @@ def restart(
         _plusminus(r["restored_ttft_s"], spread["restored_ttft_s"], "s"),
         _plusminus(r["rebuilt_ttft_s"], spread["rebuilt_ttft_s"], "s"),
     )
-    Console().print(table)
+    out().print(table)
     err.print(
         f"restored cache: {_times(r['ttft_ratio'])} faster; cache file "
         f"{r['cache_file_bytes'] / 1e6:.1f} MB; model load {r['model_load_s']:.2f} s (not counted)"
@@ -425,7 +424,7 @@ def scale(
             _number(row["memory_rm_s"], 3),
             _number(row["history_rm_s"], 3),
         )
-    Console().print(table)
+    out().print(table)
     _footer(run, plot)
 
 
@@ -461,7 +460,7 @@ def history(
         machine = f"{r.machine.get('cores')} cores, {r.machine.get('device')}"
         when = f"{r.created_at:%Y-%m-%d %H:%M}"
         table.add_row(str(r.id), when, r.kind, r.model.get("label", ""), machine, *cells)
-    Console().print(table)
+    out().print(table)
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -5,20 +5,60 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 import typer
 from rich.console import Console
+from rich.segment import Segment
+from rich.text import Text
 from typer.core import TyperGroup
 
 from mlxmem.defaults import DEFAULT_MAX_MESSAGE_CHARS, DEFAULT_MODEL, DEFAULT_RECALL
 from mlxmem.errors import InputError, MlxmemError
-from mlxmem.text import as_record, plural  # noqa: F401 - the commands import them from here
+from mlxmem.text import as_record, plural, visible_controls  # noqa: F401 - the commands import them from here
+
+
+class TerminalConsole(Console):
+    """A rich Console that shows control characters in the text it prints as `\\x1b` and the
+    like: everything it prints that came from the log, the facts or a model (an import, a
+    synced file, a reply) reaches the terminal as text, never as an escape sequence. rich
+    strips BEL and a few others, not ESC. rich's own styling is added after, and stays.
+
+    Strings are made visible before layout (so columns fit); `render` does the same to every
+    segment of text as a net for a Text built elsewhere (build them with `shown`)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(visible_controls(text), **kwargs)
+
+    def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control or segment.text.isprintable():
+                yield segment
+            else:
+                yield Segment(visible_controls(segment.text), segment.style)
+
+
+def shown(text: str, **kwargs: Any) -> Text:
+    """Stored text as a rich Text cell: no markup read in it, its control characters visible."""
+    return Text(visible_controls(text), **kwargs)
+
 
 # Status, warnings and errors go to stderr, so that stdout carries only the reply or the JSON.
-err = Console(stderr=True, highlight=False)
+err = TerminalConsole(stderr=True, highlight=False)
+
+
+def say(text: str, err: bool = False) -> None:
+    """typer.echo for lines that may hold stored text: its control characters made visible."""
+    typer.echo(visible_controls(text), err=err)
+
+
+def out() -> TerminalConsole:
+    """The console for tables on stdout (made per command: tests swap sys.stdout)."""
+    return TerminalConsole()
+
 
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 MODEL = typer.Option(
@@ -72,7 +112,7 @@ class ErrorsAsMessages(TyperGroup):
         try:
             return super().invoke(ctx)
         except MlxmemError as exc:
-            typer.echo(f"Error: {exc}", err=True)
+            say(f"Error: {exc}", err=True)
             raise typer.Exit(code=1) from None
         except KeyboardInterrupt:
             typer.echo("", err=True)

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from mlxmem import bench
@@ -17,7 +16,7 @@ from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import JSON, err, model_or_default, plain_typer
+from .common import JSON, err, model_or_default, out, plain_typer
 
 app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
@@ -154,7 +153,7 @@ def _tables(results: dict, label: str) -> None:
             reached.add_row(
                 f"{config} {name}", *(_cell(results[config][metric][g]) for g in groups)
             )
-    Console().print(reached)
+    out().print(reached)
     if results["settings"].get("answers", True):
         _f1_tables(results, label, groups)
     _layer_lines(results)
@@ -170,14 +169,14 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
             config,
             *(_cell(results[config]["f1"][g], results[config]["exact"][g]) for g in groups),
         )
-    Console().print(table)
+    out().print(table)
     per = Table(title="overall F1 per conversation (categories 1-4)")
     per.add_column("conversation")
     for config in ev.CONFIGS:
         per.add_column(config, justify="right")
     for cid, row in results["per_conversation"].items():
         per.add_row(cid, *(_cell(row[c]) for c in ev.CONFIGS))
-    Console().print(per)
+    out().print(per)
     for key in ("recall_vs_mlxmem", "recall_vs_window", "oracle_vs_no_memory"):
         d = results.get(key)
         if d is None:  # a run stored before this difference was recorded

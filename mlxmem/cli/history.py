@@ -1,9 +1,7 @@
 """`mlxmem history`: the chat log (layer 2); read, search and delete turns."""
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
@@ -11,7 +9,7 @@ from mlxmem.memory.store import LAST_SEQ, Store, Summary, Turn
 from mlxmem.memory.summaries import describe_source
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import JSON, as_record, confirm, plain_typer, plural, print_json
+from .common import JSON, as_record, confirm, out, plain_typer, plural, print_json, say, shown
 from .memory import local_time
 
 app = plain_typer(
@@ -36,12 +34,12 @@ def list_conversations(as_json: bool = JSON) -> None:
         print_json([as_record(c) for c in conversations])
         return
     if not conversations:
-        typer.echo("No conversations yet.")
+        say("No conversations yet.")
         return
     table = Table("name", "turns", "started")
     for c in conversations:
-        table.add_row(Text(c.name), str(c.message_count), local_time(c.created_at))
-    Console().print(table)
+        table.add_row(shown(c.name), str(c.message_count), local_time(c.created_at))
+    out().print(table)
 
 
 @app.command("show")
@@ -72,7 +70,7 @@ def show(
     print_messages(messages, as_json, show_conversation=False)
     folded = store.latest_summary(conversation) if messages and not as_json else None
     if folded is not None:
-        typer.echo(
+        say(
             f"Turns #{folded.first_seq}-#{folded.last_seq} are folded into a summary "
             f"({describe_source(folded.source)}); `history show --summaries` shows it."
         )
@@ -135,12 +133,12 @@ def remove(
         raise InputError(
             "say what to delete: ID..., or --conversation NAME with --from/--to or --all"
         )
-    typer.echo(deletion.describe())
+    say(deletion.describe())
     if deletion.mentions:
-        typer.echo(f"{plural(len(deletion.mentions), 'turn')} of the log may still repeat it:")
+        say(f"{plural(len(deletion.mentions), 'turn')} of the log may still repeat it:")
         for turn in deletion.mentions:
-            typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
-        typer.echo("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
+            say(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
+        say("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
 
 
 def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -> None:
@@ -150,7 +148,7 @@ def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -
         print_json([as_record(s) for s in summaries])
         return
     if not summaries:
-        typer.echo("No summaries.")
+        say("No summaries.")
         return
     table = Table("id", "turns", "source", "tokens", "written", "text")
     for s in summaries:
@@ -160,9 +158,9 @@ def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -
             s.source or "unknown",
             str(s.token_count or ""),
             local_time(s.created_at),
-            Text(s.text),
+            shown(s.text),
         )
-    Console().print(table)
+    out().print(table)
 
 
 def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:
@@ -170,17 +168,17 @@ def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool)
         print_json([as_record(m) for m in messages])
         return
     if not messages:
-        typer.echo("No turns.")
+        say("No turns.")
         return
     columns = ["id", "conversation", "#", "role", "text"]
     table = Table(*(columns if show_conversation else columns[:1] + columns[2:]))
     for i, m in enumerate(messages):
-        text = Text(m.text)
+        text = shown(m.text)
         if m.interrupted:
             text.append(" [interrupted]", style="dim")
         after = messages[i + 1] if i + 1 < len(messages) else None
         if m.role == "user" and after and after.role == "user" and not show_conversation:
             text.append(" [unanswered]", style="dim")
-        cells = [str(m.id), Text(m.conversation), str(m.seq), m.role, text]
+        cells = [str(m.id), shown(m.conversation), str(m.seq), m.role, text]
         table.add_row(*(cells if show_conversation else cells[:1] + cells[2:]))
-    Console().print(table)
+    out().print(table)

@@ -3,13 +3,11 @@
 from datetime import datetime
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from mlxmem.memory.store import Store
 
-from .common import JSON, as_record, confirm, plain_typer, plural, print_json
+from .common import JSON, as_record, confirm, out, plain_typer, plural, print_json, say, shown
 
 app = plain_typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -30,20 +28,20 @@ def list_facts(as_json: bool = JSON) -> None:
         print_json([as_record(fact) for fact in facts])
         return
     if not facts:
-        typer.echo("No facts yet. Add one with: mlxmem memory add TEXT")
+        say("No facts yet. Add one with: mlxmem memory add TEXT")
         return
     table = Table("id", "source", "text", "updated")
     for fact in facts:
-        # Text(), not a str: a fact may contain [brackets] that rich would read as markup.
-        table.add_row(str(fact.id), fact.source, Text(fact.text), local_time(fact.updated_at))
-    Console().print(table)
+        # shown(), not a str: a fact may contain [brackets] that rich would read as markup.
+        table.add_row(str(fact.id), fact.source, shown(fact.text), local_time(fact.updated_at))
+    out().print(table)
 
 
 @app.command("add")
 def add_fact(text: str = typer.Argument(..., help="The fact, e.g. 'My sister is Anna.'")) -> None:
     """Add a fact about you (tagged manual); the model sees it from its next reply."""
     fact = Store().add_fact(text, source="manual")
-    typer.echo(f"Added fact {fact.id}.")
+    say(f"Added fact {fact.id}.")
 
 
 @app.command("edit")
@@ -53,7 +51,7 @@ def edit_fact(
 ) -> None:
     """Replace a fact's text; the old text is erased from disk."""
     Store().edit_fact(fact_id, text)
-    typer.echo(f"Updated fact {fact_id}.")
+    say(f"Updated fact {fact_id}.")
 
 
 # Module-level, as ruff's B008 asks for a default typed as a (mutable) list.
@@ -73,12 +71,12 @@ def remove_facts(
     Turns of the chat log may still quote a fact (a reply that repeated it): they are listed,
     and --with-mentions deletes them too."""
     deletion = Store().delete_facts(fact_ids, with_mentions)
-    typer.echo(deletion.describe())
+    say(deletion.describe())
     if deletion.mentions:
-        typer.echo(f"{plural(len(deletion.mentions), 'turn')} of the log still quote it:")
+        say(f"{plural(len(deletion.mentions), 'turn')} of the log still quote it:")
         for turn in deletion.mentions:
-            typer.echo(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
-        typer.echo("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
+            say(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
+        say("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
 
 
 @app.command("clear")
@@ -92,4 +90,4 @@ def clear_facts(
     needs --yes elsewhere."""
     which = f"every {source} fact" if source else "every fact"
     confirm(f"Delete {which} for good?", yes)
-    typer.echo(Store().clear_facts(source).describe())
+    say(Store().clear_facts(source).describe())

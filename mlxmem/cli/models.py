@@ -7,7 +7,6 @@ from typing import Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -16,7 +15,7 @@ from mlxmem.models.choice import default_model, set_default_model
 from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
 from mlxmem.models.registry import registry_problems
 
-from .common import JSON, confirm, err, plain_typer, print_json
+from .common import JSON, confirm, err, out, plain_typer, print_json
 
 app = plain_typer(
     help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the "
@@ -72,7 +71,7 @@ def list_models(as_json: bool = JSON) -> None:
         context = f"{r['context_tokens']:,}"
         source = f"{r['source']} ({r['license']})" if r["license"] else r["source"]
         table.add_row(alias, size, context, Text(source, overflow="fold"))
-    Console().print(table)
+    out().print(table)
 
 
 @app.command("default")

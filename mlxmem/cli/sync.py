@@ -7,9 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from mlxmem.memory.merge import MergeResult
 from mlxmem.memory.store import Store
@@ -17,7 +15,7 @@ from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.crypto import PASSPHRASE_ENV
 from mlxmem.sync.run import status, sync
 
-from .common import JSON, err, nonempty_path, plural, print_json
+from .common import JSON, err, nonempty_path, out, plural, print_json, say, shown
 from .memory import local_time
 
 # Module-level, as ruff's B008 asks for defaults of a type it cannot tell is immutable.
@@ -77,7 +75,7 @@ def sync_command(
             err.print(
                 f"Skipped {path}: not readable whole yet (still copying?); the next sync retries"
             )
-    typer.echo(
+    say(
         f"Synced with {plural(report.devices, 'other device')} in {report.folder}: "
         f"{_merged(report.merged)}; wrote {plural(report.written, 'change')}"
         + (f", erased records from {plural(report.rewritten, 'file')}" if report.rewritten else "")
@@ -92,7 +90,7 @@ def export_command(
     JSON file, readable by you only: a backup, or your data to take elsewhere."""
     records = export_to(Store(), file)
     kinds = [r["kind"] for r in records]
-    typer.echo(
+    say(
         f"Exported {plural(kinds.count('message'), 'turn')}, {plural(kinds.count('fact'), 'fact')}"
         f" and {plural(kinds.count('tombstone'), 'deletion')} to {file}."
     )
@@ -105,7 +103,7 @@ def import_command(
     missing here are added, a fact's newest version wins, and its deletions are applied. A file
     that is damaged or not an export is refused whole, with nothing imported."""
     merged = import_from(Store(), file)
-    typer.echo(f"Imported from {file}: {_merged(merged)}.")
+    say(f"Imported from {file}: {_merged(merged)}.")
 
 
 def _passphrase(ask: bool) -> str | None:
@@ -144,23 +142,23 @@ def _print_status(found: dict, as_json: bool) -> None:
         print_json(found)
         return
     me = found["device"]
-    typer.echo(f"Sync folder: {found['folder']}")
-    typer.echo(f"This device: {me['name']} ({me['device']})")
+    say(f"Sync folder: {found['folder']}")
+    say(f"This device: {me['name']} ({me['device']})")
     table = Table("device", "name", "last sync", "files", "encrypted")
     table.columns[2].no_wrap = True  # a time is read whole (local time, to the minute)
     for d in found["devices"]:
         name = d["name"] + (" (this device)" if d["this_device"] else "")
         encrypted = "yes" if d["encrypted"] else "no"
         last = local_time(datetime.fromisoformat(d["last_sync"])) if d["last_sync"] else "never"
-        table.add_row(d["device"][:8], Text(name), last, str(d["files"]), encrypted)
-    Console().print(table)
+        table.add_row(d["device"][:8], shown(name), last, str(d["files"]), encrypted)
+    out().print(table)
     s = found["storage"]
-    typer.echo(
+    say(
         f"Folder: {_size(s['folder_bytes'])}; this device's {plural(s['own_files'], 'file')}:"
         f" {_size(s['own_bytes'])} for {_size(s['own_live_bytes'])} of live records."
     )
     p = found["pending"]
-    typer.echo(
+    say(
         f"Pending here: {plural(p['messages'], 'turn')}, {plural(p['facts'], 'fact version')}, "
         f"{plural(p['tombstones'], 'deletion')} to write"
         + (f"; {plural(p['files_to_rewrite'], 'file')} to rewrite" if p["files_to_rewrite"] else "")

@@ -6,9 +6,11 @@ import os
 import sys
 from typing import TextIO
 
+from rich.markup import escape
+
 from mlxmem.memory.companion import TurnResult
 
-from .common import err
+from .common import err, visible_controls
 
 
 class Terminal:
@@ -17,6 +19,9 @@ class Terminal:
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
+        # On a terminal a reply's control characters are shown, not acted on (a model can
+        # write ESC sequences); a pipe gets the text exact, as the log keeps it.
+        self.visible = self.stream.isatty()
         self.line_open = False
         self.gone = False
 
@@ -25,7 +30,7 @@ class Terminal:
             return
         self.line_open = not text.endswith("\n")
         try:
-            self.stream.write(text)
+            self.stream.write(visible_controls(text) if self.visible else text)
             self.stream.flush()
         except BrokenPipeError:
             # Python's advice: point the descriptor at /dev/null, so that the flush at exit
@@ -47,4 +52,5 @@ def report_after(result: TurnResult) -> None:
     if result.interrupted:
         err.print("[dim](reply interrupted; kept in the log as interrupted)[/dim]")
     if result.fact_added is not None:
-        err.print(f"[dim]remembered [{result.fact_added.id}] {result.fact_added.text}[/dim]")
+        fact = result.fact_added
+        err.print(f"[dim]remembered \\[{fact.id}] {escape(fact.text)}[/dim]")

@@ -527,9 +527,10 @@ def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
     ids = [f.id for f in victims]
     con = erasure.con
     device, _ = device_of(con)
+    # Version 0 is the text the fact was added with, the same on every device: never a fork.
     rows = con.execute(
-        "SELECT uid, coalesce(version, 0), coalesce(device_uid, ?) FROM facts"
-        " WHERE list_contains(?, id)",
+        "SELECT uid, version, coalesce(device_uid, ?) FROM facts"
+        " WHERE list_contains(?, id) AND coalesce(version, 0) > 0",
         [device, ids],
     ).fetchall()
     hit = _summaries_that_saw(con, ids)
