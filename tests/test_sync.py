@@ -886,3 +886,38 @@ def test_a_sealed_file_written_before_the_frame_is_read_and_rewritten_framed(dev
     assert facts(a) == [("sealed fact", "manual")]
     assert sync_json(b)["rewritten"] == 1
     assert cipher.open(change.path.read_bytes(), aad).startswith(b'{"format": 2')
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"name": "X", "encryption": 5},
+        "just a string",
+        {"name": "X", "encryption": {"cipher": "AES-256-GCM", "kdf": "scrypt", "check": "AA=="}},
+        {"name": "X", "encryption": {"salt": "not base64!", "check": "AA=="}},
+        "{not json",
+    ],
+)
+def test_a_damaged_device_json_is_reported_and_the_other_devices_still_merge(tmp_path, damage):
+    a, b, c = (tmp_path / name for name in "ABC")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    on(a, "memory", "add", "From A")
+    on(b, "memory", "add", "From B")
+    for home in (a, b, c):
+        on(home, "sync", str(folder))
+    bad = folder / "mlxmem" / "devices" / device(a) / "device.json"
+    bad.write_text(damage if isinstance(damage, str) else json.dumps(damage))
+    result = on(c, "sync")
+    assert str(bad) in result.stderr and "Skipped a device" in result.stderr
+    assert "From B" in on(c, "memory", "list").stdout
+    report = json.loads(on(c, "sync", "--json").stdout)
+    assert [p.split(": ")[0] for p in report["bad_devices"]] == [str(bad)]
+    assert "device" in json.loads(on(c, "sync", "--status", "--json").stdout)
+    on(a, "sync")  # A rewrites its device.json: C reads it again
+    on(c, "sync")
+    assert "From A" in on(c, "memory", "list").stdout
+
+
+def device(home) -> str:
+    return json.loads(on(home, "sync", "--status", "--json").stdout)["device"]["device"]

@@ -65,6 +65,12 @@ def sync_command(
     if as_json:
         print_json(asdict(report))
         return
+    for problem in report.bad_devices:
+        say(
+            f"Skipped a device: {problem}. Nothing of it was merged; the next sync retries"
+            " (that device rewrites the file at its next sync).",
+            err=True,
+        )
     for path in report.skipped:
         if path in report.damaged:
             err.print(

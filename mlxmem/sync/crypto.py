@@ -58,9 +58,28 @@ class Cipher:
             "check": base64.b64encode(self.seal(_CHECK, device)).decode(),
         }
 
+    @staticmethod
+    def description_problem(info: object) -> str | None:
+        """What is wrong with a device.json's "encryption" entry, or None."""
+        if not isinstance(info, dict):
+            return f"its encryption entry is a {type(info).__name__}, not an object"
+        for key in ("salt", "check"):
+            try:
+                if not base64.b64decode(info[key], validate=True):
+                    return f"its encryption entry has an empty {key!r}"
+            except KeyError:
+                return f"its encryption entry has no {key!r}"
+            except (TypeError, ValueError):
+                return f"its encryption entry has a {key!r} that is not base64"
+        return None
+
     @classmethod
     def from_description(cls, passphrase: str, info: dict, device: str) -> Cipher:
-        """The key for a stream described by `info`; InputError if the passphrase is wrong."""
+        """The key for a stream described by `info`; InputError if the passphrase is wrong or
+        the description is damaged."""
+        problem = cls.description_problem(info)
+        if problem is not None:
+            raise InputError(f"device {device}: {problem}")
         if info.get("cipher") != "AES-256-GCM" or info.get("kdf") != "scrypt":
             raise InputError(f"device {device} uses an encryption this mlxmem does not know")
         cipher = cls(passphrase, base64.b64decode(info["salt"]))

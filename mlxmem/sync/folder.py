@@ -69,10 +69,29 @@ class DeviceFolder:
         self.path = root / "mlxmem" / "devices" / device
 
     def info(self) -> dict:
+        """This stream's device.json, or {} if it is missing or not a JSON object."""
         try:
-            return json.loads((self.path / DEVICE_INFO).read_text(encoding="utf-8"))
+            info = json.loads((self.path / DEVICE_INFO).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
+        return info if isinstance(info, dict) else {}
+
+    def info_problem(self) -> str | None:
+        """What is wrong with this stream's device.json, or None. Anyone who can write to the
+        folder can damage another device's file: a bad one is skipped, and the rest merged."""
+        path = self.path / DEVICE_INFO
+        if not path.exists():
+            return None  # nothing written yet, or only change files: read them as plain
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return f"not readable as JSON ({exc})"
+        if not isinstance(info, dict):
+            return f"a JSON {type(info).__name__}, not an object"
+        described = info.get("encryption")
+        if described is not None and described is not False:
+            return Cipher.description_problem(described)
+        return None
 
     def files(self) -> list[ChangeFile]:
         found = []
@@ -83,9 +102,12 @@ class DeviceFolder:
         return sorted(found, key=lambda f: (f.number, f.encrypted))
 
     def cipher(self, passphrase: str | None) -> Cipher | None:
-        """The key this stream was sealed with, or None if it is plaintext."""
+        """The key this stream was sealed with, or None if it is plaintext (a damaged
+        device.json over plain change files counts as plaintext: its device rewrites it)."""
         described = self.info().get("encryption")
         if not described:
+            return None
+        if self.info_problem() is not None and not any(f.encrypted for f in self.files()):
             return None
         if not passphrase:
             raise InputError(

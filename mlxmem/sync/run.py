@@ -42,7 +42,7 @@ from mlxmem.sync.cursor import (
     next_sequence,
     own_state,
 )
-from mlxmem.sync.folder import ChangeFile, DeviceFolder, device_folders
+from mlxmem.sync.folder import DEVICE_INFO, ChangeFile, DeviceFolder, device_folders
 from mlxmem.text import to_db, utc_now
 
 # A file unreadable for longer than a sync tool takes to copy one is damaged or tampered with,
@@ -69,6 +69,9 @@ class SyncReport:
     damaged: list[str] = field(default_factory=list)  # of those, the ones unreadable for long
     read: int = 0  # other devices' files read (the rest were merged before, unchanged since)
     compacted: int = 0  # own files merged into one
+    # Other devices whose device.json is damaged ("path: what is wrong"): none of their
+    # changes were read; the next sync retries.
+    bad_devices: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Reading:
     damaged: list[str]
     read: int
     streams: dict[str, dict[str, list[int]]]
+    bad_devices: list[str] = field(default_factory=list)  # "path: what is wrong", skipped
 
 
 def sync(
@@ -166,6 +170,7 @@ def sync(
         reading.damaged,
         reading.read,
         compacted,
+        reading.bad_devices,
     )
 
 
@@ -230,6 +235,10 @@ def read_streams(
     sequences = sequences if sequences is not None else Sequences()
     reading = Reading([], [], [], 0, {})
     for folder in folders:
+        problem = folder.info_problem()
+        if problem is not None:
+            reading.bad_devices.append(f"{folder.path / DEVICE_INFO}: {problem}")
+            continue
         files = folder.files()
         # With a passphrase every change must be sealed: anyone who can write to the folder
         # could otherwise slip in plain records, facts included.
