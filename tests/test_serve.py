@@ -267,6 +267,62 @@ def test_a_huge_body_is_refused_by_its_declared_length_before_it_is_read():
         assert request(server, "GET", "/v1/models")[0] == 200
 
 
+def test_an_integer_of_5000_digits_is_a_400_not_a_traceback(capsys):
+    with fake_server() as server:
+        body = b'{"messages": [{"role": "user", "content": "x"}], "seed": ' + b"9" * 5000 + b"}"
+        error = assert_error(request(server, "POST", "/v1/chat/completions", body), 400)
+        assert error["code"] == "invalid_json" and "digits" in error["message"]
+        assert request(server, "GET", "/v1/models")[0] == 200
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def raw(server, data: bytes, pause: float = 0.0, pieces: int = 1) -> str:
+    """Send `data` on a new connection in `pieces`, `pause` seconds apart; the whole answer."""
+    url = urlsplit(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        step = -(-len(data) // pieces)
+        try:
+            for i in range(0, len(data), step):
+                sock.sendall(data[i : i + step])
+                time.sleep(pause)
+        except OSError:
+            pass  # the server closed the connection on us
+        answer = b""
+        try:
+            while part := sock.recv(4096):
+                answer += part
+        except OSError:
+            pass
+        return answer.decode()
+
+
+def test_two_content_length_headers_are_refused():
+    with fake_server() as server:
+        answer = raw(
+            server,
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2\r\nContent-Length: 40\r\n"
+            b"\r\n{}",
+        )
+        assert answer.startswith("HTTP/1.1 400") and "two Content-Length" in answer
+        assert request(server, "GET", "/v1/models")[0] == 200
+
+
+def test_a_request_that_trickles_in_is_cut_off_at_its_deadline(monkeypatch):
+    from mlxmem.serve.http import RequestHandler
+
+    monkeypatch.setattr(RequestHandler, "request_deadline", 1.0)
+    with fake_server() as server:
+        start = time.monotonic()
+        # A byte every 0.3 s: each read is quick, the whole request never arrives in time.
+        answer = raw(server, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 30,
+                     pause=0.3, pieces=30)  # fmt: skip
+        assert time.monotonic() - start < 6 and answer == ""
+        # A request that arrives whole in time is answered, and its reply is not timed.
+        assert request(server, "GET", "/v1/models")[0] == 200
+        assert ask(server, "still here?").choices[0].message.content == "I hear you."
+
+
 def test_memory_api_facts_round_trip_into_the_next_prompt_and_gone_for_good():
     engine = FakeEngine()
     with fake_server(engine) as server:

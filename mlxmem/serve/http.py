@@ -28,6 +28,10 @@ from .service import ChatService
 
 # A connection idle this long (no request, or a client that stops sending) is closed.
 IDLE_TIMEOUT_S = 60
+# A request must arrive whole (its line, headers and body) this long after its first byte
+# was awaited: the idle timeout applies per read, so a client trickling a byte every few
+# seconds would otherwise hold its thread for ever (slowloris).
+REQUEST_DEADLINE_S = 120.0
 # After refusing a body unread (413), the rest of it is read and dropped for at most this long
 # (and this many bytes), so that the client, still sending, gets to read the answer.
 DRAIN_S, DRAIN_BYTES = 5.0, 64 * 1024 * 1024
@@ -176,6 +180,33 @@ class RequestHandler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: Server
 
+    request_deadline = REQUEST_DEADLINE_S
+    _deadline: threading.Timer | None = None
+
+    def handle_one_request(self) -> None:
+        # The watchdog shuts the socket down if the request has not arrived whole in time:
+        # the blocked read then ends, and the connection with it. The reply is not timed.
+        self._deadline = threading.Timer(self.request_deadline, self._too_slow)
+        self._deadline.daemon = True
+        self._deadline.start()
+        try:
+            super().handle_one_request()
+        finally:
+            self.request_read()
+
+    def request_read(self) -> None:
+        """The request has arrived whole (Request.json calls it once the body is read)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def do_GET(self) -> None:
         self.dispatch()
 
@@ -198,6 +229,8 @@ class RequestHandler(BaseHTTPRequestHandler):
                 self.fail(exc, None, {"WWW-Authenticate": challenge})
                 return
             req = Request(self, self.command, url.path, url.query)
+            if not req.unread_body:
+                self.request_read()  # no body: the request is all here
             handler, args = route(self.command, url.path)
             result = handler(req, *args)
             if req.unread_body:  # a body nobody read must not be parsed as the next request

@@ -50,12 +50,13 @@ class Request:
             data = self.handler.rfile.read(length)
         except TimeoutError:
             raise ApiError(408, "the request body stopped arriving", "timeout") from None
+        self.handler.request_read()
         self.unread_body = False
         if len(data) < length:
             raise ApiError(400, "the request body ended early", "incomplete_body")
         try:
             body = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:  # bad UTF-8 or JSON, or an integer over Python's 4,300 digits
             raise ApiError(400, f"the body is not valid JSON ({exc})", "invalid_json") from None
         except RecursionError:
             raise ApiError(400, "the body is nested too deeply", "invalid_json") from None
@@ -89,7 +90,10 @@ class Request:
         return "chunked" in self.headers.get("Transfer-Encoding", "").lower()
 
     def _declared_length(self) -> int:
-        text = self.headers.get("Content-Length", "0").strip()
+        declared = self.headers.get_all("Content-Length") or ["0"]
+        if len(declared) > 1:  # which one frames the body? a proxy may pick the other
+            raise ApiError(400, "the request has two Content-Length headers", "invalid_header")
+        text = declared[0].strip()
         if not _DIGITS.fullmatch(text) or len(text) > 18:
             raise ApiError(400, f"Content-Length must be a number, not {text!r}", "invalid_header")
         return int(text)
