@@ -169,3 +169,47 @@ def test_a_store_not_held_reads_every_turn_afresh(in_memory):
         companion.send(user_text(i))
     assert in_memory == []
     assert store.mark() is None
+
+
+def last_user_message(prompt: str) -> str:
+    """The content of the last user turn of a FakeEngine prompt."""
+    head = "<|start_header_id|>user<|end_header_id|>\n\n"
+    return prompt[prompt.rindex(head) + len(head) :].split("<|eot_id|>")[0]
+
+
+def test_two_companions_in_one_conversation_answer_every_message_through_folds():
+    # Two front ends on one conversation (serve and chat both default to `default`): each
+    # folds a window the other filled, and re-reads the store while the other writes.
+    # Two fakes, two vocabularies: two model ids, so neither reuses the other's token ids.
+    engines = {n: FakeEngine(scripted, model_id=f"fake-{n}") for n in "ab"}
+    companions = {n: Companion(e, Store(), "default", 700, 60, ChatSettings()) for n, e in engines.items()}  # fmt: skip
+    meanwhile = []
+
+    def b_writes_meanwhile(status: str) -> None:
+        if "folding" in status and len(meanwhile) < 6:
+            text = f"b meanwhile {len(meanwhile)} " + "words " * 20
+            meanwhile.append(text.strip())
+            assert not companions["b"].send(text).discarded
+
+    sent = []
+    for i in range(20):
+        # Now and then A's message is longer than any in its window: A folds before its
+        # reply, and B writes meanwhile.
+        for name in "ab":
+            text = (f"{name} message {i} " + "words " * (90 if i % 3 == 2 else 20)).strip()
+            companion = companions[name]
+            # B writes while A folds before its reply (after it, A re-reads the store anyway).
+            hook = b_writes_meanwhile if name == "a" else None
+            result = companion.reply(companion.begin(text, hook))
+            assert not result.discarded
+            sent.append(text)
+            # The reply was written to this message, not to one the other logged after it.
+            replies = [c for c in engines[name].calls if scripted(c.prompt).startswith("That")]
+            assert last_user_message(replies[-1].prompt) == text
+    assert meanwhile, "the other companion never wrote during a fold"
+    with Store().connect() as con:
+        logged = [row[0] for row in con.execute(
+            "SELECT text FROM messages WHERE role = 'user' ORDER BY seq").fetchall()]  # fmt: skip
+        replies = con.execute("SELECT count(*) FROM messages WHERE role = 'assistant'").fetchone()
+    assert sorted(logged) == sorted(sent + meanwhile)  # every message logged, once
+    assert replies[0] == len(logged)  # and every one answered

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from mlxmem.defaults import (
@@ -322,8 +322,14 @@ class Companion:
                 self.conversation, made, first.forget_epoch, terms
             )
             prompt = self._assemble(snap)
-        if not snap.turns or snap.turns[-1].id != user.id:
+        if user.id not in {t.id for t in snap.turns}:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
+        if snap.turns[-1].id != user.id:
+            # Another process wrote to this conversation after the message was logged (two
+            # front ends on one conversation): this reply answers this message, from the turns
+            # up to it; the other's turns are in the window from the next turn on.
+            snap = replace(snap, turns=[t for t in snap.turns if t.seq <= user.seq])
+            prompt = self._assemble(snap)
         self._after_deletions(snap.forget_epoch)
         return PendingTurn(user, snap, prompt, collapses)
 

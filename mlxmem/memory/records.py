@@ -35,6 +35,8 @@ AHEAD = timedelta(days=100 * 365)
 def latest_time() -> datetime:
     """The latest time a record may carry now (naive UTC, as stored)."""
     return datetime.now(timezone.utc).replace(tzinfo=None) + AHEAD
+
+
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
 # The namespace of the uids given to the losing text of two concurrent edits of a fact.
 FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
