@@ -182,7 +182,9 @@ def test_two_companions_in_one_conversation_answer_every_message_through_folds()
     # folds a window the other filled, and re-reads the store while the other writes.
     # Two fakes, two vocabularies: two model ids, so neither reuses the other's token ids.
     engines = {n: FakeEngine(scripted, model_id=f"fake-{n}") for n in "ab"}
-    companions = {n: Companion(e, Store(), "default", 700, 60, ChatSettings()) for n, e in engines.items()}  # fmt: skip
+    companions = {
+        n: Companion(e, Store(), "default", 700, 60, ChatSettings()) for n, e in engines.items()
+    }
     meanwhile = []
 
     def b_writes_meanwhile(status: str) -> None:
