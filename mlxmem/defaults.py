@@ -10,6 +10,10 @@ DEFAULT_SEED = 0
 # The longest message accepted, in characters (about 25,000 tokens of English: six times a
 # 4,096-token window). The log keeps a message whole; the prompt shows its head and tail.
 DEFAULT_MAX_MESSAGE_CHARS = 100_000
+# The longest message any front end may be set to accept, and the longest an import or a sync
+# takes: a message arriving from a file is bounded like one typed (a 10 MB one made every
+# later turn of its conversation slow).
+MAX_MESSAGE_CHARS = 1_000_000
 CHAT_SLOT = "chat"
 FACTS_SLOT = "facts"
 # Slots held in memory at once, in bytes of KV state (the least recently used are freed).

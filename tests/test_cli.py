@@ -296,3 +296,20 @@ def test_eval_locomo_takes_the_published_file(tmp_path):
     ]
     report = json.loads(cli(*args, "--db", str(tmp_path / "bench.duckdb")).stdout)
     assert list(report["per_conversation"]) == ["conv-7"]
+
+
+def test_endless_stdin_is_refused_after_the_limit_not_read_whole(mlxmem_home):
+    # `yes` never ends: reading it whole would never return (nor would 300 MB fit well).
+    env = {**os.environ, "MLXMEM_HOME": str(mlxmem_home)}
+    feed = subprocess.Popen(["yes", "a line of text"], stdout=subprocess.PIPE)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from mlxmem.cli.main import run; run()", "chat",
+             "--max-message-chars", "1000"],
+            stdin=feed.stdout, capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    finally:
+        feed.kill()
+        feed.wait()
+    assert done.returncode == 1
+    assert "more than 1,000 characters" in done.stderr and "nothing was logged" in done.stderr

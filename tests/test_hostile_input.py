@@ -160,3 +160,33 @@ def test_turns_after_a_record_at_the_time_limit_still_export_import_and_sync(tmp
     on(c, "sync", str(folder))
     assert "AFTER-THE-LIMIT" in on(c, "history", "show", "--json").stdout
     assert "Written after it" in on(c, "memory", "list", "--json").stdout
+
+
+def test_import_bounds_a_message_as_chat_does_and_a_long_one_is_encoded_once(tmp_path):
+    from mlxmem.defaults import MAX_MESSAGE_CHARS
+
+    def edit(size):
+        def add(records):
+            message = next(r for r in records if r["kind"] == "message")
+            records.append({**message, "uid": "00000000-0000-4000-8000-000000000003",
+                            "text": "long " * (size // 5)})  # fmt: skip
+
+        return add
+
+    class Counting(FakeEngine):
+        encoded = 0
+
+        def encode_text(self, text):
+            self.encoded += len(text) > 100_000
+            return super().encode_text(text)
+
+    result = cli("import", export_with(tmp_path, edit(MAX_MESSAGE_CHARS + 5)), code=1)
+    assert "over the limit of 1,000,000" in result.output
+    assert "nothing was imported" in result.output
+    Store().delete_conversation("default")
+    cli("import", export_with(tmp_path, edit(MAX_MESSAGE_CHARS - 5)))
+    engine = Counting()
+    companion = Companion(engine, Store(), "default", 600, 120, ChatSettings(extract_facts=False))
+    for i in range(4):
+        companion.send(f"and then {i}")
+    assert engine.encoded <= 2  # shortened once for the window (not four times, or nine)

@@ -105,7 +105,7 @@ def chat(
         )
     message = prompt if message is None else message
     if not interactive:
-        message = _with_piped_text(message)
+        message = _with_piped_text(message, max_message_chars)
     if message is not None and not message.strip():
         raise InputError("empty message")
     model = model_or_default(model)
@@ -169,19 +169,27 @@ def _aliases() -> set[str]:
     return set(load_registry())
 
 
-def _with_piped_text(message: str | None) -> str | None:
+def _with_piped_text(message: str | None, max_chars: int) -> str | None:
     """The message with any text piped into stdin joined after it (a blank line between), or
-    the piped text alone; never drops what was piped."""
+    the piped text alone; never drops what was piped (more than `max_chars` is refused)."""
     if sys.stdin is None or sys.stdin.isatty():
         return message
-    piped = _read_stdin()
+    piped = _read_stdin(max_chars)
     if message is None:
         return piped
     return f"{message}\n\n{piped}" if piped.strip() else message
 
 
-def _read_stdin() -> str:
-    data = sys.stdin.buffer.read()
+def _read_stdin(max_chars: int) -> str:
+    """Standard input, read no further than a message of `max_chars` characters can take (4
+    bytes each at most in UTF-8): 300 MB piped in is refused without being read whole into
+    memory. (The message's own limit is checked when it is sent.)"""
+    data = sys.stdin.buffer.read(4 * max_chars + 1)
+    if len(data) > 4 * max_chars:
+        raise InputError(
+            f"standard input has more than {max_chars:,} characters, over the limit for a message"
+            " (--max-message-chars); nothing was logged"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -16,7 +16,12 @@ from rich.segment import Segment
 from rich.text import Text
 from typer.core import TyperGroup
 
-from mlxmem.defaults import DEFAULT_MAX_MESSAGE_CHARS, DEFAULT_MODEL, DEFAULT_RECALL
+from mlxmem.defaults import (
+    DEFAULT_MAX_MESSAGE_CHARS,
+    DEFAULT_MODEL,
+    DEFAULT_RECALL,
+)
+from mlxmem.defaults import MAX_MESSAGE_CHARS as MESSAGE_CHARS_CEILING
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.text import as_record, plural, visible_controls  # noqa: F401 - the commands import them from here
 
@@ -87,7 +92,9 @@ MAX_MESSAGE_CHARS = typer.Option(
     DEFAULT_MAX_MESSAGE_CHARS,
     "--max-message-chars",
     min=1,
-    help="Refuse longer messages (the log keeps a message whole; the prompt, its head and tail).",
+    max=MESSAGE_CHARS_CEILING,
+    help="Refuse longer messages (the log keeps a message whole; the prompt, its head and tail;"
+    f" at most {MESSAGE_CHARS_CEILING:,}, the most an import or a sync takes).",
 )
 
 

@@ -106,6 +106,9 @@ def shorten(engine: Engine, text: str, max_tokens: int) -> str:
     return engine.decode(head) + marker + engine.decode(tail)
 
 
+CLIPPED_KEPT = 64  # long messages whose shortened text a PromptBudget remembers
+
+
 class PromptBudget:
     """Assembles prompts for one model and context budget."""
 
@@ -124,6 +127,9 @@ class PromptBudget:
         # count per text, and the facts packed from the last list of facts.
         self._system_counts: dict[str, int] = {}
         self._packed: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        # Messages without token ids (imported, synced) that were over the cap, shortened once:
+        # a long one is in the window for many turns, and encoding it is most of a turn's cost.
+        self._clipped: dict[tuple[str, int], str] = {}
 
     @property
     def available(self) -> int:
@@ -174,10 +180,18 @@ class PromptBudget:
         cap = self.max_message_tokens
         clipped = []
         for t in turns:
-            size = len(t.tokens) if t.tokens is not None else self.engine.count_text(t.content)
-            clipped.append(
-                t if size <= cap else Message(t.role, shorten(self.engine, t.content, cap))
-            )
+            if t.tokens is not None:
+                long = len(t.tokens) > cap
+                clipped.append(Message(t.role, shorten(self.engine, t.content, cap)) if long else t)
+                continue
+            short = self._clipped.get((t.content, cap))
+            if short is None:
+                short = shorten(self.engine, t.content, cap)
+                if short is not t.content:  # remembered only when long: few, and worth it
+                    if len(self._clipped) >= CLIPPED_KEPT:
+                        self._clipped.pop(next(iter(self._clipped)))
+                    self._clipped[(t.content, cap)] = short
+            clipped.append(t if short is t.content else Message(t.role, short))
         return clipped
 
     def assemble(

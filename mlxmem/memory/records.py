@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from mlxmem.defaults import MAX_MESSAGE_CHARS
 from mlxmem.errors import InputError
 from mlxmem.memory.facts import MAX_FACT_CHARS, SOURCES
 from mlxmem.memory.turns import conversation_uid
@@ -214,6 +215,11 @@ def check_record(record: object) -> Record:
         raise InputError(
             f"fact record of {len(record['text']):,} characters, over the limit of"
             f" {MAX_FACT_CHARS:,} for a fact"
+        )
+    if kind == "message" and len(record["text"]) > MAX_MESSAGE_CHARS:
+        raise InputError(
+            f"message record of {len(record['text']):,} characters, over the limit of"
+            f" {MAX_MESSAGE_CHARS:,} for a message"
         )
     if kind == "message" and record["conversation_uid"] != conversation_uid(record["conversation"]):
         raise InputError("message record whose conversation_uid does not match its name")
