@@ -101,7 +101,8 @@ def test_models_default_is_kept_private_and_the_environment_wins(mlxmem_home, mo
 
     monkeypatch.delenv("MLXMEM_MODEL", raising=False)
     assert cli("models", "default").stdout.strip() == "llama-3.2-3b"
-    assert cli("models", "default", "tiny").stdout.strip() == "tiny"
+    set_tiny = cli("models", "default", "tiny").stdout
+    assert set_tiny == "Default model: tiny (chat and serve run it without --model).\n"
     assert (mlxmem_home / "config.toml").stat().st_mode & 0o777 == 0o600
     listed = {r["alias"]: r for r in json.loads(cli("models", "list", "--json").stdout)}
     assert listed["tiny"]["default"] and not listed["llama-3.2-3b"]["default"]
@@ -109,7 +110,8 @@ def test_models_default_is_kept_private_and_the_environment_wins(mlxmem_home, mo
     monkeypatch.setenv("MLXMEM_MODEL", "qwen2.5-3b")
     assert cli("models", "default").stdout.strip() == "qwen2.5-3b"
     monkeypatch.delenv("MLXMEM_MODEL")
-    assert cli("models", "default", "--unset").stdout.strip() == "llama-3.2-3b"
+    unset = cli("models", "default", "--unset").stdout
+    assert unset == "Default model: llama-3.2-3b (the built-in default).\n"
 
 
 def test_models_list_fits_80_columns_with_sizes(mlxmem_home):
@@ -313,3 +315,10 @@ def test_endless_stdin_is_refused_after_the_limit_not_read_whole(mlxmem_home):
         feed.wait()
     assert done.returncode == 1
     assert "more than 1,000 characters" in done.stderr and "nothing was logged" in done.stderr
+
+
+def test_eval_without_locomo_data_says_how_to_get_it(tmp_path):
+    from conftest import cli
+
+    said = cli("eval", "locomo", "--data", str(tmp_path), code=1).output
+    assert "convert-locomo" in said and "--data DIR" in said and "locomo10.json" in said

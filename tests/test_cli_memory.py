@@ -54,6 +54,9 @@ def test_memory_clear_needs_yes():
     Store().add_fact("two", source="automatic")
     assert "--yes" in error("memory", "clear")
     assert len(Store().facts()) == 2
+    # A bad source is refused before anything is asked (not "Delete every bogus fact?").
+    bogus = error("memory", "clear", "--source", "bogus")
+    assert "bogus" in bogus and "Delete" not in bogus and "--yes" not in bogus
     assert mlxmem("memory", "clear", "--yes", "--source", "automatic").stdout == "Deleted 1 fact.\n"
     assert mlxmem("memory", "clear", "--yes").stdout == "Deleted 1 fact.\n"
     assert as_json("memory", "list") == []

@@ -458,9 +458,18 @@ def test_status_shows_devices_last_sync_and_pending_changes(devices):
     assert "this device" in text and "Pending here: 0 turns" in text
 
 
-def test_sync_without_a_folder_says_how_to_name_one(mlxmem_home, tmp_path):
+def test_sync_without_a_folder_says_how_to_name_one_and_creates_a_new_one(mlxmem_home, tmp_path):
     assert "no sync folder yet" in cli("sync", code=1).output
-    assert "does not exist" in cli("sync", str(tmp_path / "nowhere"), code=1).output
+    deeper = tmp_path / "nowhere" / "deeper"
+    assert "nor its parent exist" in cli("sync", str(deeper), code=1).output
+    assert "does not exist yet" in cli("sync", "--status", str(tmp_path / "new"), code=1).output
+    assert not (tmp_path / "new").exists()
+    cli("sync", str(tmp_path / "new"))  # a new folder whose parent exists: created
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    shutil.rmtree(tmp_path / "new")  # a folder used before is not created again (unmounted?)
+    assert "is the drive mounted" in cli("sync", code=1).output
+    assert "is the drive mounted" in cli("sync", str(tmp_path / "new"), code=1).output
+    assert not (tmp_path / "new").exists()
 
 
 def test_export_then_import_into_an_empty_data_directory_reproduces_log_and_facts(devices):

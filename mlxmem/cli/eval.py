@@ -87,7 +87,7 @@ def locomo(
     with _locomo_folder(data or ev.default_data_dir()) as folder:
         ids = conversation or ev.available_conversations(folder)
         if not ids:
-            raise InputError(f"no LoCoMo questions under {folder} (give --data)")
+            raise InputError(ev.no_data_hint(folder))
         chosen = _model(model_or_default(model), None, None, seed, as_json)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
             result = ev.run_locomo(

@@ -5,6 +5,7 @@ from datetime import datetime
 import typer
 from rich.table import Table
 
+from mlxmem.memory.facts import check_source
 from mlxmem.memory.store import Store
 
 from .common import JSON, as_record, confirm, out, plain_typer, plural, print_json, say, shown
@@ -88,6 +89,8 @@ def clear_facts(
 ) -> None:
     """Delete every fact (or every fact from one source). Asks first on a terminal, and
     needs --yes elsewhere."""
+    if source is not None:
+        check_source(source)  # before asking whether to delete "every bogus fact"
     which = f"every {source} fact" if source else "every fact"
     confirm(f"Delete {which} for good?", yes)
     say(Store().clear_facts(source).describe())

@@ -15,7 +15,7 @@ from mlxmem.models.choice import default_model, set_default_model
 from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
 from mlxmem.models.registry import registry_problems
 
-from .common import JSON, confirm, err, out, plain_typer, print_json
+from .common import JSON, confirm, err, out, plain_typer, print_json, say
 
 app = plain_typer(
     help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the "
@@ -88,7 +88,12 @@ def default(
     if name is not None or unset:
         set_default_model(None if unset else name)
     chosen = default_model()
-    typer.echo(chosen.name)
+    if name is not None:
+        say(f"Default model: {chosen.name} (chat and serve run it without --model).")
+    elif unset:
+        say(f"Default model: {chosen.name} (the built-in default).")
+    else:
+        say(chosen.name)  # a script may read the name alone
     if chosen.chosen_by != "models default":
         err.print(f"[dim]({chosen.chosen_by})[/dim]")
 

@@ -194,7 +194,8 @@ class Session:
         if not turns:
             err.print("no turns yet in this conversation")
         for t in turns:
-            err.print(f"#{t.seq} [{t.id}] {t.role}: {t.text}", markup=False)
+            mark = " [interrupted]" if t.interrupted else ""  # as `history show` marks it
+            err.print(f"#{t.seq} [{t.id}] {t.role}: {t.text}{mark}", markup=False)
 
     def use_model(self, name: str) -> None:
         if name:

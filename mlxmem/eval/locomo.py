@@ -105,6 +105,15 @@ def default_data_dir() -> Path:
     return Path.cwd().parent / "shared" / "corpora" / "locomo"
 
 
+def no_data_hint(data: Path) -> str:
+    """How to get LoCoMo's data, for an error that found none in `data`."""
+    return (
+        f"no LoCoMo data in {data}. It is not shipped (CC BY-NC): download data/locomo10.json "
+        "from github.com/snap-research/locomo, write it out with `mlxmem eval convert-locomo "
+        f"locomo10.json DIR`, then pass --data DIR (or set ${DATA_ENV})"
+    )
+
+
 def available_conversations(data: Path) -> list[str]:
     """Conversations that have questions (the development set)."""
     return sorted(p.name.removesuffix(".qa.json") for p in (data / "qa").glob("*.qa.json"))
@@ -113,8 +122,12 @@ def available_conversations(data: Path) -> list[str]:
 def load_conversation(data: Path, conv_id: str) -> LocomoConversation:
     transcript, qa_file = data / f"{conv_id}.jsonl", data / "qa" / f"{conv_id}.qa.json"
     if not transcript.is_file() or not qa_file.is_file():
-        have = ", ".join(available_conversations(data)) or "none"
-        raise InputError(f"no LoCoMo conversation {conv_id!r} with questions in {data} ({have})")
+        have = available_conversations(data)
+        if not have:
+            raise InputError(no_data_hint(data))
+        raise InputError(
+            f"no LoCoMo conversation {conv_id!r} with questions in {data} ({', '.join(have)})"
+        )
     try:
         turns = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
         qa = json.loads(qa_file.read_text())

@@ -176,7 +176,7 @@ def sync(
 
 def status(store: Store, root: Path | None = None, passphrase: str | None = None) -> dict:
     """The devices seen in the folder, their last sync, and this device's pending changes."""
-    root = sync_root(store, root)
+    root = sync_root(store, root, create=False)
     device, name = store.device()
     mine = DeviceFolder(root, device)
     folders = device_folders(root)
@@ -335,15 +335,30 @@ def _version(record: object) -> tuple | None:
         return None
 
 
-def sync_root(store: Store, root: Path | None) -> Path:
-    """The sync folder given, else the one the last sync used."""
+def sync_root(store: Store, root: Path | None, create: bool = True) -> Path:
+    """The sync folder given, else the one the last sync used. A new folder named for the
+    first time is created if its parent exists; one used before is never created again (a
+    drive not mounted would otherwise get an empty folder on the disk beneath it)."""
+    used = store.sync_dir()
     if root is None:
-        root = store.sync_dir()
+        root = used
         if root is None:
             raise InputError("no sync folder yet: name one, e.g. `mlxmem sync ~/Dropbox/mlxmem`")
     root = Path(root).expanduser().resolve()
-    if not root.is_dir():
+    if root.is_dir():
+        return root
+    if used is not None and Path(used).expanduser().resolve() == root:
         raise InputError(f"the sync folder {root} does not exist (is the drive mounted?)")
+    if root.exists():
+        raise InputError(f"{root} is not a folder")
+    if not create:
+        raise InputError(f"the sync folder {root} does not exist yet: `mlxmem sync` creates it")
+    if not root.parent.is_dir():
+        raise InputError(
+            f"neither the sync folder {root} nor its parent exist: is the drive mounted? "
+            f"(to start a new one: mkdir -p {root})"
+        )
+    root.mkdir(mode=0o700)
     return root
 
 
