@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,6 +93,10 @@ class Engine:
 
     model_id: str = ""
     special_tokens: Sequence[str] = ()  # control-token strings of the chat template
+    # Told (tokens read, tokens to read) as a long prompt is read in, by stream and prefill:
+    # a front end shows progress when that takes more than a moment (a conversation read into
+    # a model that has not cached it). None: nobody listens.
+    on_prefill: Callable[[int, int], None] | None = None
 
     def encode_chat(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
@@ -439,12 +443,15 @@ class MLXEngine(Engine):
         cached = kv.reuse_prefix(prompt)
         if seed is not None:
             mx.random.seed(seed)
+        if self.on_prefill is not None:
+            self.on_prefill(0, len(prompt) - cached)  # mlx-lm tells the rest
         steps = generate_step(
             mx.array(prompt[cached:]),
             self.model,
             max_tokens=max_tokens,
             sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
             prompt_cache=kv.cache,
+            prompt_progress_callback=self.on_prefill,
         )
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
@@ -501,10 +508,15 @@ class MLXEngine(Engine):
         kv = self.slots.get(slot)
         cached = kv.reuse_prefix(prompt)
         start = time.perf_counter()
+        if self.on_prefill is not None:
+            self.on_prefill(0, len(prompt) - cached)
         try:
             for i in range(cached, len(prompt), PREFILL_STEP):
                 self.model(mx.array(prompt[i : i + PREFILL_STEP])[None], cache=kv.cache)
                 mx.eval([c.state for c in kv.cache])
+                if self.on_prefill is not None:
+                    done = min(i + PREFILL_STEP, len(prompt)) - cached
+                    self.on_prefill(done, len(prompt) - cached)
             self.restart.record_prefill(len(prompt) - cached, time.perf_counter() - start)
         finally:
             kv.sync_tokens(prompt)

@@ -287,3 +287,18 @@ def test_model_identity_covers_every_weight_byte(tmp_path):
         f.write(bytes([byte[0] ^ 1]))
     assert model_identity(a) != model_identity(b)
     assert model_identity(b) == model_identity(b)  # stable, and now remembered
+
+
+def test_on_prefill_hears_how_far_a_long_prompt_is_read(tiny_fp, tmp_path):
+    engine = MLXEngine(tiny_fp, cache_dir=tmp_path / "kv")
+    heard = []
+    engine.on_prefill = lambda done, total: heard.append((done, total))
+    prompt = engine.encode_chat(conversation(40))
+    engine.prefill(prompt, slot="warm")
+    n = len(prompt)
+    assert heard[0] == (0, n) and heard[-1] == (n, n) and len(heard) >= 3
+    assert [d for d, _ in heard] == sorted(d for d, _ in heard)
+    heard.clear()
+    engine.generate(prompt + engine.encode_text("more"), slot="warm", max_tokens=2)
+    assert heard[0][0] == 0 and heard[-1][0] == heard[-1][1]  # only the new suffix is read
+    assert heard[-1][1] < 8

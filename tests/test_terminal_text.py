@@ -72,3 +72,17 @@ def test_a_reply_is_shown_visibly_on_a_terminal_and_exact_in_a_pipe():
         for piece in ("pwn \x1b", "]52;c;aGk=\x07 \x1b[2J \x1b]0;", "title\x07 \u009b31m \rover"):
             term.write(piece)  # an escape split across streamed pieces
         assert stream.getvalue() == expected
+
+
+def test_prefill_progress_shows_on_a_terminal_only_once_reading_takes_long():
+    from mlxmem.cli.terminal import PrefillProgress
+
+    quick, slow, piped = Tty(True), Tty(True), Tty(False)
+    for stream, after in ((quick, 60.0), (slow, 0.0), (piped, 0.0)):
+        progress = PrefillProgress("smollm2-135m", after_s=after, stream=stream)
+        for done in (0, 1200, 2400, 4000):
+            progress(done, 4000)
+    assert quick.getvalue() == "" and piped.getvalue() == ""
+    shown = slow.getvalue()
+    assert "reading the conversation into smollm2-135m... 1,200/4,000 tokens" in shown
+    assert shown.endswith("\r\x1b[K")  # the line is cleared for the reply

@@ -27,7 +27,7 @@ from .common import (
     print_json,
 )
 from .repl import Opener, Session
-from .terminal import Terminal, report_after
+from .terminal import PrefillProgress, Terminal, report_after
 
 PROMPT = typer.Argument(
     None,
@@ -125,6 +125,7 @@ def chat(
         settings.instructions = system
     if message is not None:
         companion = open_companion(model, conversation, settings)
+        companion.engine.on_prefill = PrefillProgress(model)
         _one_shot(companion, message, json_output, model, Terminal())
     else:
         Session(_opener(settings), model, conversation, Terminal()).run()
@@ -145,6 +146,7 @@ def _opener(settings: ChatSettings) -> Opener:
             store = last[0][1].store if last else None
             last.clear()  # one model in memory at a time
             companion = open_companion(model, conversation, settings, store)
+            companion.engine.on_prefill = PrefillProgress(model)
         last[:] = [(model, companion)]
         return companion
 

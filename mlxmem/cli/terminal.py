@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TextIO
 
 from rich.markup import escape
@@ -45,6 +46,39 @@ class Terminal:
     def status(self, text: str) -> None:
         self.end_line()
         err.print(f"[dim]... {text}[/dim]")
+
+
+class PrefillProgress:
+    """Engine.on_prefill for a terminal: once reading a prompt in has taken more than
+    `after_s` (a conversation read into a model that has not cached it: minutes on a CPU),
+    a line on stderr says how far it is, rewritten in place and cleared at the end. Silent
+    off a terminal, and for the quick prefills of ordinary turns."""
+
+    def __init__(self, model: str, after_s: float = 2.0, stream: TextIO | None = None):
+        self.model = model
+        self.after_s = after_s
+        self.stream = stream or sys.stderr
+        self.started: float | None = None
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.started is None or done == 0:
+            self.started = now
+        if done >= total:
+            if self.shown:
+                self.stream.write("\r\x1b[K")  # clear the line for the reply
+                self.stream.flush()
+            self.started, self.shown = None, False
+            return
+        if now - self.started < self.after_s or not self.stream.isatty():
+            return
+        self.stream.write(
+            f"\rreading the conversation into {visible_controls(self.model)}..."
+            f" {done:,}/{total:,} tokens"
+        )
+        self.stream.flush()
+        self.shown = True
 
 
 def report_after(result: TurnResult) -> None:
