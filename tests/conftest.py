@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,14 @@ def check_chat_blocks(engine, messages, hostile: int) -> None:
                 )
                 reference = engine.hf.encode(rendered, add_special_tokens=False)
                 assert engine.encode_chat(chat, generation_prompt) == reference, (n, opening)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How much of the store model ran (tests/test_store_model.py), when it ran."""
+    model = sys.modules.get("test_store_model")
+    if model is not None and model.RAN["examples"]:
+        ran = model.RAN
+        terminalreporter.write_line(
+            f"store model: {ran['examples']} histories, {ran['steps']} steps"
+            f" (up to {model.STEPS} steps each; MLXMEM_MODEL_EXAMPLES/MLXMEM_MODEL_STEPS for more)"
+        )
