@@ -1,6 +1,6 @@
 """`mlxmem`: the root command. Each subcommand's module is imported only when that subcommand
 runs (or shows its help), so `mlxmem memory list` or `mlxmem --version` never loads MLX, and only
-the commands that run a model re-execute with OpenBLAS (issue 21)."""
+the commands that run a model re-execute with OpenBLAS."""
 
 from __future__ import annotations
 

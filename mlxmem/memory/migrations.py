@@ -242,7 +242,7 @@ def m006_facts_own_file(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-# Sync (issue 13): messages and facts get globally unique ids (random UUIDs, also the default
+# Sync: messages and facts get globally unique ids (random UUIDs, also the default
 # for rows inserted later) beside the local integer ids the CLI shows, and the device that wrote
 # them (NULL: this device). A conversation's uid is derived from its name (uuid5, see
 # mlxmem.memory.records), so it needs no column. The data directory gets a device id and name.
@@ -274,7 +274,7 @@ def m007_sync_ids(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-# Recall's index (issue 19): each message's stemmed terms and length, written at insert by the
+# Recall's index: each message's stemmed terms and length, written at insert by the
 # store (mlxmem.memory.terms) and deleted with the message in the same erase. Messages already
 # in the log are indexed here, in the migration's transaction.
 @migration
@@ -287,7 +287,7 @@ def m008_recall_index(con: duckdb.DuckDBPyConnection) -> None:
     index_missing(con)
 
 
-# Fact versions (issue 23, Medium 4): each device increments a fact's version when it edits it,
+# Fact versions: each device increments a fact's version when it edits it,
 # and sync orders a fact's edits by version, the time only breaking ties, so a device whose
 # clock is slow cannot lose a later edit. Facts written before have version 0. The facts file
 # is its own transaction, committed first; IF NOT EXISTS makes a rerun after a crash safe.
@@ -329,7 +329,7 @@ def m011_fact_provenance(con: duckdb.DuckDBPyConnection) -> None:
     con.begin()
 
 
-# Who wrote each summary (issue 19): "model" ("model+extractive" once the specifics it left out
+# Who wrote each summary: "model" ("model+extractive" once the specifics it left out
 # follow it, a later value of the same column), or "extractive" when the model's failed the check
 # of mlxmem.memory.summary_check and a summary was extracted from the folded turns instead.
 # Summaries written before stay NULL, "unknown": the fallback of that time cannot be told from a

@@ -1,1 +1,1 @@
-"""Sync between a person's devices through a shared folder, and export/import (issue 13)."""
+"""Sync between a person's devices through a shared folder, and export/import."""

@@ -316,7 +316,7 @@ def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others:
         ):
             rewrites[file.path] = (file, keep)
     # Every tombstone applied here, whoever wrote it, stays in this device's stream: removing
-    # a retired device's folder must not take its deletions with it (issue 23, Medium 5).
+    # a retired device's folder must not take its deletions with it.
     ours = [
         r
         for r in local
