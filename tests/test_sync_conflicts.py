@@ -98,13 +98,19 @@ def test_removing_one_side_of_a_conflict_keeps_the_other_on_every_device(devices
     assert [t for t in facts(a) if "tea" in t] != []
 
 
-def test_a_text_deleted_before_the_conflict_met_does_not_return_as_a_fork(tmp_path):
+def three_devices_sharing(tmp_path, fact: str):
+    """Three data directories syncing through one folder, all holding `fact` (as fact 1)."""
     a, b, c = (tmp_path / name for name in "ABC")
     folder = tmp_path / "shared"
     folder.mkdir()
-    on(a, "memory", "add", "Lives in Lisbon")
+    on(a, "memory", "add", fact)
     for home in (a, b, c):
         on(home, "sync", str(folder))
+    return a, b, c
+
+
+def test_a_text_deleted_before_the_conflict_met_does_not_return_as_a_fork(tmp_path):
+    a, b, c = three_devices_sharing(tmp_path, "Lives in Lisbon")
     on(a, "memory", "edit", "1", "Lives in GONE-PORTO")
     on(a, "sync")
     on(b, "memory", "edit", "1", "Lives in Faro")
@@ -118,12 +124,7 @@ def test_a_text_deleted_before_the_conflict_met_does_not_return_as_a_fork(tmp_pa
 
 
 def test_the_losing_text_is_kept_once_even_when_a_third_device_saw_it_first(tmp_path):
-    a, b, c = (tmp_path / name for name in "ABC")
-    folder = tmp_path / "shared"
-    folder.mkdir()
-    on(a, "memory", "add", "Lives in Lisbon")
-    for home in (a, b, c):
-        on(home, "sync", str(folder))
+    a, b, c = three_devices_sharing(tmp_path, "Lives in Lisbon")
     on(a, "memory", "edit", "1", "Lives in Porto")
     on(b, "memory", "edit", "1", "Lives in Faro")
     # C sees A's edit first, then B's: it forks the same fact A forks, by the same uid.
