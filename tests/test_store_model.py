@@ -323,6 +323,9 @@ class StoreModel(RuleBasedStateMachine):
         texts = [sorted(t for _, _, t in self.facts(d)) for d in range(DEVICES)]
         turns = [[(c, t) for c, _, t in self.turns(d)] for d in range(DEVICES)]
         assert texts[1:] == texts[:-1], "the devices' facts differ after a sync round"
+        for d in range(DEVICES):
+            uids = [u for _, u, _ in self.facts(d)]
+            assert len(uids) == len(set(uids)), f"device {d} holds one fact uid twice: {uids}"
         assert turns[1:] == turns[:-1], "the devices' turns differ after a sync round"
         gone = set().union(*self.removed)
         found = texts_in(self.root, gone, skip=self.exports)

@@ -194,3 +194,23 @@ def test_the_migration_numbers_facts_edited_before_it_as_version_1(tmp_path):
     assert {r["text"]: r["version"] for r in store.changes() if r["kind"] == "fact"} == dict(rows)
     store.edit_fact(2, "edited again")
     assert [r["version"] for r in store.changes() if r["kind"] == "fact"] == [0, 2]
+
+
+def test_a_lagging_device_that_still_holds_the_losing_text_does_not_delete_its_fork(tmp_path):
+    a, b, c = three_devices_sharing(tmp_path, "Lives in Lisbon")
+    on(a, "memory", "edit", "1", "Lives in Porto")
+    on(a, "sync")
+    on(c, "sync")  # C holds Porto under the fact's own uid, then stays away
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    on(b, "sync")
+    on(a, "sync")  # Faro wins on A; Porto is kept as a fork
+    assert facts(a) == ["Lives in Faro", "Lives in Porto"]
+    faro = next(f for f in json.loads(on(b, "memory", "list", "--json").stdout)
+                if f["text"] == "Lives in Faro")  # fmt: skip
+    on(b, "memory", "rm", str(faro["id"]))
+    # C comes back still holding Porto as the deleted uid's text: the deletion reaching it
+    # removes that row, and must not name the fork the others keep Porto under.
+    for home in (c, a, b, c, a, b, c):
+        on(home, "sync")
+    assert facts(a) == facts(b) == facts(c) == ["Lives in Porto"]
+    assert files_containing(tmp_path, "Faro") == []

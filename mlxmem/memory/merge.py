@@ -201,6 +201,9 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
                 )
                 if fork is not None:
                     result.conflicts.append((fid, fork, dev))
+                    # The same fork may arrive later in this merge, made by another device:
+                    # it is this row, not a new fact.
+                    local[fork_uid(uid, ver, dev)] = (fork, text, source, updated_at, dev, 0, None)
             edits[fid] = FactEdit(
                 r["text"], timestamp(r["updated_at"]), _origin(r, device), fact_version(r)
             )

@@ -284,14 +284,15 @@ class Store(TurnLog, SummaryLog, FactList):
                 )
             uids = [t.uid for t in tombstones]
             rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
-            turns = _delete_turns(erasure, [turn_of(row) for row in rows])
+            turns = _delete_turns(erasure, [turn_of(row) for row in rows], name_forks=False)
             # Facts by uid, and those taken from a tombstoned turn not (yet) linked to it here.
             rows = con.execute(
                 f"{SELECT_FACTS} WHERE list_contains(?, uid) OR list_contains(?, message_uid)",
                 [uids, uids],
             ).fetchall()
             gone = {f.id for f in turns.facts}
-            facts = _delete_facts(erasure, [f for f in map(fact_of, rows) if f.id not in gone])
+            keep = [f for f in map(fact_of, rows) if f.id not in gone]
+            facts = _delete_facts(erasure, keep, name_forks=False)
             names = [
                 name
                 for (name,) in con.execute("SELECT name FROM conversations").fetchall()
@@ -499,9 +500,9 @@ def _turn_mentions(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> list[
     return sorted((t for t in found.values() if t.id not in gone), key=lambda t: t.id)
 
 
-def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
+def _delete_turns(erasure: Erasure, victims: list[Turn], name_forks: bool = True) -> Deletion:
     """Delete turns, the automatic facts extracted from them, and every summary that saw
-    either."""
+    either (`name_forks`: see _delete_facts)."""
     con = erasure.con
     ids = [t.id for t in victims]
     rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, message_id)", [ids]).fetchall()
@@ -511,19 +512,22 @@ def _delete_turns(erasure: Erasure, victims: list[Turn]) -> Deletion:
     for name in names:
         seqs = [t.seq for t in victims if t.conversation == name]
         hit += summaries.delete_derived(con, name, seqs=seqs)
-    deletion = _delete_facts(erasure, taken)
+    deletion = _delete_facts(erasure, taken, name_forks)
     add_tombstones(con, "message", "messages", ids)
     delete_messages(con, ids)  # with their rows in recall's index
     return Deletion(victims, hit + deletion.summaries, names, taken)
 
 
-def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
+def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True) -> Deletion:
     """Delete facts (from the facts file, once the main file has committed), and in every
     conversation the summaries that had them in their prompt.
 
-    A fact's deletion also tombstones the fork its current text would become on a device that
-    saw a concurrent edit win (records.fork_uid), so that the deleted text cannot come back as
-    a fork. Forks that hold another text are facts of their own: they stay."""
+    A deletion made here (`name_forks`) also tombstones the fork its current text would become
+    on a device that saw a concurrent edit win (records.fork_uid), so that the deleted text
+    cannot come back as a fork. A deletion that arrives from another device does not: the
+    device that deleted named the fork of the text it deleted, and the text held here may be an
+    older one that lost and lives on as a fork elsewhere. Forks that hold another text are
+    facts of their own: they stay."""
     ids = [f.id for f in victims]
     con = erasure.con
     device, _ = device_of(con)
@@ -531,7 +535,7 @@ def _delete_facts(erasure: Erasure, victims: list[Fact]) -> Deletion:
     rows = con.execute(
         "SELECT uid, version, coalesce(device_uid, ?) FROM facts"
         " WHERE list_contains(?, id) AND coalesce(version, 0) > 0",
-        [device, ids],
+        [device, ids if name_forks else []],
     ).fetchall()
     hit = _summaries_that_saw(con, ids)
     add_tombstones(con, "fact", "facts", ids)
