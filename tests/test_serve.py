@@ -306,6 +306,16 @@ def test_two_content_length_headers_are_refused():
         )
         assert answer.startswith("HTTP/1.1 400") and "two Content-Length" in answer
         assert request(server, "GET", "/v1/models")[0] == 200
+        # The first says 0: what follows must not be read as a second request on the connection.
+        smuggled = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        answer = raw(
+            server,
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 0\r\n"
+            + f"Content-Length: {len(smuggled)}\r\n\r\n".encode()
+            + smuggled,
+        )
+        assert answer.startswith("HTTP/1.1 400") and answer.count("HTTP/1.1 ") == 1, answer
 
 
 def test_a_request_that_trickles_in_is_cut_off_at_its_deadline(monkeypatch):

@@ -264,10 +264,13 @@ class RequestHandler(BaseHTTPRequestHandler):
     def fail(self, exc: ApiError, req: Request | None, headers: dict | None = None) -> None:
         """Answer an error. A body left unread (too large, or never looked at) ends the
         connection: it is drained, not parsed, so the client can read the answer."""
-        if req is not None:
+        lengths = [v.strip() for v in self.headers.get_all("Content-Length") or []]
+        if len(lengths) > 1:
+            unread = True  # where its body ends is unknown: nothing after it is a request
+        elif req is not None:
             unread = req.unread_body
         else:
-            length = self.headers.get("Content-Length", "0").strip() not in ("", "0")
+            length = bool(lengths) and lengths[0] not in ("", "0")
             unread = length or "chunked" in self.headers.get("Transfer-Encoding", "").lower()
         if unread:
             self.close_connection = True
