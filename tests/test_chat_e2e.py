@@ -293,6 +293,7 @@ def test_interactive_session_with_slash_commands(tiny):
                 "/memory",
                 "/forget banana",
                 "/nope",
+                "/x[/b]",  # not markup
                 "/quit",
             ]
         )
@@ -310,6 +311,7 @@ def test_interactive_session_with_slash_commands(tiny):
     assert "context budget: 4096 tokens" in out and "instructions" in out
     assert "Deleted 1 fact." in out and "nothing remembered yet" in out
     assert "IDs are numbers" in out and "unknown command /nope" in out
+    assert "unknown command /x[/b]" in out
     assert [m.role for m in Store().turns("default")] == ["user", "assistant"]
     assert Store().facts() == []
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -470,6 +471,14 @@ def test_sync_without_a_folder_says_how_to_name_one_and_creates_a_new_one(mlxmem
     assert "is the drive mounted" in cli("sync", code=1).output
     assert "is the drive mounted" in cli("sync", str(tmp_path / "new"), code=1).output
     assert not (tmp_path / "new").exists()
+    # A parent where no folder can be made: an error that says so, no traceback.
+    if os.geteuid() == 0:  # root may write anywhere, but not into /proc
+        parent = Path("/proc")
+    else:
+        parent = tmp_path / "locked"
+        parent.mkdir(mode=0o500)
+    refused = cli("sync", str(parent / "mlxmem-sync"), code=1).output
+    assert "cannot create the sync folder" in refused and "Traceback" not in refused
 
 
 def test_export_then_import_into_an_empty_data_directory_reproduces_log_and_facts(devices):

@@ -86,3 +86,18 @@ def test_prefill_progress_shows_on_a_terminal_only_once_reading_takes_long():
     shown = slow.getvalue()
     assert "reading the conversation into smollm2-135m... 1,200/4,000 tokens" in shown
     assert shown.endswith("\r\x1b[K")  # the line is cleared for the reply
+
+
+def test_prefill_progress_after_a_reply_starts_below_the_reply_line():
+    from mlxmem.cli.terminal import PrefillProgress
+
+    # One stream for both, as stdout and stderr share a terminal's screen.
+    screen = Tty(True)
+    term = Terminal(screen)
+    progress = PrefillProgress("tiny", after_s=0.0, stream=screen, terminal=term)
+    term.write("Hello there")  # the reply's last line, no newline yet
+    progress(0, 100)
+    progress(50, 100)
+    progress(100, 100)
+    assert screen.getvalue().startswith("Hello there\n\rreading the conversation into tiny...")
+    assert not term.line_open

@@ -124,14 +124,16 @@ def chat(
             raise InputError("empty --system instructions")
         settings.instructions = system
     if message is not None:
+        term = Terminal()
         companion = open_companion(model, conversation, settings)
-        companion.engine.on_prefill = PrefillProgress(model)
-        _one_shot(companion, message, json_output, model, Terminal())
+        companion.engine.on_prefill = PrefillProgress(model, terminal=term)
+        _one_shot(companion, message, json_output, model, term)
     else:
-        Session(_opener(settings), model, conversation, Terminal()).run()
+        term = Terminal()
+        Session(_opener(settings, term), model, conversation, term).run()
 
 
-def _opener(settings: ChatSettings) -> Opener:
+def _opener(settings: ChatSettings, term: Terminal) -> Opener:
     """Opens a conversation on a model; a new conversation on the same model reuses the model
     already loaded (and its KV caches in memory). Every one shares the first one's store (the
     session holds it)."""
@@ -146,7 +148,7 @@ def _opener(settings: ChatSettings) -> Opener:
             store = last[0][1].store if last else None
             last.clear()  # one model in memory at a time
             companion = open_companion(model, conversation, settings, store)
-            companion.engine.on_prefill = PrefillProgress(model)
+            companion.engine.on_prefill = PrefillProgress(model, terminal=term)
         last[:] = [(model, companion)]
         return companion
 

@@ -111,7 +111,7 @@ class Session:
         try:
             result = self.companion.send(text, on_text=self.term.write, on_status=self.term.status)
         except MlxmemError as exc:
-            err.print(f"Error: {exc}")
+            err.print(f"Error: {exc}", markup=False)
             return
         except KeyboardInterrupt:
             self.term.end_line()
@@ -129,13 +129,13 @@ class Session:
                 return False
             handler = self.handlers().get(name)
             if handler is None:
-                err.print(f"unknown command {name}; /help lists them")
+                err.print(f"unknown command {name}; /help lists them", markup=False)
             else:
                 handler(arg)
         except ValueError:  # int() of an id (or of /history's count)
             err.print("Error: IDs are numbers (see /memory)")
         except MlxmemError as exc:
-            err.print(f"Error: {exc}")
+            err.print(f"Error: {exc}", markup=False)
         return True
 
     def handlers(self) -> dict[str, Callable[[str], None]]:

@@ -61,7 +61,7 @@ def sync_command(
     if show_status:
         _print_status(status(store, folder, passphrase), as_json)
         return
-    report = sync(store, folder, passphrase, progress=lambda line: err.print(line))
+    report = sync(store, folder, passphrase, progress=lambda line: err.print(line, markup=False))
     if as_json:
         print_json(asdict(report))
         return
@@ -75,11 +75,13 @@ def sync_command(
         if path in report.damaged:
             err.print(
                 f"Skipped {path}: unreadable, and older than a copy takes: damaged, or changed "
-                "by someone without the key. Nothing of it was merged; the next sync retries"
+                "by someone without the key. Nothing of it was merged; the next sync retries",
+                markup=False,
             )
         else:
             err.print(
-                f"Skipped {path}: not readable whole yet (still copying?); the next sync retries"
+                f"Skipped {path}: not readable whole yet (still copying?); the next sync retries",
+                markup=False,
             )
     say(
         f"Synced with {plural(report.devices, 'other device')} in {report.folder}: "

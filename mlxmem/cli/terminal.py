@@ -52,12 +52,21 @@ class PrefillProgress:
     """Engine.on_prefill for a terminal: once reading a prompt in has taken more than
     `after_s` (a conversation read into a model that has not cached it: minutes on a CPU),
     a line on stderr says how far it is, rewritten in place and cleared at the end. Silent
-    off a terminal, and for the quick prefills of ordinary turns."""
+    off a terminal, and for the quick prefills of ordinary turns. A prefill after a reply
+    (the cache warmed for the next turn) starts below the reply's last line, if `terminal`
+    left it open, instead of overwriting it."""
 
-    def __init__(self, model: str, after_s: float = 2.0, stream: TextIO | None = None):
+    def __init__(
+        self,
+        model: str,
+        after_s: float = 2.0,
+        stream: TextIO | None = None,
+        terminal: Terminal | None = None,
+    ):
         self.model = model
         self.after_s = after_s
         self.stream = stream or sys.stderr
+        self.terminal = terminal
         self.started: float | None = None
         self.shown = False
 
@@ -73,6 +82,8 @@ class PrefillProgress:
             return
         if now - self.started < self.after_s or not self.stream.isatty():
             return
+        if not self.shown and self.terminal is not None:
+            self.terminal.end_line()
         self.stream.write(
             f"\rreading the conversation into {visible_controls(self.model)}..."
             f" {done:,}/{total:,} tokens"

@@ -358,7 +358,10 @@ def sync_root(store: Store, root: Path | None, create: bool = True) -> Path:
             f"neither the sync folder {root} nor its parent exist: is the drive mounted? "
             f"(to start a new one: mkdir -p {root})"
         )
-    root.mkdir(mode=0o700)
+    try:
+        root.mkdir(mode=0o700)
+    except OSError as exc:
+        raise InputError(f"cannot create the sync folder {root}: {exc.strerror}") from exc
     return root
 
 
