@@ -15,6 +15,7 @@ from mlxmem.defaults import (
 )
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings, Companion, open_companion
+from mlxmem.memory.store import Store
 
 from .common import (
     CONTEXT_TOKENS,
@@ -74,6 +75,13 @@ def chat(
     facts: bool = FACTS,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
+    private: bool = typer.Option(
+        False,
+        "--private",
+        help="Keep this conversation out of recall in every other one (it still recalls its "
+        "own older turns, and the others'). It stays so: `mlxmem history private NAME --off` "
+        "lets it back in.",
+    ),
     json_output: bool = typer.Option(
         False, "--json", help="With -m or stdin: print one JSON object with the reply and stats."
     ),
@@ -109,6 +117,8 @@ def chat(
     if message is not None and not message.strip():
         raise InputError("empty message")
     model = model_or_default(model)
+    if private:
+        Store().set_private(conversation, create=True)
     settings = ChatSettings(
         temp=temp,
         top_p=top_p,

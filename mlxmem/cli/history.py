@@ -28,7 +28,8 @@ MESSAGE_IDS = typer.Argument(
 
 @app.command("list")
 def list_conversations(as_json: bool = JSON) -> None:
-    """List the conversations with their number of turns."""
+    """List the conversations with their number of turns, and whether each is recalled in the
+    others ("shared") or kept out of recall ("private", see `history private`)."""
     conversations = Store().conversations()
     if as_json:
         print_json([as_record(c) for c in conversations])
@@ -36,10 +37,24 @@ def list_conversations(as_json: bool = JSON) -> None:
     if not conversations:
         say("No conversations yet.")
         return
-    table = Table("name", "turns", "started")
+    table = Table("name", "turns", "started", "recall")
     for c in conversations:
-        table.add_row(shown(c.name), str(c.message_count), local_time(c.created_at))
+        recall = "private" if c.private else "shared"
+        table.add_row(shown(c.name), str(c.message_count), local_time(c.created_at), recall)
     out().print(table)
+
+
+@app.command("private")
+def private(
+    name: str = typer.Argument(..., help="The conversation."),
+    off: bool = typer.Option(False, "--off", help="Let it back into recall."),
+) -> None:
+    """Keep a conversation out of recall: its turns are never recalled into another
+    conversation (it still recalls its own older turns, and the others'). `--off` lets it
+    back in. `history list` shows which are private; `chat --private` starts one so."""
+    conversation = Store().set_private(name, not off)
+    state = "private: never recalled in" if conversation.private else "shared: recalled in"
+    say(f"Conversation {name!r} is {state} other conversations.")
 
 
 @app.command("show")

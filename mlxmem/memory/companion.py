@@ -239,7 +239,9 @@ class Companion:
         )
         if not snap.recalled:
             return prompt
-        return self.budget.add_recall(prompt, [(t.id, recall_line(t)) for t in snap.recalled])
+        return self.budget.add_recall(
+            prompt, [(t.id, recall_line(t, self.conversation)) for t in snap.recalled]
+        )
 
     @property
     def recall_room(self) -> int:

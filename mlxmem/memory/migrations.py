@@ -339,6 +339,12 @@ def m012_summary_source(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE summaries ADD COLUMN source VARCHAR")
 
 
+@migration
+def m013_private_conversations(con: duckdb.DuckDBPyConnection) -> None:
+    """A private conversation's turns are never recalled into another conversation."""
+    con.execute("ALTER TABLE conversations ADD COLUMN private BOOLEAN NOT NULL DEFAULT false")
+
+
 FACTS_DB = "facts_db"
 
 

@@ -1,12 +1,14 @@
 """Layer 2 into the prompt: recall a few old turns from the chat log.
 
-A rolling summary keeps the gist and loses specifics. When a new message may refer to the past,
-the turns that have left the verbatim window (those in the newest summary's range) are ranked by
-BM25 against the message, in SQL over recall's index (mlxmem.memory.terms: each message's
-stemmed terms, written at insert in the same DuckDB file and erased with the message; DuckDB's
-full-text extension cannot be installed offline). The best few go into a budgeted block placed
-inside the new message, after every stable block, so the cached prefix stays put. A deleted
-turn is no longer in the log nor in the index, so it is never recalled.
+A rolling summary keeps the gist and loses specifics, and a new conversation starts with neither.
+When a new message may refer to the past, the turns of the log it cannot see (those of this
+conversation that have left the verbatim window, and those of every other conversation that
+is not private) are ranked by BM25 against the message, in SQL over recall's index
+(mlxmem.memory.terms: each message's stemmed terms, written at insert in the same DuckDB file
+and erased with the message; DuckDB's full-text extension cannot be installed offline). The
+best few go into a budgeted block placed inside the new message, after every stable block, so
+the cached prefix stays put. A deleted turn is no longer in the log nor in the index, so it is
+never recalled.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mlxmem.memory.dates import (
     MONTHS,
     WEEKDAYS,
     DayRange,
+    day_label,
     day_marker,
     local_midnight_utc,
     named_days,
@@ -77,6 +80,8 @@ PASSAGE_TURNS = 3
 RRF_K = 20
 SPEAKER_BOOST = 2.0
 DAYS_BOOST = 2.0
+# A turn of the conversation the message is written in, against one of another conversation.
+CURRENT_BOOST = 1.0
 MAX_DAY_RANGES = 4  # a message naming more searches by its first four
 LENGTH_PRIOR = 0.005  # per ln(1 + indexed words)
 QUESTION_PENALTY = 0.007  # a turn whose text ends with "?"
@@ -157,66 +162,71 @@ _LENGTH_NORM = f"(1 - {BM25_B} + {BM25_B} * docs.dl / stats.avgdl)"
 _BOOST = (
     f"CASE WHEN docs.role = $role THEN {SPEAKER_BOOST} ELSE 1 END"
     f" * CASE WHEN docs.named_day THEN {DAYS_BOOST} ELSE 1 END"
+    f" * CASE WHEN docs.current THEN {CURRENT_BOOST} ELSE 1 END"
 )
+# The log searched is every conversation's turns but a private one's (kept out of the others),
+# and of the current conversation only those up to $last_seq (those left in the verbatim
+# window are in the prompt already). A turn is (cid, pos): its conversation and its seq.
 # Document length is counted in indexed words; the index is read only for the query's terms.
-# A turn's neighbours are found by seq (no window over the whole log: it costs more than the
-# rest of the search at 100,000 turns); a deleted turn leaves a gap.
+# A turn's neighbours are found by seq in its conversation (no window over the whole log: it
+# costs more than the rest of the search at 100,000 turns); a deleted turn leaves a gap.
 _SEARCH_SQL = f"""
 WITH docs AS (
-    SELECT m.id, m.seq AS pos, m.role, coalesce(d.length, 0) AS dl,
-        {{named_day}} AS named_day
+    SELECT m.id, m.conversation_id AS cid, m.seq AS pos, m.role, coalesce(d.length, 0) AS dl,
+        {{named_day}} AS named_day, c.name = $conversation AS current
     FROM messages m JOIN conversations c ON c.id = m.conversation_id
     LEFT JOIN {DOCS_TABLE} d ON d.message_id = m.id
-    WHERE c.name = $conversation AND m.seq <= $last_seq
+    WHERE CASE WHEN c.name = $conversation THEN m.seq <= $last_seq ELSE NOT c.private END
 ),
 stats AS (SELECT count(*) AS n, greatest(avg(dl), 1) AS avgdl FROM docs),
 tf AS (
-    SELECT docs.pos, t.term, t.tf AS f, list_contains($terms, t.term) AS asked
+    SELECT docs.cid, docs.pos, t.term, t.tf AS f, list_contains($terms, t.term) AS asked
     FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.message_id
     WHERE list_contains($terms, t.term) OR list_contains($shorter, t.term) {{longer}}
 ),
 df AS (SELECT term, count(*) AS df FROM tf GROUP BY term),
 turn_score AS (
-    SELECT pos, sum(
+    SELECT cid, pos, sum(
         {_idf("df.df")} * {_saturate("tf.f", _LENGTH_NORM)}
         * CASE WHEN tf.asked THEN 1 ELSE {RELATED_WEIGHT} END
     ) AS score
-    FROM tf JOIN df USING (term) JOIN docs USING (pos) CROSS JOIN stats GROUP BY pos
+    FROM tf JOIN df USING (term) JOIN docs USING (cid, pos) CROSS JOIN stats GROUP BY cid, pos
 ),
 turns AS (
-    SELECT pos, sum(score) * {_BOOST} AS score
+    SELECT cid, pos, sum(score) * {_BOOST} AS score
     FROM (
-        SELECT pos, score FROM turn_score
-        UNION ALL SELECT pos + 1, {NEIGHBOUR_SHARE} * score FROM turn_score
-    ) JOIN docs USING (pos) GROUP BY pos, docs.role, docs.named_day
+        SELECT cid, pos, score FROM turn_score
+        UNION ALL SELECT cid, pos + 1, {NEIGHBOUR_SHARE} * score FROM turn_score
+    ) JOIN docs USING (cid, pos) GROUP BY cid, pos, docs.role, docs.named_day, docs.current
 ),
 ptf AS (
-    SELECT pos, term, sum(f) AS f FROM (
-        SELECT tf.pos + o AS pos, tf.term, tf.f
+    SELECT cid, pos, term, sum(f) AS f FROM (
+        SELECT tf.cid, tf.pos + o AS pos, tf.term, tf.f
         FROM tf CROSS JOIN range(-{PASSAGE_TURNS}, {PASSAGE_TURNS} + 1) AS r(o) WHERE tf.asked
-    ) SEMI JOIN docs USING (pos) GROUP BY pos, term
+    ) SEMI JOIN docs USING (cid, pos) GROUP BY cid, pos, term
 ),
 pdf AS (SELECT term, count(*) AS df FROM ptf GROUP BY term),
 passages AS (
-    SELECT pos, sum({_idf("pdf.df")} * {_saturate("ptf.f")}) * {_BOOST} AS score
-    FROM ptf JOIN pdf USING (term) JOIN docs USING (pos) CROSS JOIN stats
-    GROUP BY pos, docs.role, docs.named_day
+    SELECT cid, pos, sum({_idf("pdf.df")} * {_saturate("ptf.f")}) * {_BOOST} AS score
+    FROM ptf JOIN pdf USING (term) JOIN docs USING (cid, pos) CROSS JOIN stats
+    GROUP BY cid, pos, docs.role, docs.named_day, docs.current
 ),
 fused AS (
-    SELECT pos, 1 / ({RRF_K} + row_number() OVER (ORDER BY score DESC, pos DESC)) AS s
+    SELECT cid, pos, 1 / ({RRF_K} + row_number() OVER (ORDER BY score DESC, cid DESC, pos DESC))
+        AS s
     FROM turns
     UNION ALL
-    SELECT pos, 1 / ({RRF_K} + row_number() OVER (
-        ORDER BY passages.score DESC, coalesce(turns.score, 0) DESC, pos DESC
+    SELECT cid, pos, 1 / ({RRF_K} + row_number() OVER (
+        ORDER BY passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC
     )) AS s
-    FROM passages LEFT JOIN turns USING (pos)
+    FROM passages LEFT JOIN turns USING (cid, pos)
 ),
 ranked AS (
-    SELECT fused.pos, sum(fused.s) AS s, any_value(coalesce(turns.score, 0)) AS own
-    FROM fused LEFT JOIN turns USING (pos) GROUP BY fused.pos
-    ORDER BY s DESC, own DESC, fused.pos DESC LIMIT {PRIOR_POOL}
+    SELECT fused.cid, fused.pos, sum(fused.s) AS s, any_value(coalesce(turns.score, 0)) AS own
+    FROM fused LEFT JOIN turns USING (cid, pos) GROUP BY fused.cid, fused.pos
+    ORDER BY s DESC, own DESC, fused.cid DESC, fused.pos DESC LIMIT {PRIOR_POOL}
 )
-SELECT ranked.pos,
+SELECT docs.id,
     ranked.s + {LENGTH_PRIOR} * ln(1 + docs.dl)
         - CASE WHEN regexp_matches(m.text, '[?]\\s*$') THEN {QUESTION_PENALTY} ELSE 0 END
         + CASE WHEN regexp_matches(m.text, $holds) THEN {ANSWER_BONUS} ELSE 0 END
@@ -224,8 +234,8 @@ SELECT ranked.pos,
             > len(regexp_extract_all(m.text, '{_SECOND_PERSON}')) THEN {SELF_BONUS} ELSE 0 END
         AS score,
     ranked.own
-FROM ranked JOIN docs USING (pos) JOIN messages m ON m.id = docs.id
-ORDER BY score DESC, ranked.own DESC, ranked.pos DESC LIMIT $limit
+FROM ranked JOIN docs USING (cid, pos) JOIN messages m ON m.id = docs.id
+ORDER BY score DESC, ranked.own DESC, ranked.cid DESC, ranked.pos DESC LIMIT $limit
 """
 
 
@@ -300,7 +310,8 @@ def search_before(
     terms: Sequence[str],
     limit: int = RECALL_TURNS,
 ) -> list[Turn]:
-    """The turns of `conversation` up to `last_seq` that best match `terms`, best first: BM25
+    """The turns of the log that best match `terms`, best first: those of `conversation` up to
+    `last_seq` (0: none of them) and those of every other conversation not kept private. BM25
     over turns and over passages, fused (see _SEARCH_SQL); the speaker asked for by a term
     "@user" or "@assistant", and the days asked for by terms "#first/until", are boosted."""
     roles = [t.removeprefix(_ROLE_PREFIX) for t in terms if t.startswith(_ROLE_PREFIX)]
@@ -308,7 +319,7 @@ def search_before(
     days = [d for d in days if d is not None][:MAX_DAY_RANGES]
     asks = [t.removeprefix(_ASKS_PREFIX) for t in terms if t.startswith(_ASKS_PREFIX)]
     terms = [t for t in terms if t and t[0] not in (_ROLE_PREFIX, _DAYS_PREFIX, _ASKS_PREFIX)]
-    if not terms or last_seq < 1 or limit < 1:
+    if not terms or limit < 1:
         return []
     role = roles[0] if len(roles) == 1 else None
     related = [t for t in terms if MIN_RELATED_CHARS <= len(t) <= MAX_RELATED_CHARS]
@@ -331,17 +342,20 @@ def search_before(
     ranked = con.execute(_search_sql(len(days), len(related)), params).fetchall()
     if not ranked:
         return []
-    seqs = [row[0] for row in ranked]
-    rows = con.execute(
-        f"{SELECT_TURNS} WHERE c.name = ? AND list_contains(?, m.seq)", [conversation, seqs]
-    ).fetchall()
-    by_seq = {row[2]: turn_of(row) for row in rows}
-    return [by_seq[s] for s in seqs if s in by_seq]
+    ids = [row[0] for row in ranked]
+    rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.id)", [ids]).fetchall()
+    by_id = {row[0]: turn_of(row) for row in rows}
+    return [by_id[i] for i in ids if i in by_id]
 
 
-def recall_line(turn: Turn) -> str:
-    """A recalled turn as one line, with its day: "- [8 May 2023] user: ..."."""
-    return f"- {day_marker(turn.created_at)} {turn.role}: {' '.join(turn.text.split())}"
+def recall_line(turn: Turn, conversation: str | None = None) -> str:
+    """A recalled turn as one line, with its day, and the name of its conversation if that is
+    not `conversation` (the one it is recalled into): "- [8 May 2023] user: ...",
+    "- [8 May 2023, in "travel"] user: ..."."""
+    day = day_marker(turn.created_at)
+    if conversation is not None and turn.conversation != conversation:
+        day = f'[{day_label(turn.created_at)}, in "{turn.conversation}"]'
+    return f"- {day} {turn.role}: {' '.join(turn.text.split())}"
 
 
 def recall_block(lines: Sequence[str], message: str) -> str:

@@ -389,8 +389,9 @@ def _snapshot(
 ) -> Snapshot:
     summary = latest_summary(con, conversation)
     recalled = []
-    if summary is not None and recall_terms:
-        recalled = search_before(con, conversation, summary.last_seq, recall_terms, recall_limit)
+    if recall_terms:
+        last_seq = summary.last_seq if summary is not None else 0
+        recalled = search_before(con, conversation, last_seq, recall_terms, recall_limit)
     return Snapshot(
         facts=all_facts(con),
         summary=summary,
@@ -424,9 +425,10 @@ def _extended(
     """`previous` with `turn` appended to its window, and the turns recalled for
     `recall_terms` searched afresh: what _snapshot would read if nothing else changed."""
     snap, summary = with_turn(previous, turn), previous.summary
-    if summary is None or not recall_terms:
+    if not recall_terms:
         return snap
-    recalled = search_before(con, turn.conversation, summary.last_seq, recall_terms, recall_limit)
+    last_seq = summary.last_seq if summary is not None else 0
+    recalled = search_before(con, turn.conversation, last_seq, recall_terms, recall_limit)
     return replace(snap, recalled=recalled)
 
 

@@ -27,6 +27,7 @@ class Conversation:
     name: str
     created_at: datetime
     message_count: int
+    private: bool = False  # kept out of recall in every other conversation
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Turn:
 SELECT_TURNS = """SELECT m.id, c.name, m.seq, m.role, m.text, m.created_at, m.token_count,
     m.interrupted, m.sampled_ids, m.sampled_by
     FROM messages m JOIN conversations c ON c.id = m.conversation_id"""
-_CONVERSATIONS = """SELECT c.id, c.name, c.created_at, count(m.id) FROM conversations c
+_CONVERSATIONS = """SELECT c.id, c.name, c.created_at, count(m.id), c.private FROM conversations c
     LEFT JOIN messages m ON m.conversation_id = c.id"""
 
 
@@ -96,6 +97,16 @@ class TurnLog(Database):
             row = con.execute(f"{_CONVERSATIONS} WHERE c.name = ? GROUP BY ALL", [name]).fetchone()
         if row is None:
             raise NotFoundError(f"no conversation named {name!r}")
+        return _conversation(row)
+
+    def set_private(self, name: str, private: bool = True, create: bool = False) -> Conversation:
+        """Keep a conversation out of recall in the others (or let it back in). With `create`,
+        a conversation not yet written to is created, so that its first turn is private."""
+        check_text(name, "conversation name", allow_empty=False)
+        with self.connect() as con:
+            cid = conversation_id(con, name, create=utc_now() if create else None)
+            con.execute("UPDATE conversations SET private = ? WHERE id = ?", [private, cid])
+            row = con.execute(f"{_CONVERSATIONS} WHERE c.id = ? GROUP BY ALL", [cid]).fetchone()
         return _conversation(row)
 
     def conversations(self) -> list[Conversation]:
@@ -239,4 +250,4 @@ def turn_of(row: tuple) -> Turn:
 
 
 def _conversation(row: tuple) -> Conversation:
-    return Conversation(row[0], row[1], as_utc(row[2]), row[3])
+    return Conversation(row[0], row[1], as_utc(row[2]), row[3], bool(row[4]))

@@ -70,6 +70,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", r"/v1/memory/facts/(\d{1,18})", memory_api.delete_fact),
     ("GET", r"/v1/memory/conversations", memory_api.list_conversations),
     ("GET", r"/v1/memory/conversations/([^/]+)", memory_api.show_conversation),
+    ("PATCH", r"/v1/memory/conversations/([^/]+)", memory_api.set_conversation),
     ("DELETE", r"/v1/memory/conversations/([^/]+)", memory_api.delete_conversation),
     ("DELETE", r"/v1/memory/turns/(\d{1,18})", memory_api.delete_turn),
     ("GET", r"/v1/memory/search", memory_api.search),

@@ -39,6 +39,15 @@ def list_conversations(req: Request) -> tuple[int, dict]:
     return 200, {**listing(Store().conversations()), "default": req.app.default_conversation}
 
 
+def set_conversation(req: Request, name: str) -> tuple[int, dict]:
+    """`{"private": true}` keeps the conversation out of recall in the others (as `history
+    private`); false lets it back in."""
+    private = req.json().get("private")
+    if not isinstance(private, bool):
+        raise ApiError(400, "give private as true or false", "invalid_value", "private")
+    return 200, as_record(Store().set_private(name, private))
+
+
 def show_conversation(req: Request, name: str) -> tuple[int, dict]:
     store = Store()
     store.conversation(name)  # an unknown name is a 404, not an empty list

@@ -272,7 +272,18 @@ async function loadConversations() {
     } }, c.name);
     const remove = el("button", { class: "delete" }, "delete");
     remove.addEventListener("click", () => confirmThen(remove, () => deleteConversation(c.name)));
-    return el("li", {}, open, el("span", { class: "count" }, `${c.message_count} turns`), remove);
+    // A private conversation is never recalled into another; a click toggles it.
+    const privacy = el("button", { class: "private", title: c.private
+      ? "kept out of recall in other conversations: click to let it back in"
+      : "recalled in other conversations: click to keep it out" },
+      c.private ? "private" : "shared");
+    privacy.addEventListener("click", async () => {
+      await api("PATCH", `/v1/memory/conversations/${encodeURIComponent(c.name)}`,
+        { private: !c.private });
+      loadConversations();
+    });
+    return el("li", {}, open, el("span", { class: "count" }, `${c.message_count} turns`),
+      privacy, remove);
   }));
 }
 
