@@ -5,11 +5,16 @@ question (categories 1-4) whose evidence lies before the window, recall's search
 turns before the window against the question as the eval asks it.
 
     python benchmarks/recall_retrieval.py [--window 60] [--data DIR] [--json] [--scale N]
+        [--conversation-per-session]
 
 The window's edge is `--window` messages before the end (the eval's runs with a 4,096-token
 budget left 40 to 70 messages verbatim). A question counts as found at k when one of its
 evidence turns is among the first k results; found at 4 is the figure tracked across versions;
 recall puts up to RECALL_TURNS (6) in the prompt, as many as fit its share.
+With `--conversation-per-session`, each session is logged as a conversation of its own (as a
+companion app opens a new chat each day), and each question is searched across all of them
+from a new conversation, as a person asks it in a new chat the next day: every evidence turn
+counts, none is in a window.
 Figures are the same for any model: they bound what recall can give a 3B model. `--scale N`
 also times the search over one conversation of N messages (the first conversation's turns
 repeated): the median over its first 20 questions, connection open included, as a turn pays it.
@@ -30,6 +35,7 @@ from mlxmem.eval.locomo import (
     exchanges,
     load_conversation,
     probe_text,
+    sessions_apart,
 )
 from mlxmem.memory.recall import RECALL_TURNS, query_terms, search_before
 from mlxmem.memory.store import Store
@@ -38,6 +44,7 @@ from mlxmem.memory.turns import insert_turn
 
 DEPTHS = tuple(sorted({1, 4, RECALL_TURNS, 10}))
 SCALE_QUESTIONS = 20  # timed at --scale
+NEW_CHAT = "questions"  # the conversation a question is asked in: new, never logged
 
 
 def conversation_ids(data: Path) -> list[str]:
@@ -64,6 +71,41 @@ def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
             found = search_before(con, cid, edge, terms, max(DEPTHS))
             seconds = time.perf_counter() - start
             ranks = [r for r, t in enumerate(found, 1) if t.seq in evidence]
+            rows.append(
+                {
+                    "conversation": cid,
+                    "category": CATEGORIES[q.category],
+                    "rank": ranks[0] if ranks else None,
+                    "seconds": seconds,
+                }
+            )
+    return rows
+
+
+def measure_per_session(data: Path, cid: str, store_dir: Path) -> list[dict]:
+    conv = load_conversation(data, cid)
+    store = Store(store_dir / f"{cid}-sessions.duckdb")
+    where: dict[str, tuple[str, int]] = {}  # dialogue id -> (conversation, seq)
+    with store.connect() as con:
+        for name, session in sessions_apart(conv):
+            pairs, seq_of = exchanges(session)
+            where |= {dia: (name, seq) for dia, seq in seq_of.items()}
+            for (user, reply), (asked, answered) in zip(
+                pairs, exchange_times(session), strict=True
+            ):
+                insert_turn(con, name, "user", user, at=asked)
+                insert_turn(con, name, "assistant", reply, at=answered)
+    rows = []
+    with store.connect() as con:
+        for q in conv.questions:
+            evidence = {where[e] for e in q.evidence if e in where}
+            if q.category not in SCORED or not evidence:
+                continue
+            terms = query_terms(probe_text(conv, q))
+            start = time.perf_counter()
+            found = search_before(con, NEW_CHAT, 0, terms, max(DEPTHS))
+            seconds = time.perf_counter() - start
+            ranks = [r for r, t in enumerate(found, 1) if (t.conversation, t.seq) in evidence]
             rows.append(
                 {
                     "conversation": cid,
@@ -121,16 +163,25 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--scale", type=int, default=0, help="Also time a log of N messages.")
+    parser.add_argument(
+        "--conversation-per-session",
+        action="store_true",
+        help="Log each session as its own conversation; search all of them from a new one.",
+    )
     args = parser.parse_args()
     data = args.data or default_data_dir()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="mlxmem-recall-") as tmp:
         for cid in conversation_ids(data):
-            rows += measure(data, cid, args.window, Path(tmp))
+            if args.conversation_per_session:
+                rows += measure_per_session(data, cid, Path(tmp))
+            else:
+                rows += measure(data, cid, args.window, Path(tmp))
         first = conversation_ids(data)[0]
         at_scale = time_at_scale(data, first, args.scale, Path(tmp)) if args.scale else 0.0
     result = {
-        "window": args.window,
+        "mode": "conversation_per_session" if args.conversation_per_session else "one_conversation",
+        "window": None if args.conversation_per_session else args.window,
         "conversations": conversation_ids(data),
         "by_category": summarize(rows),
         "search_ms_mean": 1000 * sum(r["seconds"] for r in rows) / max(len(rows), 1),
@@ -141,7 +192,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{len(rows)} questions with evidence before the window ({args.window} messages)")
+    if args.conversation_per_session:
+        print(f"{len(rows)} questions, each session its own conversation, asked in a new one")
+    else:
+        print(f"{len(rows)} questions with evidence before the window ({args.window} messages)")
     for name, s in result["by_category"].items():
         cells = "  ".join(f"@{k} {s[f'found_at_{k}']:.0%}" for k in DEPTHS)
         print(f"{name:>12} n={s['questions']:<4} {cells}")

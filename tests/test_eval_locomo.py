@@ -21,14 +21,15 @@ PLACES = ["Lisbon", "Oslo", "Kyoto", "Quito", "Hanoi", "Dakar"]
 FRIENDS = ["Ana", "Bruno", "Chiara", "Dmitri", "Esther", "Farid"]
 
 
-def write_dataset(root: Path, sessions: int = 6, chatter: int = 8) -> Path:
-    """A LoCoMo-shaped conversation: in session k the user went to PLACES[k] with FRIENDS[k];
-    questions ask where the user went with each friend, plus one adversarial question."""
+def write_dataset(root: Path, sessions: int = 6, chatter: int = 8, coda: str = "") -> Path:
+    """A LoCoMo-shaped conversation: in session k the user went to PLACES[k] with FRIENDS[k]
+    (`coda` after it); questions ask where the user went with each friend, plus one
+    adversarial question."""
     turns, qa = [], []
     for s in range(1, sessions + 1):
         time = f"10:00 am on {s} May, 2023"
         place, friend = PLACES[(s - 1) % len(PLACES)], FRIENDS[(s - 1) % len(FRIENDS)]
-        lines = [("user", f"Last weekend I went to {place} with my friend {friend}.")]
+        lines = [("user", f"Last weekend I went to {place} with my friend {friend}.{coda}")]
         lines += [("assistant", f"How lovely! What did you like most about {place}?")]
         for i in range(chatter):
             lines.append(("user", f"We ate noodles and walked a lot, day {i} was sunny."))
@@ -295,3 +296,61 @@ def test_cli_eval_locomo_on_the_tiny_model(tmp_path):
     newest = history(kind="eval")[0]
     assert newest.results["settings"]["answers"] is False
     assert newest.results["oracle"]["evidence_in_prompt"]["overall"]["mean"] == 1.0
+    out = cli(
+        "eval", "locomo", "--data", str(data), "--limit", "2", "--context-tokens", "1024",
+        "-M", "tiny", "--conversation-per-session", "--no-answers",
+    )  # fmt: skip
+    assert "facts" in out.stdout and "window" not in out.stdout  # its own configurations
+    assert "2 conversations" in out.stderr
+    newest = history(kind="eval")[0]
+    assert newest.results["configs"] == list(ev.PER_SESSION_CONFIGS)
+    assert newest.results["recall"]["evidence_in_prompt"]["overall"]["mean"] == 1.0
+
+
+def extracting_reader(prompt: str) -> str:
+    """`reader` that also reads the trips in facts, and as the fact extractor, the trip of a
+    message that tells one."""
+    if "durable facts about the user" in prompt:
+        trip = re.search(r"went to (\w+) with my friend (\w+)", prompt)
+        return f"Jon went to {trip.group(1)} with {trip.group(2)}." if trip else "NONE"
+    asked = re.search(r"Question: Where did Jon go with (\w+)\?", prompt)
+    told = asked and re.findall(rf"went to (\w+) with (?:my friend )?{asked.group(1)}", prompt)
+    return told[-1] if told else reader(prompt)
+
+
+def test_each_session_its_own_conversation_and_the_questions_in_a_new_one(tmp_path):
+    data = write_dataset(tmp_path, sessions=4, chatter=3, coda=" It was the best trip all year.")
+    engine = FakeEngine(extracting_reader)
+    result = ev.run_locomo(engine, data, ["conv-1"], 2200, 120, per_session=True).to_dict()
+    assert result["configs"] == list(ev.PER_SESSION_CONFIGS)
+    assert result["settings"]["mode"] == "conversation_per_session"
+    assert result["settings"]["facts"] is True  # extraction is on, as in a chat
+    layers = result["layers"]["conv-1"]
+    assert layers["conversations"] == 4 and layers["facts"]["kept"] == 4, layers
+    reached = {c: result[c]["evidence_in_prompt"]["overall"]["mean"] for c in result["configs"]}
+    # A new chat: no turn of the log is in it, unless recall brings it from the sessions.
+    assert reached == {"no_memory": 0.0, "facts": 0.0, "recall": 1.0, "oracle": 1.0}
+    answered = {c: result[c]["answer_in_prompt"]["overall"]["mean"] for c in result["configs"]}
+    assert answered["facts"] == 1.0 and answered["no_memory"] == 0.0  # the facts tell the trips
+    assert result["facts_in_prompt_mean"] == 4 and result["facts_with_answer_word_mean"] == 1
+    f1 = {c: result[c]["f1"]["overall"]["mean"] for c in result["configs"]}
+    assert f1["no_memory"] == 0.0 and f1["recall"] == 1.0 and f1["oracle"] == 1.0
+    assert result["recall_vs_facts"]["n"] == 4 and result["facts_vs_no_memory"]["mean"] > 0
+    items = result["conversations"][0]["items"]
+    assert all(i["recall"]["evidence_recalled"] == 1 for i in items if i["category"] == 4)
+    # The questions were asked in a conversation that was never logged, and every session
+    # was replayed on its own slot.
+    slots = {c.slot for c in engine.calls}
+    assert {f"session {n:02d}/chat" for n in range(1, 5)} <= slots
+    assert "questions/chat" not in slots
+
+
+def test_per_session_without_answers_measures_the_prompts_only(tmp_path):
+    data = write_dataset(tmp_path, sessions=2, chatter=2)
+    engine = FakeEngine(extracting_reader)
+    result = ev.run_locomo(
+        engine, data, ["conv-1"], 2200, 120, per_session=True, answers=False
+    ).to_dict()
+    assert result["recall"]["evidence_in_prompt"]["overall"]["mean"] == 1.0
+    assert result["recall"]["f1"]["overall"]["n"] == 0
+    assert not [c for c in engine.calls if c.slot.startswith("probe/")]

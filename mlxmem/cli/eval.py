@@ -72,6 +72,13 @@ def locomo(
         help="Replay only the first N sessions of each conversation and ask only the questions "
         "whose evidence lies in them (for slow models; the same replay up to there).",
     ),
+    per_session: bool = typer.Option(
+        False,
+        "--conversation-per-session",
+        help="Log each session as a conversation of its own (as a companion app opens a new "
+        "chat each day), with fact extraction on, and ask the questions in a new "
+        "conversation: configurations no_memory, facts, recall (across conversations), oracle.",
+    ),
     plot: Path = PLOT,
     seed: int = SEED,
     db: Path = DB,
@@ -102,6 +109,7 @@ def locomo(
                 progress=progress,
                 answers=answers,
                 sessions=sessions,
+                per_session=per_session,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
@@ -148,7 +156,7 @@ def _tables(results: dict, label: str) -> None:
     reached.add_column("config")
     for g in groups:
         reached.add_column(f"{g} (n={results['no_memory']['evidence_in_prompt'][g]['n']})")
-    for config in ev.CONFIGS:
+    for config in _configs(results):
         for metric, name in (("evidence_in_prompt", "evidence"), ("answer_in_prompt", "answer")):
             reached.add_row(
                 f"{config} {name}", *(_cell(results[config][metric][g]) for g in groups)
@@ -157,6 +165,7 @@ def _tables(results: dict, label: str) -> None:
     if results["settings"].get("answers", True):
         _f1_tables(results, label, groups)
     _layer_lines(results)
+    _facts_line(results)
 
 
 def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
@@ -164,7 +173,7 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
     table.add_column("config")
     for g in groups:
         table.add_column(f"{g} (n={results['no_memory']['f1'][g]['n']})", justify="right")
-    for config in ev.CONFIGS:
+    for config in _configs(results):
         table.add_row(
             config,
             *(_cell(results[config]["f1"][g], results[config]["exact"][g]) for g in groups),
@@ -172,12 +181,12 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
     out().print(table)
     per = Table(title="overall F1 per conversation (categories 1-4)")
     per.add_column("conversation")
-    for config in ev.CONFIGS:
+    for config in _configs(results):
         per.add_column(config, justify="right")
     for cid, row in results["per_conversation"].items():
-        per.add_row(cid, *(_cell(row[c]) for c in ev.CONFIGS))
+        per.add_row(cid, *(_cell(row[c]) for c in _configs(results)))
     out().print(per)
-    for key in ("recall_vs_mlxmem", "recall_vs_window", "oracle_vs_no_memory"):
+    for key in DIFFERENCES:
         d = results.get(key)
         if d is None:  # a run stored before this difference was recorded
             continue
@@ -185,7 +194,7 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
             ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
             verdict = "beats" if d["beats"] else "does not beat (interval includes 0 or below)"
             err.print(f"{key}: F1 difference {d['mean']:+.3f}{ci}, n={d['n']}: {verdict}")
-    for group, ev_ in results["evicted_evidence"].items():
+    for group, ev_ in results.get("evicted_evidence", {}).items():
         if ev_["questions"]:
             d = ev_["recall_vs_mlxmem"]
             err.print(
@@ -195,8 +204,39 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
             )
 
 
+DIFFERENCES = (
+    "recall_vs_mlxmem",
+    "recall_vs_window",
+    "facts_vs_no_memory",
+    "recall_vs_facts",
+    "oracle_vs_no_memory",
+)
+
+
+def _facts_line(results: dict) -> None:
+    if results.get("facts_in_prompt_mean") is not None:
+        err.print(
+            f"facts in a new chat's prompt: {results['facts_in_prompt_mean']:.1f} on average, "
+            f"{results['facts_with_answer_word_mean']:.2f} of them holding a word of the answer",
+            markup=False,
+        )
+
+
+def _configs(results: dict) -> list[str]:
+    return results.get("configs", list(ev.CONFIGS))  # a run stored before configs were named
+
+
 def _layer_lines(results: dict) -> None:
     for cid, layers in results["layers"].items():
+        if "summaries" not in layers:  # each session its own conversation
+            f = layers["facts"]
+            err.print(
+                f"{cid}: {layers['messages']} messages in {layers['conversations']} "
+                f"conversations, {f['kept']} facts kept ({_num(f['per_100_messages'])} per 100 "
+                "messages)",
+                markup=False,
+            )
+            continue
         s, e = layers["summaries"], layers["entity_survival"]
         share = "-" if e["share"] is None else f"{e['share']:.0%}"
         err.print(

@@ -51,6 +51,12 @@ from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.window import as_messages
 
 CONFIGS = ("no_memory", "window", "mlxmem", "recall", "oracle")
+# With each session its own conversation (run_locomo's per_session), the questions are asked
+# in a new conversation: what a new chat gets without memory, with the facts (instructions +
+# facts: the prompt of a new chat), with the facts and recall across conversations, and the
+# oracle.
+PER_SESSION_CONFIGS = ("no_memory", "facts", "recall", "oracle")
+NEW_CHAT = "questions"  # where the per-session questions are asked: never logged
 # Per item and configuration; aggregated alike (None: not measured, e.g. no answer generated).
 METRICS = ("f1", "exact", "evidence_in_prompt", "answer_in_prompt")
 # Verified against the files (qa/*.qa.json): 1 has several evidence turns per question (96%),
@@ -219,6 +225,21 @@ def exchanges(conv: LocomoConversation) -> tuple[list[tuple[str, str]], dict[str
     return pairs, seq_of
 
 
+def sessions_apart(conv: LocomoConversation) -> list[tuple[str, LocomoConversation]]:
+    """Each session as a conversation of its own, as a companion app opens a new chat each
+    day: (the mlxmem conversation's name, the session alone), in order. `exchanges` and
+    `exchange_times` of each give what to log in it."""
+    numbers = sorted({t["session"] for t in conv.turns})
+    return [
+        (session_name(n), replace(conv, turns=[t for t in conv.turns if t["session"] == n]))
+        for n in numbers
+    ]
+
+
+def session_name(number: int) -> str:
+    return f"session {number:02d}"
+
+
 def exchange_times(conv: LocomoConversation) -> list[tuple[datetime | None, datetime | None]]:
     """When each exchange's message and reply were written: their sessions' times."""
     merged = transcript(conv)
@@ -273,12 +294,12 @@ def bootstrap_ci(values: Sequence[float], seed: int = 0) -> list[float] | None:
     return [means[int(0.025 * BOOTSTRAP_SAMPLES)], means[int(0.975 * BOOTSTRAP_SAMPLES) - 1]]
 
 
-def aggregate(items: Sequence[dict], seed: int = 0) -> dict:
+def aggregate(items: Sequence[dict], seed: int = 0, configs: Sequence[str] = CONFIGS) -> dict:
     """Per configuration: each of METRICS per category and overall (categories 1-4), each
     {mean, ci, n}; items that did not measure a metric (None, or from before it existed) are
     left out of it."""
     out: dict = {}
-    for config in CONFIGS:
+    for config in configs:
         table: dict = {}
         for metric in METRICS:
 
@@ -471,6 +492,30 @@ def probe(
         )
         prompts[config] = session.context(text, at=log.last_at)  # asked after the last session
     prompts["oracle"] = oracle_prompt(companion, conv, question, text)
+    item = scored(engine, conv, question, text, prompts, answers, {"recall": "mlxmem"})
+    recalled = prompts["recall"].recalled
+    evidence = sorted(log.seq_of[e] for e in question.evidence if e in log.seq_of)
+    item["evidence_seqs"] = evidence
+    item["evicted_upto"] = log.evicted_upto
+    item["recall"]["recalled"] = recalled
+    item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
+    recalled_seqs = {log.seq_of_id[i] for i in recalled if i in log.seq_of_id}
+    item["recall"]["evidence_recalled"] = len(recalled_seqs.intersection(evidence))
+    return item
+
+
+def scored(
+    engine: Engine,
+    conv: LocomoConversation,
+    question: Question,
+    text: str,
+    prompts: dict[str, AssembledPrompt],
+    answers: bool,
+    shared_slots: dict[str, str],
+) -> dict:
+    """The item of one question: for each configuration's prompt, what reached it and (with
+    `answers`) the model's answer and its scores. Each configuration answers on a KV slot of
+    its own (a config named in `shared_slots` uses that config's: its prompt extends it)."""
     item = {
         "question": question.question,
         "answer": question.answer,
@@ -478,7 +523,7 @@ def probe(
         "evidence": list(question.evidence),
     }
     for config, prompt in prompts.items():
-        slot = "probe/mlxmem" if config == "recall" else f"probe/{config}"
+        slot = f"probe/{shared_slots.get(config, config)}"
         answer, f1, exact = None, None, None
         if answers:
             answer = ask(engine, prompt.tokens, slot)
@@ -492,14 +537,48 @@ def probe(
             "answer_in_prompt": answer_in_prompt(question, shown),
             "prompt_tokens": len(prompt.tokens),
         }
-    recalled = prompts["recall"].recalled
-    evidence = sorted(log.seq_of[e] for e in question.evidence if e in log.seq_of)
-    item["evidence_seqs"] = evidence
-    item["evicted_upto"] = log.evicted_upto
-    item["recall"]["recalled"] = recalled
+    return item
+
+
+def probe_new_chat(
+    engine: Engine,
+    store: Store,
+    conv: LocomoConversation,
+    question: Question,
+    budget: tuple[int, int],
+    at: datetime | None,
+    answers: bool = True,
+) -> dict:
+    """One question asked in a new conversation (NEW_CHAT, never logged) after every session
+    was logged as a conversation of its own, under PER_SESSION_CONFIGS. `budget`: the context
+    budget and response reserve; `at`: when it is asked (after the last session). The item
+    also says how many facts the `facts` prompt held and how many of them hold a content word
+    of the gold answer, and which turns recall brought (`recalled`, by message id)."""
+    text = probe_text(conv, question)
+
+    def new_chat(recall: bool) -> Companion:
+        settings = ChatSettings(temp=0.0, seed=0, extract_facts=False, recall=recall)
+        return Companion(engine, store, NEW_CHAT, *budget, settings)
+
+    chat = new_chat(recall=False)
+    prompts = {
+        "no_memory": chat.budget.assemble(
+            chat.settings.instructions, [], None, [Message("user", text)]
+        ),
+        "facts": chat.context(text, at=at),
+        "recall": new_chat(recall=True).context(text, at=at),
+        "oracle": oracle_prompt(chat, conv, question, text),
+    }
+    item = scored(engine, conv, question, text, prompts, answers, {"recall": "facts"})
+    shown = prompt_text(prompts["facts"], text)
+    in_prompt = [f.text for f in store.facts() if f.text in shown]
+    words = set(answer_words(question))
+    item["facts"]["facts_in_prompt"] = len(in_prompt)
+    item["facts"]["facts_with_answer_word"] = sum(
+        bool(words & set(normalize_answer(f).split())) for f in in_prompt
+    )
+    item["recall"]["recalled"] = prompts["recall"].recalled
     item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
-    recalled_seqs = {log.seq_of_id[i] for i in recalled if i in log.seq_of_id}
-    item["recall"]["evidence_recalled"] = len(recalled_seqs.intersection(evidence))
     return item
 
 
@@ -564,9 +643,12 @@ class EvalResult:
         return [i for c in self.conversations for i in c["items"]]
 
     def to_dict(self) -> dict:
+        if self.settings.get("mode") == "conversation_per_session":
+            return self._per_session_dict()
         seed = self.settings.get("seed", 0)
         scores = aggregate(self.items, seed)
         return {
+            "configs": list(CONFIGS),
             "kind": "eval",
             "settings": self.settings,
             **scores,
@@ -585,6 +667,37 @@ class EvalResult:
             "conversations": self.conversations,
         }
 
+    def _per_session_dict(self) -> dict:
+        seed, items = self.settings.get("seed", 0), self.items
+        scores = aggregate(items, seed, PER_SESSION_CONFIGS)
+        facts = [i["facts"] for i in items if i["category"] in SCORED]
+        return {
+            "kind": "eval",
+            "configs": list(PER_SESSION_CONFIGS),
+            "settings": self.settings,
+            **scores,
+            "facts_vs_no_memory": paired_difference(items, "facts", "no_memory", seed),
+            "recall_vs_facts": paired_difference(items, "recall", "facts", seed),
+            "oracle_vs_no_memory": paired_difference(items, "oracle", "no_memory", seed),
+            "facts_in_prompt_mean": _mean([f["facts_in_prompt"] for f in facts]),
+            "facts_with_answer_word_mean": _mean([f["facts_with_answer_word"] for f in facts]),
+            "per_conversation": {
+                c["id"]: {
+                    config: aggregate(c["items"], seed, PER_SESSION_CONFIGS)[config]["f1"][
+                        "overall"
+                    ]
+                    for config in PER_SESSION_CONFIGS
+                }
+                for c in self.conversations
+            },
+            "layers": {c["id"]: c["layers"] for c in self.conversations},
+            "conversations": self.conversations,
+        }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
 
 def run_locomo(
     engine: Engine,
@@ -599,19 +712,23 @@ def run_locomo(
     progress: Progress = no_progress,
     answers: bool = True,
     sessions: int | None = None,
+    per_session: bool = False,
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each);
     without `answers`, only assemble their prompts and measure what reached them. With
     `sessions`, only the first that many sessions of each and their questions
-    (`first_sessions`)."""
+    (`first_sessions`). With `per_session`, each session is logged as a conversation of its
+    own, with fact extraction on as in a chat, and the questions are asked in a new
+    conversation (PER_SESSION_CONFIGS); `facts` is then always on."""
     settings = {
+        "mode": "conversation_per_session" if per_session else "one_conversation",
         "data": str(data),
         "conversations": list(conversation_ids),
         "limit": limit,
         "sessions": sessions,
         "context_tokens": context_tokens,
         "response_reserve": response_reserve,
-        "facts": facts,
+        "facts": facts or per_session,
         "answers": answers,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
@@ -621,11 +738,15 @@ def run_locomo(
     result = EvalResult(settings)
     convs = [first_sessions(load_conversation(data, cid), sessions) for cid in conversation_ids]
     for conv in convs:
-        result.conversations.append(
-            _run_one(
+        if per_session:
+            one = _run_per_session(
+                engine, conv, (context_tokens, response_reserve), limit, progress, answers
+            )
+        else:
+            one = _run_one(
                 engine, conv, context_tokens, response_reserve, limit, facts, progress, answers
             )
-        )
+        result.conversations.append(one)
     return result
 
 
@@ -667,6 +788,55 @@ def _run_one(
     layers["replay_seconds"] = replay_s
     layers["probe_seconds"] = time.perf_counter() - start - replay_s
     return {"id": conv.id, "exchanges": len(pairs), "items": items, "layers": layers}
+
+
+def _run_per_session(engine, conv, budget, limit, progress, answers) -> dict:
+    sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
+    questions = pick_questions(conv.questions, limit)
+    messages = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
+    total = messages // 2 + len(questions)
+    start, done, added, outcomes, last_at = time.perf_counter(), 0, 0, Counter(), None
+    with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
+        store = Store(Path(tmp) / "eval.duckdb")
+        settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
+        where = {}  # dialogue id -> logged message id
+        for name, _, pairs, seq_of, times in sessions:
+            companion = ReplayCompanion(engine, store, name, *budget, settings)
+            for i, (user, reply) in enumerate(pairs):
+                progress(f"{conv.id} {name} replay {i + 1}/{len(pairs)}", done, total)
+                added += replay_turn(companion, user, reply, times[i]).fact_added is not None
+                done += 1
+            outcomes.update(companion.extractor.outcomes)
+            engine.drop_slot(companion.slot)
+            ids = {t.seq: t.id for t in store.turns(name)}
+            where |= {dia: ids[seq] for dia, seq in seq_of.items() if seq in ids}
+            last_at = times[-1][1] if times else last_at
+        replay_s = time.perf_counter() - start
+        items = []
+        for j, question in enumerate(questions):
+            progress(f"{conv.id} question {j + 1}/{len(questions)}", done + j, total)
+            item = probe_new_chat(engine, store, conv, question, budget, last_at, answers)
+            evidence = {where[e] for e in question.evidence if e in where}
+            item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
+            items.append(item)
+        kept = store.facts()
+        for config in PER_SESSION_CONFIGS:
+            engine.drop_slot(f"probe/{config}")
+    layers = {
+        "messages": messages,
+        "conversations": len(sessions),
+        "facts": {
+            "extraction": "on",
+            "added": added,
+            "kept": len(kept),
+            "per_100_messages": 100 * added / messages if messages else None,
+            "outcomes": dict(outcomes),
+            "texts": [f.text for f in kept],
+        },
+        "replay_seconds": replay_s,
+        "probe_seconds": time.perf_counter() - start - replay_s,
+    }
+    return {"id": conv.id, "exchanges": messages // 2, "items": items, "layers": layers}
 
 
 def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
