@@ -405,12 +405,19 @@ def test_bench_scale_builds_logs_and_times_the_store(tmp_path):
 def test_scale_log_has_the_asked_size_and_one_needle(tmp_path):
     from mlxmem.bench.scale import NEEDLE, SCALE_FACTS, build_log
 
-    store = build_log(tmp_path / "log.duckdb", 1000)
+    store = build_log(tmp_path / "log.duckdb", 1000, conversations=1)
     assert store.conversation("default").message_count == 1000
     assert len(store.facts()) == SCALE_FACTS
     assert [t.seq for t in store.search(NEEDLE)] == [3]
     # The window is the newest turns only: a turn reads what follows the summary.
     assert len(store.snapshot("default").turns) == 20
+    # Spread over conversations, the newest being the one chatted in.
+    spread = build_log(tmp_path / "spread.duckdb", 1000, conversations=10)
+    conversations = spread.conversations()
+    assert len(conversations) == 10 and conversations[-1].name == "default"
+    assert sum(c.message_count for c in conversations) == 1000
+    assert len(spread.search(NEEDLE)) == 1
+    assert len(spread.snapshot("default").turns) == 20
 
 
 def test_a_run_records_the_commit_it_ran_from(tmp_path):

@@ -130,6 +130,7 @@ def plot_scale(result: ScaleResult, path: str | Path, title: str = "") -> Path:
 
 SCALE_SERIES = (
     ("turn_overhead_ms", "a turn without the model"),
+    ("recall_ms", "a turn's recall (store read, open included)"),
     ("search_s", "history search"),
     ("memory_list_s", "memory list"),
     ("memory_rm_s", "memory rm (one fact)"),

@@ -1,8 +1,12 @@
 """`mlxmem bench scale`: what a long-lived log costs. For each size, a data directory with that
-many messages (ten years of daily chats in one conversation, all but the newest turns folded
-into a summary) and 300 facts, built with bulk SQL; then the operations a person runs, timed:
+many messages (ten years of daily chats in `conversations` conversations, 1,000 by default)
+and 300 facts, built with bulk SQL; then the operations a person runs, timed:
 
 - turn_overhead_ms: a turn without the model (Companion.begin and finish on the fake engine);
+- recall_ms: a turn's read of the store when its message reaches back in time (Store.snapshot
+  with the question's recall terms: the file opened, facts, summary and window read, and
+  recall's search over every conversation's turns), for RECALL_QUESTION, whose words are the
+  log's own (common ones, and NEEDLE);
 - search_s: `mlxmem history search`; memory_list_s: `mlxmem memory list`;
 - memory_rm_s: `mlxmem memory rm`: mentions_s (the search for turns quoting the fact) plus
   fact_erase_s (erasing one fact for good);
@@ -11,6 +15,14 @@ into a summary) and 300 facts, built with bulk SQL; then the operations a person
   sync_noop_s: a sync with nothing new; sync_one_new_s: a sync that merges one new turn from
   another device (its file arrives as a sync tool would bring it); sync_own_new_s: a sync
   that writes one new turn of this device; sync_folder_bytes: the folder's size after them.
+
+The conversation chatted in (SCALE_CONVERSATION) is the newest, with CURRENT_TURNS of the
+messages or an equal share if that is more, all but its newest SCALE_WINDOW_TURNS folded into a
+summary; the other conversations share the rest evenly. So at every size the turn reads a
+summary and a full window (as with one conversation of the whole log, `--conversations 1`, the
+layout of runs before the option), while search, mentions, erases and sync read the whole log
+whatever the layout, and recall searches every conversation, as it does in a long-lived data
+directory.
 
 No model runs: the figures are the store's, which a ten-year log must not slow down.
 """
@@ -31,6 +43,7 @@ from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, no_progress
 from mlxmem.bench.synth import ACTIVITIES, FEELINGS, PEOPLE, PLACES
 from mlxmem.engine import GenerationStats
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.recall import query_terms
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import index_missing
 from mlxmem.sync.run import sync
@@ -42,12 +55,19 @@ MAX_SCALE_TRIALS = 100  # each trial erases one fact and one turn of the window
 MIN_SCALE_SIZE = 1000
 SCALE_FACTS = 300
 SCALE_CONVERSATION = "default"
+# Conversations in the log: the goal's layout (a recall search over 1,000,000 messages in 1,000
+# conversations). The conversation chatted in keeps a summary and a full window whatever it is.
+DEFAULT_SCALE_CONVERSATIONS = 1000
+CURRENT_TURNS = 100  # the conversation chatted in has at least this many turns
 SCALE_WINDOW_TURNS = 20  # turns after the summary: the verbatim window
 SCALE_CONTEXT_TOKENS = 4096
 YEARS = 10
 # A word no synthetic message contains but one old message: what a search looks for.
 NEEDLE = "quokka"
 NEEDLE_ID = 3
+# What recall_ms searches for: NEEDLE and words of the synthetic phrases, each in about one
+# message in seven ("went" in one in four), as a name or place is in a log it was said often in.
+RECALL_QUESTION = f"Remember the {NEEDLE} Anna and I saw at the lake when I went swimming?"
 
 
 @dataclass
@@ -87,21 +107,31 @@ def run_scale(
     trials: int = DEFAULT_SCALE_TRIALS,
     seed: int = DEFAULT_BENCH_SEED,
     progress: Progress = no_progress,
+    conversations: int = DEFAULT_SCALE_CONVERSATIONS,
 ) -> ScaleResult:
-    settings = {"sizes": list(sizes), "trials": trials, "facts": SCALE_FACTS, "seed": seed}
+    settings = {
+        "sizes": list(sizes),
+        "trials": trials,
+        "facts": SCALE_FACTS,
+        "seed": seed,
+        "conversations": conversations,
+        "recall_question": RECALL_QUESTION,
+    }
     results = []
     for i, size in enumerate(sizes):
         progress(f"{size:,} messages", i, len(sizes))
         with tempfile.TemporaryDirectory(prefix="mlxmem-bench-scale-") as tmp:
-            results.append(_measure(Path(tmp), size, trials, seed))
+            results.append(_measure(Path(tmp), size, trials, seed, conversations))
     progress("done", len(sizes), len(sizes))
     return ScaleResult(results, settings)
 
 
-def _measure(home: Path, size: int, trials: int, seed: int) -> SizeResult:
+def _measure(home: Path, size: int, trials: int, seed: int, conversations: int) -> SizeResult:
     start = time.perf_counter()
-    store = build_log(home / "mlxmem.duckdb", size, seed)
+    store = build_log(home / "mlxmem.duckdb", size, seed, conversations)
     build_s = time.perf_counter() - start
+    layout = log_layout(size, conversations)
+    recall_terms = query_terms(RECALL_QUESTION)
     times: dict[str, list[float]] = {}
     engine = FakeEngine()
     settings = ChatSettings(extract_facts=False, recall=False)
@@ -111,6 +141,9 @@ def _measure(home: Path, size: int, trials: int, seed: int) -> SizeResult:
         text = f"Trial {i}: a quiet evening."
         _time(times, "turn_overhead_ms", lambda: _turn(companion, text))  # noqa: B023
         times["turn_overhead_ms"][-1] *= 1e3
+        # As Companion.begin reads it for a message about the past: one open of the file.
+        _time(times, "recall_ms", lambda: store.snapshot(SCALE_CONVERSATION, recall_terms))
+        times["recall_ms"][-1] *= 1e3
         _time(times, "search_s", lambda: store.search(NEEDLE))
         _time(times, "memory_list_s", store.facts)
         fact = store.facts()[i]
@@ -124,7 +157,8 @@ def _measure(home: Path, size: int, trials: int, seed: int) -> SizeResult:
         _time(times, "history_rm_s", lambda: store.delete_turns([size - i]))  # noqa: B023
     db_bytes = sum(p.stat().st_size for p in home.iterdir() if p.is_file())
     folder_bytes = _measure_sync(home, store, trials, times)
-    return SizeResult(size, db_bytes, build_s, times, {"sync_folder_bytes": folder_bytes})
+    extra = {"conversations": len(layout), "sync_folder_bytes": folder_bytes}
+    return SizeResult(size, db_bytes, build_s, times, extra)
 
 
 def _measure_sync(home: Path, store: Store, trials: int, times: dict[str, list[float]]) -> int:
@@ -161,20 +195,56 @@ def _time(times: dict[str, list[float]], name: str, action: Callable[[], Any]) -
     times.setdefault(name, []).append(time.perf_counter() - start)
 
 
-def build_log(path: Path, messages: int, seed: int = DEFAULT_BENCH_SEED) -> Store:
-    """A store with `messages` turns over ten years in one conversation (alternating user and
-    assistant), a summary covering all but the newest SCALE_WINDOW_TURNS, and SCALE_FACTS facts;
-    written with a few bulk SQL statements. Message `NEEDLE_ID` alone holds NEEDLE."""
+def log_layout(messages: int, conversations: int) -> list[tuple[str, int]]:
+    """The log's conversations, oldest first, as (name, turns): SCALE_CONVERSATION last, with
+    CURRENT_TURNS or an equal share if that is more (all if it is the only one), and the other
+    conversations (as many as asked, at most one per message left) sharing the rest evenly, in
+    blocks: conversation j holds messages ceil(j * rest / n) + 1 up to ceil((j + 1) * rest / n)."""
+    current = min(messages, max(messages // max(1, conversations), CURRENT_TURNS))
+    others = min(conversations - 1, messages - current)
+    if others < 1:
+        return [(SCALE_CONVERSATION, messages)]
+    rest = messages - current
+    starts = [-(-j * rest // others) for j in range(others + 1)]
+    names = [f"chat-{j + 1:04d}" for j in range(others)]
+    counts = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    return [*zip(names, counts, strict=True), (SCALE_CONVERSATION, current)]
+
+
+def build_log(
+    path: Path,
+    messages: int,
+    seed: int = DEFAULT_BENCH_SEED,
+    conversations: int = DEFAULT_SCALE_CONVERSATIONS,
+) -> Store:
+    """A store with `messages` turns over ten years (in each conversation alternating user and
+    assistant), laid out in conversations as log_layout says, the newest being
+    SCALE_CONVERSATION, with a summary covering all but its newest SCALE_WINDOW_TURNS; and
+    SCALE_FACTS facts; written with a few bulk SQL statements. Message ids follow time, and
+    message `NEEDLE_ID` (in the oldest conversation) alone holds NEEDLE."""
     store = Store(path)
     first_day = datetime(2016, 1, 1)
     step_s = YEARS * 365 * 86400 / max(1, messages)
     words = [*PEOPLE, *PLACES, *ACTIVITIES, *FEELINGS]
+    layout = log_layout(messages, conversations)
+    names = [name for name, _ in layout]
+    counts = [count for _, count in layout]
+    firsts = [sum(counts[:j]) for j in range(len(counts))]  # messages before each
+    rest, others = messages - counts[-1], len(layout) - 1
     with store.connect() as con:
         con.execute(
-            "INSERT INTO conversations (name, created_at, last_seq) VALUES (?, ?, ?)",
-            [SCALE_CONVERSATION, first_day, messages],
+            "INSERT INTO conversations (name, created_at, last_seq)"
+            " SELECT unnest($names), unnest($created), unnest($counts)",
+            {
+                "names": names,
+                "created": [first_day + timedelta(seconds=f * step_s) for f in firsts],
+                "counts": counts,
+            },
         )
-        (cid,) = con.execute("SELECT id FROM conversations").fetchone()
+        ids = dict(con.execute("SELECT name, id FROM conversations").fetchall())
+        # Message i (from 0) is in conversation j: one of the others' blocks, or the newest.
+        block = f"(x * {others}) // {max(1, rest)}" if others else "0"
+        start = f"(j * {rest} + {max(1, others)} - 1) // {max(1, others)}"
         # Each message: six phrases picked by hashing its number with the seed.
         picks = " || ' ' || ".join(
             f"list_extract($words, 1 + (hash(i * 7 + {k} + $seed) % {len(words)})::INTEGER)"
@@ -182,13 +252,20 @@ def build_log(path: Path, messages: int, seed: int = DEFAULT_BENCH_SEED) -> Stor
         )
         con.execute(
             f"""INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count)
-            SELECT $cid, i, CASE WHEN i % 2 = 1 THEN 'user' ELSE 'assistant' END,
+            SELECT list_extract($cids, j + 1), seq,
+                CASE WHEN seq % 2 = 1 THEN 'user' ELSE 'assistant' END,
                 'Day ' || (i // 6) || ': ' || {picks}
                     || CASE WHEN i = {NEEDLE_ID} THEN ' {NEEDLE}' ELSE '' END,
                 $first + to_seconds(CAST(i * $step AS DOUBLE)), 40
-            FROM range(1, $n + 1) t(i)""",
+            FROM (
+                SELECT i, j, CASE WHEN j < {others} THEN x - {start} ELSE x - {rest} END + 1 AS seq
+                FROM (
+                    SELECT i, x, CASE WHEN x < {rest} THEN {block} ELSE {others} END AS j
+                    FROM (SELECT i, i - 1 AS x FROM range(1, $n + 1) t(i))
+                )
+            ) ORDER BY i""",
             {
-                "cid": cid,
+                "cids": [ids[name] for name in names],
                 "words": words,
                 "seed": seed,
                 "first": first_day,
@@ -197,12 +274,17 @@ def build_log(path: Path, messages: int, seed: int = DEFAULT_BENCH_SEED) -> Stor
             },
         )
         index_missing(con)  # a bulk load bypasses the store's insert, which indexes each turn
-        last_folded = max(0, messages - SCALE_WINDOW_TURNS)
+        last_folded = max(0, counts[-1] - SCALE_WINDOW_TURNS)
         if last_folded:
             con.execute(
                 "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
                 " created_at, fact_ids) VALUES (?, ?, 1, ?, 20, ?, [])",
-                [cid, "Ten years of evenings: walks, work, family.", last_folded, first_day],
+                [
+                    ids[SCALE_CONVERSATION],
+                    "Ten years of evenings: walks, work, family.",
+                    last_folded,
+                    first_day,
+                ],
             )
     now = first_day + timedelta(days=YEARS * 365)
     with store.connect() as con:  # the facts file: a transaction writes to one file

@@ -17,6 +17,7 @@ from mlxmem.bench.common import DEFAULT_BENCH_SEED, gpu_available, machine_text
 from mlxmem.bench.common import Progress as OnProgress
 from mlxmem.bench.restart import DEFAULT_RESTART_TRIALS
 from mlxmem.bench.scale import (
+    DEFAULT_SCALE_CONVERSATIONS,
     DEFAULT_SCALE_TRIALS,
     DEFAULT_SIZES,
     MAX_SCALE_TRIALS,
@@ -392,17 +393,26 @@ def scale(
     trials: int = typer.Option(
         DEFAULT_SCALE_TRIALS, "--trials", min=1, max=MAX_SCALE_TRIALS, help="Trials each."
     ),
+    conversations: int = typer.Option(
+        DEFAULT_SCALE_CONVERSATIONS,
+        "--conversations",
+        min=1,
+        help="Conversations the messages are spread over (the one chatted in keeps a summary "
+        "and a full window; 1: the whole log in it, the layout of runs before this option).",
+    ),
     plot: Path = SCALE_PLOT,
     seed: int = SEED,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
     """What a ten-year log costs: for each size, a scratch data directory with that many
-    messages and 300 facts, and the time of a turn without the model, history search, memory
-    list, memory rm (one fact, erased for good) and history rm (one turn). No model runs."""
+    messages in --conversations conversations and 300 facts, and the time of a turn without the
+    model, a turn's read of the store with recall (open included; recall searches every
+    conversation), history search, memory list, memory rm (one fact, erased for good) and
+    history rm (one turn). No model runs."""
     counts = _sizes(sizes)
     with _progress("scale") as progress:
-        result = bench.run_scale(counts, trials, seed, progress)
+        result = bench.run_scale(counts, trials, seed, progress, conversations)
     run = bench.record_run(bench.BenchRun.of(result, None), db)
     if plot is not None:
         from mlxmem.bench.plot import plot_scale
@@ -411,14 +421,17 @@ def scale(
     if as_json:
         return _print_json(run)
     table = Table(title=f"bench scale: median of {trials} trials")
-    for column in ("messages", "file MB", "turn ms", "search s", "memory list s", "memory rm s"):
+    for column in ("messages", "conversations", "file MB", "turn ms", "recall ms", "search s"):
         table.add_column(column, justify="right")
-    table.add_column("history rm s", justify="right")
+    for column in ("memory list s", "memory rm s", "history rm s"):
+        table.add_column(column, justify="right")
     for row in result.to_dict()["sizes"]:
         table.add_row(
             f"{row['messages']:,}",
+            f"{row['conversations']:,}",
             f"{row['db_bytes'] / 1e6:.1f}",
             _number(row["turn_overhead_ms"], 1),
+            _number(row["recall_ms"], 1),
             _number(row["search_s"], 3),
             _number(row["memory_list_s"], 3),
             _number(row["memory_rm_s"], 3),

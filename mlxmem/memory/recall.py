@@ -80,7 +80,9 @@ PASSAGE_TURNS = 3
 RRF_K = 20
 SPEAKER_BOOST = 2.0
 DAYS_BOOST = 2.0
-# A turn of the conversation the message is written in, against one of another conversation.
+# A turn of the conversation the message is written in, against one of another conversation:
+# no preference. Asked from the last session's conversation, 1.5 and 2 found no more at 4 or 6
+# on any development conversation and fewer on most (benchmarks/README.md).
 CURRENT_BOOST = 1.0
 MAX_DAY_RANGES = 4  # a message naming more searches by its first four
 LENGTH_PRIOR = 0.005  # per ln(1 + indexed words)
@@ -158,58 +160,96 @@ def _saturate(tf: str, norm: str = "1") -> str:
     return f"{tf} * {BM25_K1 + 1} / ({tf} + {BM25_K1} * {norm})"
 
 
-_LENGTH_NORM = f"(1 - {BM25_B} + {BM25_B} * docs.dl / stats.avgdl)"
+_LENGTH_NORM = f"(1 - {BM25_B} + {BM25_B} * hits.dl / stats.avgdl)"
 _BOOST = (
     f"CASE WHEN docs.role = $role THEN {SPEAKER_BOOST} ELSE 1 END"
     f" * CASE WHEN docs.named_day THEN {DAYS_BOOST} ELSE 1 END"
     f" * CASE WHEN docs.current THEN {CURRENT_BOOST} ELSE 1 END"
 )
+_LAST_POS = 2**31 - 1  # seq is an INTEGER: a conversation searched to its end
+# Neighbours are looked up in buckets of this many seq numbers: a turn's passage (PASSAGE_TURNS
+# either side) spans at most two.
+_BUCKET = 2 * PASSAGE_TURNS + 2
 # The log searched is every conversation's turns but a private one's (kept out of the others),
 # and of the current conversation only those up to $last_seq (those left in the verbatim
-# window are in the prompt already). A turn is (cid, pos): its conversation and its seq.
-# Document length is counted in indexed words; the index is read only for the query's terms.
-# A turn's neighbours are found by seq in its conversation (no window over the whole log: it
-# costs more than the rest of the search at 100,000 turns); a deleted turn leaves a gap.
+# window are in the prompt already): `searched`. A turn is (cid, pos): its conversation and its
+# seq. Document length is counted in indexed words. The search reads what its terms reach,
+# not the whole log: the index rows of the query's terms (`hits`), the turns within a passage
+# of a hit (`docs`: a few seq buckets around each), and for BM25's document count and mean
+# length, the index's totals less those of the turns not searched (every message has one row
+# in DOCS_TABLE, written and deleted with it). A turn's neighbours are found by seq in its
+# conversation; a deleted turn leaves a gap.
 _SEARCH_SQL = f"""
-WITH docs AS (
-    SELECT m.id, m.conversation_id AS cid, m.seq AS pos, m.role, coalesce(d.length, 0) AS dl,
-        {{named_day}} AS named_day, c.name = $conversation AS current
-    FROM messages m JOIN conversations c ON c.id = m.conversation_id
-    LEFT JOIN {DOCS_TABLE} d ON d.message_id = m.id
-    WHERE CASE WHEN c.name = $conversation THEN m.seq <= $last_seq ELSE NOT c.private END
+WITH searched AS (
+    SELECT id AS cid, name = $conversation AS current,
+        CASE WHEN name = $conversation THEN $last_seq ELSE {_LAST_POS} END AS last_pos
+    FROM conversations WHERE name = $conversation OR NOT private
 ),
-stats AS (SELECT count(*) AS n, greatest(avg(dl), 1) AS avgdl FROM docs),
-tf AS (
-    SELECT docs.cid, docs.pos, t.term, t.tf AS f, list_contains($terms, t.term) AS asked
-    FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.message_id
-    WHERE list_contains($terms, t.term) OR list_contains($shorter, t.term) {{longer}}
+unsearched AS (
+    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    WHERE c.private AND c.name <> $conversation
+    UNION ALL
+    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    WHERE c.name = $conversation AND NOT coalesce(m.seq <= $last_seq, false)
 ),
-df AS (SELECT term, count(*) AS df FROM tf GROUP BY term),
-turn_score AS (
+stats AS (
+    SELECT n, greatest(CAST(dl AS DOUBLE) / nullif(n, 0), 1) AS avgdl FROM (
+        SELECT (SELECT count(*) FROM messages) - (SELECT count(*) FROM unsearched) AS n,
+            (SELECT coalesce(sum(length), 0) FROM {DOCS_TABLE})
+            - (SELECT coalesce(sum(length), 0) FROM {DOCS_TABLE}
+               WHERE message_id IN (SELECT id FROM unsearched)) AS dl
+    )
+),
+hits AS MATERIALIZED (
+    SELECT m.conversation_id AS cid, m.seq AS pos, t.term, t.tf AS f,
+        list_position($terms, t.term) AS asked, coalesce(d.length, 0) AS dl
+    FROM {TERMS_TABLE} t JOIN messages m ON m.id = t.message_id
+    JOIN searched s ON s.cid = m.conversation_id
+    LEFT JOIN {DOCS_TABLE} d ON d.message_id = t.message_id
+    WHERE (list_contains($terms, t.term) OR list_contains($shorter, t.term) {{longer}})
+        AND m.seq <= s.last_pos
+),
+docs AS MATERIALIZED (
+    SELECT m.id, m.conversation_id AS cid, m.seq AS pos, m.role,
+        {{named_day}} AS named_day, s.current
+    FROM messages m JOIN searched s ON s.cid = m.conversation_id
+    SEMI JOIN (
+        SELECT DISTINCT cid, (pos + o) // {_BUCKET} AS bucket
+        FROM hits CROSS JOIN (VALUES (-{PASSAGE_TURNS}), ({PASSAGE_TURNS})) r(o)
+    ) b ON b.cid = m.conversation_id AND b.bucket = m.seq // {_BUCKET}
+    WHERE m.seq <= s.last_pos
+),
+df AS (SELECT term, count(*) AS df FROM hits GROUP BY term),
+turn_score AS MATERIALIZED (
     SELECT cid, pos, sum(
-        {_idf("df.df")} * {_saturate("tf.f", _LENGTH_NORM)}
-        * CASE WHEN tf.asked THEN 1 ELSE {RELATED_WEIGHT} END
+        {_idf("df.df")} * {_saturate("hits.f", _LENGTH_NORM)}
+        * CASE WHEN hits.asked > 0 THEN 1 ELSE {RELATED_WEIGHT} END
     ) AS score
-    FROM tf JOIN df USING (term) JOIN docs USING (cid, pos) CROSS JOIN stats GROUP BY cid, pos
+    FROM hits JOIN df USING (term) CROSS JOIN stats GROUP BY cid, pos
 ),
-turns AS (
-    SELECT cid, pos, sum(score) * {_BOOST} AS score
+turns AS MATERIALIZED (
+    SELECT cid, pos, s.score * {_BOOST} AS score
     FROM (
-        SELECT cid, pos, score FROM turn_score
-        UNION ALL SELECT cid, pos + 1, {NEIGHBOUR_SHARE} * score FROM turn_score
-    ) JOIN docs USING (cid, pos) GROUP BY cid, pos, docs.role, docs.named_day, docs.current
+        SELECT cid, pos, sum(score) AS score FROM (
+            SELECT cid, pos, score FROM turn_score
+            UNION ALL SELECT cid, pos + 1, {NEIGHBOUR_SHARE} * score FROM turn_score
+        ) GROUP BY cid, pos
+    ) s JOIN docs USING (cid, pos)
 ),
-ptf AS (
-    SELECT cid, pos, term, sum(f) AS f FROM (
-        SELECT tf.cid, tf.pos + o AS pos, tf.term, tf.f
-        FROM tf CROSS JOIN range(-{PASSAGE_TURNS}, {PASSAGE_TURNS} + 1) AS r(o) WHERE tf.asked
-    ) SEMI JOIN docs USING (cid, pos) GROUP BY cid, pos, term
+ptf AS MATERIALIZED (
+    SELECT cid, pos, term, f FROM (
+        SELECT hits.cid, hits.pos + o AS pos, hits.asked AS term, sum(hits.f) AS f
+        FROM hits CROSS JOIN range(-{PASSAGE_TURNS}, {PASSAGE_TURNS} + 1) AS r(o)
+        WHERE hits.asked > 0 GROUP BY ALL
+    ) SEMI JOIN docs USING (cid, pos)
 ),
 pdf AS (SELECT term, count(*) AS df FROM ptf GROUP BY term),
-passages AS (
-    SELECT cid, pos, sum({_idf("pdf.df")} * {_saturate("ptf.f")}) * {_BOOST} AS score
-    FROM ptf JOIN pdf USING (term) JOIN docs USING (cid, pos) CROSS JOIN stats
-    GROUP BY cid, pos, docs.role, docs.named_day, docs.current
+passages AS MATERIALIZED (
+    SELECT cid, pos, p.score * {_BOOST} AS score
+    FROM (
+        SELECT cid, pos, sum({_idf("pdf.df")} * {_saturate("ptf.f")}) AS score
+        FROM ptf JOIN pdf USING (term) CROSS JOIN stats GROUP BY cid, pos
+    ) p JOIN docs USING (cid, pos)
 ),
 fused AS (
     SELECT cid, pos, 1 / ({RRF_K} + row_number() OVER (ORDER BY score DESC, cid DESC, pos DESC))
@@ -227,7 +267,7 @@ ranked AS (
     ORDER BY s DESC, own DESC, fused.cid DESC, fused.pos DESC LIMIT {PRIOR_POOL}
 )
 SELECT docs.id,
-    ranked.s + {LENGTH_PRIOR} * ln(1 + docs.dl)
+    ranked.s + {LENGTH_PRIOR} * ln(1 + coalesce(d.length, 0))
         - CASE WHEN regexp_matches(m.text, '[?]\\s*$') THEN {QUESTION_PENALTY} ELSE 0 END
         + CASE WHEN regexp_matches(m.text, $holds) THEN {ANSWER_BONUS} ELSE 0 END
         + CASE WHEN len(regexp_extract_all(m.text, '{_FIRST_PERSON}'))
@@ -235,6 +275,7 @@ SELECT docs.id,
         AS score,
     ranked.own
 FROM ranked JOIN docs USING (cid, pos) JOIN messages m ON m.id = docs.id
+LEFT JOIN {DOCS_TABLE} d ON d.message_id = docs.id
 ORDER BY score DESC, ranked.own DESC, ranked.cid DESC, ranked.pos DESC LIMIT $limit
 """
 
