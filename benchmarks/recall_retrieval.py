@@ -66,19 +66,7 @@ def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
             evidence = {seq_of[e] for e in q.evidence if e in seq_of}
             if q.category not in SCORED or not evidence or min(evidence) > edge:
                 continue
-            terms = query_terms(probe_text(conv, q))
-            start = time.perf_counter()
-            found = search_before(con, cid, edge, terms, max(DEPTHS))
-            seconds = time.perf_counter() - start
-            ranks = [r for r, t in enumerate(found, 1) if t.seq in evidence]
-            rows.append(
-                {
-                    "conversation": cid,
-                    "category": CATEGORIES[q.category],
-                    "rank": ranks[0] if ranks else None,
-                    "seconds": seconds,
-                }
-            )
+            rows.append(search(con, conv, q, cid, edge, lambda t, e=evidence: t.seq in e))
     return rows
 
 
@@ -101,20 +89,25 @@ def measure_per_session(data: Path, cid: str, store_dir: Path) -> list[dict]:
             evidence = {where[e] for e in q.evidence if e in where}
             if q.category not in SCORED or not evidence:
                 continue
-            terms = query_terms(probe_text(conv, q))
-            start = time.perf_counter()
-            found = search_before(con, NEW_CHAT, 0, terms, max(DEPTHS))
-            seconds = time.perf_counter() - start
-            ranks = [r for r, t in enumerate(found, 1) if (t.conversation, t.seq) in evidence]
-            rows.append(
-                {
-                    "conversation": cid,
-                    "category": CATEGORIES[q.category],
-                    "rank": ranks[0] if ranks else None,
-                    "seconds": seconds,
-                }
-            )
+            hit = lambda t, e=evidence: (t.conversation, t.seq) in e  # noqa: E731
+            rows.append(search(con, conv, q, NEW_CHAT, 0, hit))
     return rows
+
+
+def search(con, conv, question, conversation: str, last_seq: int, hit) -> dict:
+    """Recall's search for `question` as the eval asks it, from `conversation` (its turns up to
+    `last_seq` searched): the rank of the first turn found for which `hit` holds, and the time."""
+    terms = query_terms(probe_text(conv, question))
+    start = time.perf_counter()
+    found = search_before(con, conversation, last_seq, terms, max(DEPTHS))
+    seconds = time.perf_counter() - start
+    ranks = [r for r, t in enumerate(found, 1) if hit(t)]
+    return {
+        "conversation": conv.id,
+        "category": CATEGORIES[question.category],
+        "rank": ranks[0] if ranks else None,
+        "seconds": seconds,
+    }
 
 
 def time_at_scale(data: Path, cid: str, messages: int, store_dir: Path) -> float:
