@@ -28,6 +28,7 @@ SCHEMA = {
         ("name", "VARCHAR"),
         ("created_at", "TIMESTAMP"),
         ("last_seq", "INTEGER"),
+        ("private", "BOOLEAN"),
     ],
     "messages": [
         ("id", "BIGINT"),
@@ -125,6 +126,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m010_edited_facts_version_1",),
             ("m011_fact_provenance",),
             ("m012_summary_source",),
+            ("m013_private_conversations",),
         ]
     assert store.path == paths.db_path()
 
