@@ -29,6 +29,7 @@ from pathlib import Path
 
 from mlxmem.eval.locomo import (
     CATEGORIES,
+    NEW_CHAT,
     SCORED,
     default_data_dir,
     exchange_times,
@@ -44,7 +45,6 @@ from mlxmem.memory.turns import insert_turn
 
 DEPTHS = tuple(sorted({1, 4, RECALL_TURNS, 10}))
 SCALE_QUESTIONS = 20  # timed at --scale
-NEW_CHAT = "questions"  # the conversation a question is asked in: new, never logged
 
 
 def conversation_ids(data: Path) -> list[str]:

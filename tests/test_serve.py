@@ -632,3 +632,23 @@ def test_a_deletion_drops_the_fact_extractors_slot_even_for_a_new_conversation()
         Store().delete_conversation("a")  # as `mlxmem history rm -c a --all` would
         ask(server, "hello", user="b")  # a Companion made after the deletion
         assert "facts" not in engine.slots
+
+
+def test_a_conversation_is_kept_out_of_recall_through_the_api():
+    with fake_server(FakeEngine()) as server:
+        ask(server, "My greenhouse in Tromso grows purple kohlrabi.", user="garden")
+        path = "/v1/memory/conversations/garden"
+        status, conversation, _ = request(server, "PATCH", path, {"private": True})
+        assert status == 200 and conversation["private"] is True
+        listed = request(server, "GET", "/v1/memory/conversations")[1]["data"]
+        assert [c["private"] for c in listed if c["name"] == "garden"] == [True]
+        context = (
+            "/v1/memory/context?conversation=today&draft=What%20grows%20in%20my%20greenhouse%3F"
+        )
+        assert request(server, "GET", context)[1]["recalled"] == []
+        request(server, "PATCH", path, {"private": False})
+        assert request(server, "GET", context)[1]["recalled"] != []
+        assert_error(request(server, "PATCH", path, {"private": "yes"}), 400, "invalid_value")
+        assert (
+            request(server, "PATCH", "/v1/memory/conversations/nope", {"private": True})[0] == 404
+        )

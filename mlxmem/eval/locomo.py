@@ -547,13 +547,15 @@ def probe_new_chat(
     question: Question,
     budget: tuple[int, int],
     at: datetime | None,
+    facts: Sequence[str],
     answers: bool = True,
 ) -> dict:
     """One question asked in a new conversation (NEW_CHAT, never logged) after every session
     was logged as a conversation of its own, under PER_SESSION_CONFIGS. `budget`: the context
-    budget and response reserve; `at`: when it is asked (after the last session). The item
-    also says how many facts the `facts` prompt held and how many of them hold a content word
-    of the gold answer, and which turns recall brought (`recalled`, by message id)."""
+    budget and response reserve; `at`: when it is asked (after the last session); `facts`: the
+    texts of the facts kept. The item also says how many of them the `facts` prompt held and
+    how many of those hold a content word of the gold answer, and which turns recall brought
+    (`recalled`, by message id)."""
     text = probe_text(conv, question)
 
     def new_chat(recall: bool) -> Companion:
@@ -571,7 +573,7 @@ def probe_new_chat(
     }
     item = scored(engine, conv, question, text, prompts, answers, {"recall": "facts"})
     shown = prompt_text(prompts["facts"], text)
-    in_prompt = [f.text for f in store.facts() if f.text in shown]
+    in_prompt = [f for f in facts if f in shown]
     words = set(answer_words(question))
     item["facts"]["facts_in_prompt"] = len(in_prompt)
     item["facts"]["facts_with_answer_word"] = sum(
@@ -812,14 +814,15 @@ def _run_per_session(engine, conv, budget, limit, progress, answers) -> dict:
             where |= {dia: ids[seq] for dia, seq in seq_of.items() if seq in ids}
             last_at = times[-1][1] if times else last_at
         replay_s = time.perf_counter() - start
+        kept = store.facts()
+        texts = [f.text for f in kept]
         items = []
         for j, question in enumerate(questions):
             progress(f"{conv.id} question {j + 1}/{len(questions)}", done + j, total)
-            item = probe_new_chat(engine, store, conv, question, budget, last_at, answers)
+            item = probe_new_chat(engine, store, conv, question, budget, last_at, texts, answers)
             evidence = {where[e] for e in question.evidence if e in where}
             item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
             items.append(item)
-        kept = store.facts()
         for config in PER_SESSION_CONFIGS:
             engine.drop_slot(f"probe/{config}")
     layers = {
@@ -831,7 +834,7 @@ def _run_per_session(engine, conv, budget, limit, progress, answers) -> dict:
             "kept": len(kept),
             "per_100_messages": 100 * added / messages if messages else None,
             "outcomes": dict(outcomes),
-            "texts": [f.text for f in kept],
+            "texts": texts,
         },
         "replay_seconds": replay_s,
         "probe_seconds": time.perf_counter() - start - replay_s,
