@@ -11,6 +11,7 @@ from mlxmem.memory.recall import (
     MAX_QUERY_TERMS,
     RECALL_HEADER,
     RECALL_TURNS,
+    SEED_POSTINGS,
     asks_for,
     query_terms,
     refers_to_past,
@@ -139,6 +140,28 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
         found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
     assert found[0].seq == 77
     assert len(found) == RECALL_TURNS  # speed: benchmarks/recall_retrieval.py --scale
+
+
+def test_a_search_of_common_words_only_is_seeded_by_their_strongest_rows(tmp_path):
+    # Every turn holds both words, more than SEED_POSTINGS: the turns scored are those where
+    # the rarer word counts most (then the newest), not merely the newest.
+    store = Store(tmp_path / "common.duckdb")
+    turns = SEED_POSTINGS + 500
+    with store.connect() as con:
+        con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
+        con.execute(
+            "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i, "
+            "'user', 'I walked the dog and had bread number ' || i, now() "
+            "FROM range(1, ? + 1) t(i)",
+            [turns],
+        )
+        con.execute(
+            "UPDATE messages SET text = 'Bread, bread and more bread: I walked to get bread.'"
+            " WHERE seq IN (5, 40)"
+        )
+        terms.index_missing(con)
+        found = search_before(con, "big", turns, query_terms("walk bread?"))
+    assert {t.seq for t in found[:2]} == {5, 40}
 
 
 def test_a_pasted_text_searches_for_its_first_and_last_terms_only():
