@@ -142,9 +142,10 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
     assert len(found) == RECALL_TURNS  # speed: benchmarks/recall_retrieval.py --scale
 
 
-def test_a_search_of_common_words_only_is_seeded_by_their_strongest_rows(tmp_path):
-    # Every turn holds both words, more than SEED_POSTINGS: the turns scored are those where
-    # the rarer word counts most (then the newest), not merely the newest.
+def test_a_search_of_common_words_only_scores_their_latest_turns(tmp_path):
+    # Every turn holds both words, more than SEED_POSTINGS of them: the turns scored are the
+    # SEED_POSTINGS logged last (and their neighbours), the best of them first; an older turn
+    # where the words count more is beyond the limit.
     store = Store(tmp_path / "common.duckdb")
     turns = SEED_POSTINGS + 500
     with store.connect() as con:
@@ -157,11 +158,17 @@ def test_a_search_of_common_words_only_is_seeded_by_their_strongest_rows(tmp_pat
         )
         con.execute(
             "UPDATE messages SET text = 'Bread, bread and more bread: I walked to get bread.'"
-            " WHERE seq IN (5, 40)"
+            " WHERE seq IN (5, ?, ?)",
+            [turns - 40, turns - 400],
         )
         terms.index_missing(con)
         found = search_before(con, "big", turns, query_terms("walk bread?"))
-    assert {t.seq for t in found[:2]} == {5, 40}
+        con.execute("UPDATE messages SET text = text || ' Sourdough.' WHERE seq = 5")
+        terms.reindex(con)
+        rare = search_before(con, "big", turns, query_terms("walk bread sourdough?"))
+    assert {t.seq for t in found[:2]} == {turns - 40, turns - 400}
+    assert 5 not in {t.seq for t in found}
+    assert rare[0].seq == 5  # a rarer word seeds it
 
 
 def test_a_pasted_text_searches_for_its_first_and_last_terms_only():

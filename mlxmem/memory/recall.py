@@ -169,11 +169,11 @@ _BOOST = (
 # How many index rows (postings) of the query's terms may seed the turns a search scores: an
 # accumulator limit, as in Moffat and Zobel's "continue" strategy (Self-indexing inverted files
 # for fast text retrieval, 1996). Terms seed rarest first; the term that crosses the limit
-# seeds with its rows of highest count (then the newest) up to it, and the commoner terms seed
-# none. Every term still scores every seeded turn and its neighbours. A word in every seventh
-# turn of a 1,000,000-message log has 140,000 rows: the limit bounds a search's work by what
-# it can show (1.3 s to 0.15 s there). The development conversations' questions reach at most
-# 631 rows: their results are unchanged.
+# seeds with the rows of its turns logged last (a companion's prior: the latest mention; and a
+# third cheaper than its rows of highest count), and the commoner terms seed none. Every term
+# still scores every seeded turn and its neighbours. A word in every seventh turn of a
+# 1,000,000-message log has 140,000 rows: the limit bounds a search's work by what it can show.
+# The development conversations' questions reach at most 631 rows: their results are unchanged.
 SEED_POSTINGS = 1024
 # A sum over a turn's terms is rounded to this many decimals: threads add in any order, and
 # the last bits of a float sum would otherwise reorder equal scores from one run to the next.
@@ -186,7 +186,7 @@ _BUCKET = 2 * PASSAGE_TURNS + 2
 # and of the current conversation only those up to $last_seq (those left in the verbatim
 # window are in the prompt already): `searched`. A turn is (cid, pos): its conversation and its
 # seq. Document length is counted in indexed words. The search reads what its terms reach,
-# not the whole log: each term's count of index rows and its strongest rows (`df`), the turns
+# not the whole log: each term's count of index rows and its newest (`df`), the turns
 # they seed (`seeds`, see SEED_POSTINGS), the turns within a passage of a seed (`docs`: a few
 # seq buckets around each), the index rows of the query's terms in those turns (`hits`), and
 # for BM25's document count and mean length, the index's totals less those of the turns not
@@ -216,18 +216,18 @@ stats AS (
     )
 ),
 df AS MATERIALIZED (
-    SELECT term, df, strongest,
+    SELECT term, df, newest,
         sum(df) OVER (ORDER BY df, term ROWS UNBOUNDED PRECEDING) - df AS before
     FROM (
         SELECT t.term, count(*) AS df,
-            max_by(t.message_id, {{'tf': t.tf, 'id': t.message_id}}, {SEED_POSTINGS}) AS strongest
+            max_by(t.message_id, t.message_id, {SEED_POSTINGS}) AS newest
         FROM {TERMS_TABLE} t
         WHERE ({{matches}}) AND t.message_id NOT IN (SELECT id FROM unsearched) GROUP BY t.term
     )
 ),
 seeds AS MATERIALIZED (
     SELECT m.conversation_id AS cid, m.seq AS pos FROM messages m SEMI JOIN (
-        SELECT unnest(strongest[:{SEED_POSTINGS} - before]) AS message_id FROM df
+        SELECT unnest(newest[:{SEED_POSTINGS} - before]) AS message_id FROM df
         WHERE before < {SEED_POSTINGS}
     ) r ON r.message_id = m.id
 ),
