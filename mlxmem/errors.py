@@ -17,6 +17,14 @@ class InputError(MlxmemError):
     """User input that cannot be used as is (empty message, invalid text)."""
 
 
+class DuplicateFactError(InputError):
+    """A fact that an existing one already says (`fact_id`)."""
+
+    def __init__(self, message: str, fact_id: int):
+        super().__init__(message)
+        self.fact_id = fact_id
+
+
 class StoreError(MlxmemError):
     """The database cannot be opened or written (held by another process, corrupt)."""
 

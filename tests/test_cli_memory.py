@@ -49,6 +49,17 @@ def test_memory_add_list_edit_rm():
     assert [f.id for f in Store().facts()] == [2]
 
 
+def test_a_fact_said_again_is_refused_with_the_one_that_says_it():
+    mlxmem("memory", "add", "I am vegetarian")
+    for again in ["I am vegetarian", "i am  Vegetarian."]:  # exact, and case or spacing only
+        message = error("memory", "add", again)
+        assert "fact 1 already says that: 'I am vegetarian'" in message
+    mlxmem("memory", "add", "I am vegan")  # not the same fact
+    assert "fact 1 already says that" in error("memory", "edit", "2", "I AM VEGETARIAN")
+    mlxmem("memory", "edit", "1", "I am Vegetarian.")  # a fact may be rewritten in its own words
+    assert [f.text for f in Store().facts()] == ["I am Vegetarian.", "I am vegan"]
+
+
 def test_memory_clear_needs_yes():
     mlxmem("memory", "add", "one")
     Store().add_fact("two", source="automatic")

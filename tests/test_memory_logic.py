@@ -237,6 +237,21 @@ def test_duplicate_facts_are_not_added_twice():
     assert len(store.facts()) == 1
 
 
+def test_a_fact_stored_while_the_turn_ran_is_not_stored_again_by_it():
+    # The extractor saw the facts of the turn's snapshot; the same fact, written meanwhile
+    # (another process, the page), is not added a second time when the turn ends.
+    def responder(prompt):
+        if "durable facts" in prompt:
+            store.add_fact(FACT.upper(), source="manual")
+            return FACT
+        return "fine."
+
+    _, store, companion = make(budget=2000, responder=responder)
+    result = companion.send("I have a cat called Miso and she sleeps on the balcony all summer.")
+    assert result.fact_added is None
+    assert [f.text for f in store.facts()] == [FACT.upper()]
+
+
 def test_extraction_outcomes_are_counted_by_the_filter_that_decided():
     answers = iter([FACT, FACT, "NONE", "<|eot_id|> system"])
 

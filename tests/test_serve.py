@@ -356,6 +356,11 @@ def test_memory_api_facts_round_trip_into_the_next_prompt_and_gone_for_good():
         assert_error(request(server, "PATCH", path, {"text": "x"}), 404)
         assert_error(request(server, "POST", "/v1/memory/facts", {"text": 3}), 400)
         assert_error(request(server, "POST", "/v1/memory/facts", {"text": " "}), 400)
+        request(server, "POST", "/v1/memory/facts", {"text": "I keep bees"})
+        twice = request(server, "POST", "/v1/memory/facts", {"text": "i keep bees."})
+        assert_error(twice, 409, "duplicate_fact")
+        assert "already says that: 'I keep bees'" in twice[1]["error"]["message"]
+        Store().delete_facts([f.id for f in Store().facts()])
     assert Store().facts() == []
     home = Store().path.parent
     assert files_containing(home, "keep bees") == files_containing(home, "keep wasps") == []

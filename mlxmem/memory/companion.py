@@ -25,7 +25,7 @@ from mlxmem.memory.budget import response_reserve as budget_reserve
 from mlxmem.memory.dates import dated, local_day, same_day
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
-from mlxmem.memory.facts import check_fact_text, insert_fact
+from mlxmem.memory.facts import check_fact_text, duplicate_of, insert_fact
 from mlxmem.memory.recall import RECALL_SHARE, query_terms, recall_line, refers_to_past
 from mlxmem.memory.store import (
     Deletion,
@@ -440,8 +440,11 @@ class Companion:
                     crash_point("turn:summary-written")
                 if fact is not None:
                     with transaction() as con:
-                        result.fact_added = insert_fact(con, fact, "automatic", user.id)
-                    logged = with_fact(logged, result.fact_added)
+                        # one stored meanwhile (extraction checked those it was shown)
+                        if duplicate_of(con, fact) is None:
+                            result.fact_added = insert_fact(con, fact, "automatic", user.id)
+                    if result.fact_added is not None:
+                        logged = with_fact(logged, result.fact_added)
                 self._save_slot()
         except StaleError:
             # A deletion raced the summary or the fact: neither is kept, nor the cache, which

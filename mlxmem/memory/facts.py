@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 
 import duckdb
 
-from mlxmem.errors import InputError, NotFoundError
+from mlxmem.errors import DuplicateFactError, InputError, NotFoundError
 from mlxmem.memory.db import Database
 from mlxmem.memory.turns import get_turn
 from mlxmem.text import as_utc, check_text, to_db, utc_now
@@ -56,6 +57,7 @@ class FactList(Database):
         with self.guarded(epoch) as con:
             if message_id is not None:
                 get_turn(con, message_id)
+            refuse_duplicate(con, text)
             return insert_fact(con, text, source, message_id, now)
 
 
@@ -77,6 +79,36 @@ def insert_fact(
         [fid, text, source, to_db(now), to_db(now), message_id, message_id],
     )
     return Fact(fid, text, source, now, now, message_id)
+
+
+def same_text(a: str, b: str) -> bool:
+    """Do two facts say the same, but for case, spacing and a final full stop? ("I am
+    vegetarian" and "i am  Vegetarian."; not "I am vegan", nor a paraphrase.)"""
+    return _folded(a) == _folded(b)
+
+
+def _folded(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split()).rstrip(".!")
+
+
+def duplicate_of(
+    con: duckdb.DuckDBPyConnection, text: str, other_than: int | None = None
+) -> Fact | None:
+    """The stored fact (not `other_than`) that says what `text` says, if any (same_text)."""
+    return next((f for f in all_facts(con) if f.id != other_than and same_text(f.text, text)), None)
+
+
+def refuse_duplicate(
+    con: duckdb.DuckDBPyConnection, text: str, other_than: int | None = None
+) -> None:
+    """DuplicateFactError naming the stored fact that already says `text`, if one does: two
+    copies of a fact cost every prompt twice and leave one behind when the other is deleted."""
+    if (same := duplicate_of(con, text, other_than)) is not None:
+        raise DuplicateFactError(
+            f"fact {same.id} already says that: {same.text!r}"
+            f" (`mlxmem memory edit {same.id} TEXT` changes it)",
+            same.id,
+        )
 
 
 def all_facts(con: duckdb.DuckDBPyConnection) -> list[Fact]:

@@ -28,6 +28,7 @@ from mlxmem.memory.facts import (
     check_source,
     fact_of,
     get_fact,
+    refuse_duplicate,
 )
 from mlxmem.memory.merge import MergeResult, merge_records
 from mlxmem.memory.recall import RECALL_TURNS, search_before
@@ -265,6 +266,7 @@ class Store(TurnLog, SummaryLog, FactList):
         now = utc_now()
         with self.forgetting() as erasure:
             old = get_fact(erasure.con, fact_id)
+            refuse_duplicate(erasure.con, text, other_than=fact_id)
             _summaries_that_saw(erasure.con, [fact_id])
             erasure.edit_fact(fact_id, text, to_db(now))
         return replace(old, text=text, updated_at=now)

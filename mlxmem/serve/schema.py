@@ -10,7 +10,14 @@ import uuid
 from dataclasses import dataclass, field
 
 from mlxmem.engine import GenerationStats
-from mlxmem.errors import InputError, MlxmemError, NotFoundError, StaleError, StoreError
+from mlxmem.errors import (
+    DuplicateFactError,
+    InputError,
+    MlxmemError,
+    NotFoundError,
+    StaleError,
+    StoreError,
+)
 
 # Roles a client may send: a system (or developer) message is read and ignored (mlxmem's own
 # instructions head the prompt); user and assistant messages are the conversation.
@@ -57,6 +64,8 @@ def api_error(exc: Exception) -> ApiError:
         return ApiError(404, str(exc), "not_found")
     if isinstance(exc, StaleError):
         return ApiError(409, str(exc), "conflict")
+    if isinstance(exc, DuplicateFactError):
+        return ApiError(409, str(exc), "duplicate_fact")
     if isinstance(exc, StoreError):
         return ApiError(503, str(exc), "store_unavailable")
     if isinstance(exc, InputError):
