@@ -8,7 +8,9 @@ reads their per-question scores and gives, per run and pooled over all of them: 
 configuration with its 95% bootstrap interval, the paired differences recall - window and
 recall - mlxmem (the same questions, so their intervals are what decides), the shares of
 questions whose prompt held an evidence turn and every content word of the answer, and how
-often recall brought back evidence that had left the window. All of it is the eval's own
+often recall brought back evidence that had left the window. Runs of
+`--conversation-per-session` pool alike, with their configurations and the paired
+differences facts - no_memory and recall - facts. All of it is the eval's own
 arithmetic (`aggregate`, `paired_difference`, `evicted_evidence`) over the pooled questions.
 `--out` keeps those figures only: no question, answer or summary of the corpus (its licence
 keeps its text out of this repository).
@@ -18,22 +20,33 @@ import argparse
 import json
 from pathlib import Path
 
-from mlxmem.eval.locomo import CONFIGS, SCORED, aggregate, evicted_evidence, paired_difference
+from mlxmem.eval.locomo import (
+    CONFIGS,
+    PER_SESSION_CONFIGS,
+    SCORED,
+    aggregate,
+    evicted_evidence,
+    paired_difference,
+)
 
 PAIRS = (("recall", "window"), ("recall", "mlxmem"), ("mlxmem", "window"), ("oracle", "no_memory"))
+# Runs of --conversation-per-session: what a new chat gets from the facts, then from recall.
+PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no_memory"))
 SHARES = ("evidence_in_prompt", "answer_in_prompt")
 
 
-def figures(items: list[dict]) -> dict:
+def figures(items: list[dict], per_session: bool = False) -> dict:
     """The eval's own aggregates of `items` (overall, categories 1-4), its paired differences,
-    and its count of questions whose evidence had left the window."""
-    scores = aggregate(items)
+    and (one conversation per run) its count of questions whose evidence had left the window."""
+    configs, pairs = (PER_SESSION_CONFIGS, PER_SESSION_PAIRS) if per_session else (CONFIGS, PAIRS)
+    scores = aggregate(items, configs=configs)
     out: dict = {"questions": sum(i["category"] in SCORED for i in items)}
-    for config in CONFIGS:
+    for config in configs:
         out[config] = {m: scores[config][m]["overall"] for m in ("f1", *SHARES)}
-    for a, b in PAIRS:
+    for a, b in pairs:
         out[f"{a}_vs_{b}"] = paired_difference(items, a, b)
-    out["evicted_evidence"] = evicted_evidence(items)["overall"]
+    if not per_session:
+        out["evicted_evidence"] = evicted_evidence(items)["overall"]
     return out
 
 
@@ -42,12 +55,14 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    runs, pooled = [], []
+    runs, pooled, modes = [], [], set()
     for path in args.runs:
         run = json.loads(path.read_text())
         items = [i for conv in run["conversations"] for i in conv["items"]]
         pooled += items
         settings = run["settings"]
+        per_session = run.get("configs") == list(PER_SESSION_CONFIGS)
+        modes.add(per_session)
         runs.append(
             {
                 "model": run["model"]["label"],
@@ -56,22 +71,28 @@ def main() -> None:
                 "limit": settings.get("limit"),
                 "context_tokens": settings.get("context_tokens"),
                 "versions": run.get("versions"),
-                "figures": figures(items),
+                "figures": figures(items, per_session),
             }
         )
-    result = {"runs": runs, "pooled": figures(pooled)}
+    if len(modes) > 1:
+        parser.error("these runs mix --conversation-per-session with the one-conversation mode")
+    per_session = modes.pop()
+    configs, pairs = (PER_SESSION_CONFIGS, PER_SESSION_PAIRS) if per_session else (CONFIGS, PAIRS)
+    result = {"runs": runs, "pooled": figures(pooled, per_session)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     for label, fig in [*((",".join(r["conversations"]), r["figures"]) for r in runs),
                        ("pooled", result["pooled"])]:  # fmt: skip
         print(f"{label}: {fig['questions']} questions in categories 1-4")
-        for config in CONFIGS:
+        for config in configs:
             shares = "  ".join(f"{m} {_num(fig[config][m]['mean'], '.2f')}" for m in SHARES)
             print(f"  {config:>9} F1 {_figure(fig[config]['f1'], '.3f')}  {shares}")
-        for a, b in PAIRS:
+        for a, b in pairs:
             d = fig[f"{a}_vs_{b}"]
             clear = "  (clear of zero)" if d["beats"] else ""
             print(f"  {a} - {b}: {_figure(d, '+.3f')}{clear}")
+        if per_session:
+            continue
         evicted = fig["evicted_evidence"]
         print(f"  evidence left the window for {evicted['questions']}; recall brought it back"
               f" for {evicted['evidence_recalled']}")  # fmt: skip

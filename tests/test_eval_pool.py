@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxmem.eval.locomo import CONFIGS, paired_difference
+from mlxmem.eval.locomo import CONFIGS, PER_SESSION_CONFIGS, paired_difference
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "eval_pool.py"
 
@@ -56,3 +56,39 @@ def test_pooled_figures_are_the_paired_difference_over_every_run(tmp_path):
     assert (evicted["questions"], evicted["evidence_recalled"]) == (3, 1)
     assert "SECRET" not in out.read_text()  # the corpus's text stays out of the results
     assert "recall - window" in done.stdout
+
+
+def test_runs_of_one_conversation_per_session_pool_their_own_configurations(tmp_path):
+    paths = []
+    for n, scores in enumerate([[(0.5, 0.1), (0.4, 0.4)], [(0.3, 0.0)]]):
+        items = [
+            {"question": "SECRET?", "answer": "SECRET", "category": 4}
+            | {
+                config: {"f1": {"recall": r, "facts": f}.get(config, 0.0)}
+                for config in PER_SESSION_CONFIGS
+            }
+            for r, f in scores
+        ]
+        run = {
+            "model": {"label": "fake"},
+            "configs": list(PER_SESSION_CONFIGS),
+            "settings": {"conversations": [f"conv-{n}"], "sessions": 8, "limit": 20},
+            "conversations": [{"id": f"conv-{n}", "items": items}],
+        }
+        paths.append(tmp_path / f"{n}.json")
+        paths[-1].write_text(json.dumps(run))
+    out = tmp_path / "pooled.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, paths), "--out", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    pooled = json.loads(out.read_text())["pooled"]
+    assert pooled["questions"] == 3 and "window" not in pooled
+    assert abs(pooled["recall_vs_facts"]["mean"] - (0.4 + 0.0 + 0.3) / 3) < 1e-9
+    assert abs(pooled["facts_vs_no_memory"]["mean"] - (0.1 + 0.4 + 0.0) / 3) < 1e-9
+    assert "recall - facts" in done.stdout and "SECRET" not in out.read_text()
+    one = run_file(tmp_path / "one.json", "conv-9", [(0.5, 0.0)])
+    mixed = subprocess.run(
+        [sys.executable, str(SCRIPT), str(paths[0]), str(one)], capture_output=True, text=True
+    )
+    assert mixed.returncode == 2 and "mix" in mixed.stderr
