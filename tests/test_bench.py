@@ -309,6 +309,10 @@ def test_bench_speed_end_to_end(tiny_model):
     assert [row["prompt_tokens"] for row in report["lengths"]] == [64, 160]
     for row in report["lengths"]:
         assert row["decode_tps_ratio"] > 0 and row["ttft_s"] > 0 and row["cached_ttft_s"] > 0
+        # per decoded token, both sides, and mlxmem's over mlx-lm's in each trial's pair
+        assert row["decode_ms_per_token"] > 0 and row["bare_decode_ms_per_token"] > 0
+        low, high = row["spread"]["decode_overhead_ratio"]
+        assert 0 < low <= row["decode_overhead_ratio"] <= high
         assert row["generated_tokens"] == 8 and row["trials"] == 2
         assert row["cached_prefill_tokens"] < row["prompt_tokens"]
         assert row["limit_ttft_s"] > 0 and row["cached_vs_limit_ratio"] > 0

@@ -204,6 +204,21 @@ def test_models_make_tiny(tmp_path):
     assert json.loads((path / "config.json").read_text())["quantization"]["bits"] == 4
 
 
+def test_models_make_tiny_of_one_layer_and_a_narrow_width_loads_and_generates(tmp_path):
+    path = tmp_path / "nano"
+    mlxmem("models", "make-tiny", str(path), "--layers", "1", "--hidden", "64")
+    config = json.loads((path / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (1, 64)
+    assert config["num_attention_heads"] * 16 == 64  # heads of 16 dimensions
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(str(path))
+    assert len(model.layers) == 1
+    assert isinstance(generate(model, tokenizer, "hello", max_tokens=3), str)
+    result = mlxmem("models", "make-tiny", str(tmp_path / "bad"), "--hidden", "70", code=1)
+    assert "multiple of 16" in result.stderr and not (tmp_path / "bad").exists()
+
+
 def test_models_make_tiny_help_says_the_output_is_gibberish():
     assert "gibberish" in mlxmem("models", "make-tiny", "--help").stdout
 

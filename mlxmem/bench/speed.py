@@ -68,6 +68,13 @@ class LengthResult:
                 s = self.spread(side, metric)
                 row[prefix + metric] = s.median
                 spreads[prefix + metric] = s.to_list()
+        for side, prefix in (("mlxmem", ""), ("bare", "bare_")):
+            # What one decoded token costs: on a model that costs next to nothing (`models
+            # make-tiny --layers 1 --hidden 64`), the decode loop's own cost.
+            costs = [1e3 / t.decode_tps for t in getattr(self, side) if t.decode_tps > 0]
+            if costs:
+                row[prefix + "decode_ms_per_token"] = Spread.of(costs).median
+                spreads[prefix + "decode_ms_per_token"] = Spread.of(costs).to_list()
         cached = Spread.of(self.cached_ttft_s)
         row["cached_ttft_s"] = cached.median
         spreads["cached_ttft_s"] = cached.to_list()
@@ -76,6 +83,10 @@ class LengthResult:
         # a shared machine's slow minutes then weigh on both sides alike.
         pairs = {
             "decode_tps_ratio": [m.decode_tps / b.decode_tps for m, b in self._pairs()],
+            # mlxmem's time per decoded token over mlx-lm's (1.0: the loop costs nothing more)
+            "decode_overhead_ratio": [
+                b.decode_tps / m.decode_tps for m, b in self._pairs() if m.decode_tps > 0
+            ],
             "prefill_tps_ratio": [m.prefill_tps / b.prefill_tps for m, b in self._pairs()],
             "ttft_ratio": [b.ttft_s / m.ttft_s for m, b in self._pairs()],
             "cached_ttft_ratio": [

@@ -168,18 +168,31 @@ def make_tiny(
     quantize: int | None = typer.Option(
         None, "--quantize", metavar="BITS", help="Quantize the weights to BITS (e.g. 4)."
     ),
+    layers: int | None = typer.Option(
+        None, "--layers", min=1, max=64, help="Transformer layers (default 2)."
+    ),
+    hidden: int | None = typer.Option(
+        None,
+        "--hidden",
+        min=16,
+        max=4096,
+        help="Hidden size, a multiple of 16 (default 128; the MLP is twice as wide).",
+    ),
 ) -> None:
     """Write a tiny model with RANDOM WEIGHTS: its output is gibberish.
 
     It exists to test the machinery offline (token budgets, KV-cache reuse,
     speed), never to judge answers: Llama architecture, a small tokenizer
     trained on the spot, a Llama-3 style chat template. Use it with
-    --model PATH, or load it with mlx_lm.load(PATH).
+    --model PATH, or load it with mlx_lm.load(PATH). `--layers 1 --hidden 64`
+    makes a model whose forward pass costs next to nothing, so that `bench
+    speed` on it measures the decode loop around the model.
     """
 
     from mlxmem.models.tiny import make_tiny as write_tiny
+    from mlxmem.models.tiny import tiny_shape
 
     start = time.perf_counter()
-    written = write_tiny(path, seed=seed, quantize=quantize)
+    written = write_tiny(path, seed=seed, quantize=quantize, arch=tiny_shape(layers, hidden))
     seconds = time.perf_counter() - start
     typer.echo(f"Wrote a random-weight tiny model to {written} in {seconds:.1f} s")

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mlxmem.errors import MlxmemError
+from mlxmem.errors import InputError, MlxmemError
 
 BOS = "<|begin_of_text|>"
 END_OF_TEXT = "<|end_of_text|>"
@@ -69,6 +69,27 @@ TINY_SHAPE: dict[str, Any] = {
     "attention_bias": False,
     "mlp_bias": False,
 }
+
+
+def tiny_shape(layers: int | None = None, hidden: int | None = None) -> dict[str, Any] | None:
+    """Overrides of TINY_SHAPE for `layers` and a `hidden` size (its heads keep 16 dimensions
+    each; the MLP is twice as wide), or None for the default shape. InputError for a hidden size
+    that the heads cannot divide."""
+    shape: dict[str, Any] = {}
+    if layers is not None:
+        shape["num_hidden_layers"] = layers
+    if hidden is not None:
+        if hidden % 16 or hidden < 16:
+            raise InputError(f"--hidden must be a multiple of 16 (its heads' width), not {hidden}")
+        heads = hidden // 16
+        shape |= {
+            "hidden_size": hidden,
+            "intermediate_size": 2 * hidden,
+            "num_attention_heads": heads,
+            "num_key_value_heads": max(1, heads // 2),
+        }
+    return shape or None
+
 
 # Keys of a real config that describe the checkpoint, not the shape: never copied.
 _NOT_SHAPE = ("quantization", "quantization_config", "bos_token_id", "eos_token_id", "pad_token_id")
