@@ -11,6 +11,10 @@ from mlxmem.errors import InputError
 
 # The roles of logged turns; the system message is assembled, never logged.
 ROLES = ("user", "assistant")
+# What a chat message opens with when it speaks to someone ("Hey Mel!", "Thanks, Caroline!"),
+# as regular-expression alternations: the summary's check and fact extraction read them alike.
+GREETING_WORDS = r"hey|hi|hello|hiya|dear"
+THANKS_WORDS = r"thanks|thank you|congrats|congratulations"
 
 
 def check_text(text: object, what: str = "message", allow_empty: bool = True) -> str:

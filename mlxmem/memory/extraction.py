@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import shorten
+from mlxmem.text import GREETING_WORDS, THANKS_WORDS
 
 EXAMPLE_FACT = "The user's sister is called Ana."
 EXTRACTION_INSTRUCTIONS = (
@@ -45,7 +46,7 @@ _COMMON_WORDS = {
 # ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my friend from college,
 # Maria." or "Oh Mark called me" name people the user talks about, whose facts are kept.
 _ADDRESSED_RE = re.compile(
-    r"(?:^|[.!?]\s+)(?i:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations)"
+    rf"(?:^|[.!?]\s+)(?i:{GREETING_WORDS}|{THANKS_WORDS})"
     r"[\s,!]+([A-Z][a-z]+)\b|,\s+([A-Z][a-z]+)\s*[!?]"
 )
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")

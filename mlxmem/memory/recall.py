@@ -48,7 +48,7 @@ BM25_K1 = 1.2
 BM25_B = 0.5
 _WEEKDAY_NAMES = "|".join(WEEKDAYS).lower()
 # Not "may": in any case it is a verb as often as a month.
-_MONTH_NAMES = "|".join(m for m in MONTHS if m != "May").lower()
+_MONTHS_BUT_MAY = "|".join(m for m in MONTHS if m != "May").lower()
 # Cues that a message reaches back in time (besides being a question).
 _PAST_RE = re.compile(
     r"\b(remember|recall|earlier|before|yesterday|the other day|ago|told you|i (said|mentioned)|"
@@ -118,7 +118,7 @@ _ASKS = {
         r"|\bwhich (?:year|month)\b",
         r"(?i)\b(?:yesterday|today|tonight|tomorrow|ago|since|weekend|last (?:week|weekend|month|"
         r"year|night|summer|winter|spring|fall)|next (?:week|month|year)|"
-        rf"this (?:week|month|year|morning|summer)|{_WEEKDAY_NAMES}|{_MONTH_NAMES}|\d{{4}})\b",
+        rf"this (?:week|month|year|morning|summer)|{_WEEKDAY_NAMES}|{_MONTHS_BUT_MAY}|\d{{4}})\b",
     ),
     "number": (
         r"\bhow (?:many|much|long)\b",
@@ -141,7 +141,7 @@ _SECOND_PERSON = r"(?i)\b(?:you|your|yours)\b"
 # A message may say who is who ("You are Melanie; I am Caroline"): a speaker's name then means
 # that speaker's turns, not the turns that contain the name (people name the one they talk to
 # far more often than themselves). The statement itself is not searched for.
-_SPEAKER_RE = re.compile(
+_WHO_IS_WHO_RE = re.compile(
     r"\b(?:((?i:you are|you're|your name is))|(?i:i am|i'm|my name is))\s+([A-Z][\w'-]*)"
 )
 _ROLE_PREFIX = "@"  # a query term "@user" or "@assistant" asks for that speaker's turns
@@ -352,10 +352,10 @@ def query_terms(text: str, today: date | None = None) -> list[str]:
     local day it is written) so do the days it names from there ("last week"); last, what
     the question asks for ("?when", see asks_for)."""
     speakers = {}
-    for match in _SPEAKER_RE.finditer(text):
+    for match in _WHO_IS_WHO_RE.finditer(text):
         for name in words_of(match.group(2)):
             speakers[name] = "assistant" if match.group(1) else "user"
-    found = list(dict.fromkeys(words_of(_SPEAKER_RE.sub(" ", text))))
+    found = list(dict.fromkeys(words_of(_WHO_IS_WHO_RE.sub(" ", text))))
     named = {speakers[w] for w in found if w in speakers}
     found = [w for w in found if w not in speakers]
     if len(found) > MAX_QUERY_TERMS:  # a pasted text: what was typed comes first or last

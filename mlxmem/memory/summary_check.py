@@ -21,6 +21,7 @@ from mlxmem.engine import Engine
 from mlxmem.memory.dates import MONTHS, WEEKDAYS, day_label
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.turns import Turn
+from mlxmem.text import GREETING_WORDS, THANKS_WORDS
 
 # Set against SmolLM2-135M's and Qwen2.5-Coder-1.5B's summaries of LoCoMo windows
 # (benchmarks/summary_prompts.py) and a plain third-person one (tests/test_summary_check.py).
@@ -52,7 +53,7 @@ _REFUSAL_RE = re.compile(
     r"model)|I don'?t have (?:access|enough|any)|there is nothing to summari[sz]e)",
     re.IGNORECASE,
 )
-_MONTHS = frozenset(name.lower() for name in (*MONTHS, *WEEKDAYS))
+_CALENDAR_WORDS = frozenset(name.lower() for name in (*MONTHS, *WEEKDAYS))
 _PERSONAL = frozenset(
     "i i'm i've i'd i'll me my mine myself we we're we've we'll we'd us our ours ourselves "
     "you you're you've you'll you'd your yours yourself yourselves".split()
@@ -63,11 +64,11 @@ _NOT_NAMES = frozenset(
     "so my you your we it that this".split()
 )
 # "[8 May 2023] ..." or, after a line of the same year, "[21 May] ...".
-_MONTH_NAMES = "|".join(MONTHS)
-_DAY_LINE_RE = re.compile(rf"^\[(\d{{1,2}} (?:{_MONTH_NAMES}))(?: (\d{{4}}))?\] (.*)$")
-_SPEAKER_RE = re.compile(r"^([A-Z][\w'’-]*(?: [A-Z][\w'’-]*)?): (.+)$", re.DOTALL)
+_MONTH_ALTERNATION = "|".join(MONTHS)
+_DAY_LINE_RE = re.compile(rf"^\[(\d{{1,2}} (?:{_MONTH_ALTERNATION}))(?: (\d{{4}}))?\] (.*)$")
+_SPEAKER_LABEL_RE = re.compile(r"^([A-Z][\w'’-]*(?: [A-Z][\w'’-]*)?): (.+)$", re.DOTALL)
 _GREETING_RE = re.compile(
-    r"^(?:\[[^\]]*\]\s*)?(?:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations|"
+    rf"^(?:\[[^\]]*\]\s*)?(?:{GREETING_WORDS}|{THANKS_WORDS}|"
     r"good (?:morning|afternoon|evening)|wow|aw+|oh)\b[\s,!]*(?:so much[\s,]*)?([A-Z][a-z]+)\b",
     re.IGNORECASE,
 )
@@ -82,7 +83,7 @@ _END_RE = re.compile(r"\s*[.!?…]+$")
 _VOCATIVE_RE = re.compile(r",\s+([A-Z][a-z]+)\s*[!?.]")
 # Words a greeting opens with: "Hey Mel!", "Thanks, Caroline!" say nothing worth keeping.
 _OPENER_RE = re.compile(
-    r"^(?:(?:hey|hi|hello|hiya|dear|thanks|thank you|congrats|congratulations|good (?:morning|"
+    rf"^(?:(?:{GREETING_WORDS}|{THANKS_WORDS}|good (?:morning|"
     r"afternoon|evening)|wow|aw+|oh|yeah|yes|ok|okay)(?: so much)?\s*[,!.]+\s*)+",
     re.IGNORECASE,
 )
@@ -156,7 +157,7 @@ def key_items(texts: Sequence[str]) -> set[str]:
         for sentence in _SENTENCE_RE.split(text):
             for i, word in enumerate(_TOKEN_RE.findall(sentence)):
                 low = _norm(word)
-                if word[0].isdigit() or low in _MONTHS:
+                if word[0].isdigit() or low in _CALENDAR_WORDS:
                     others.add(low)
                 elif i > 0 and _is_name(word):
                     names.add(low)
@@ -331,7 +332,7 @@ def _specifics(text: str, entities: set[str]) -> set[str]:
         for w in _unit_items(text, entities)
         if not w.startswith("~")
         and w not in _WHEN
-        and (w not in _MONTHS or re.search(rf"\b{w.capitalize()}\b", text))
+        and (w not in _CALENDAR_WORDS or re.search(rf"\b{w.capitalize()}\b", text))
     }
 
 
@@ -441,9 +442,7 @@ def _without_address(sentence: str, names: set[str]) -> str:
     for name in sorted(names, key=lambda n: (-len(n), n)):  # one order: same input, same output
         name = re.escape(name)
         sentence = re.sub(rf",\s*{name}(?=\s*[!?.]|$)", "", sentence)
-        sentence = re.sub(
-            rf"^((?:hey|hi|hello|hiya|dear)\s+){name}\b[\s,!.]*", "", sentence, flags=re.I
-        )
+        sentence = re.sub(rf"^((?:{GREETING_WORDS})\s+){name}\b[\s,!.]*", "", sentence, flags=re.I)
     return ((lead or "") + _OPENER_RE.sub("", sentence)).strip()
 
 
@@ -452,7 +451,7 @@ def _unit_items(text: str, entities: set[str]) -> set[str]:
     words, which count for less."""
     found = set()
     for word in _words(text):
-        if word[0].isdigit() or word in _MONTHS or word in _WHEN or word in entities:
+        if word[0].isdigit() or word in _CALENDAR_WORDS or word in _WHEN or word in entities:
             found.add(word)
         elif len(word) > 3 and word not in STOPWORDS and "'" not in word:
             found.add("~" + word)
@@ -460,7 +459,7 @@ def _unit_items(text: str, entities: set[str]) -> set[str]:
 
 
 def _entity_words(texts: Sequence[str]) -> set[str]:
-    return {w for w in key_items(texts) if not w[0].isdigit() and w not in _MONTHS}
+    return {w for w in key_items(texts) if not w[0].isdigit() and w not in _CALENDAR_WORDS}
 
 
 def _sentences(text: str) -> list[str]:
@@ -494,7 +493,7 @@ def _earlier_units(text: str, structured: bool, lowercase: Collection[str]) -> l
             day = f"{day} {year}" if year else day
         speaker = None
         for sentence in _sentences(rest):
-            labelled = _SPEAKER_RE.match(sentence) if line_structured else None
+            labelled = _SPEAKER_LABEL_RE.match(sentence) if line_structured else None
             if labelled:
                 speaker, sentence = labelled.groups()
             if line_structured and len(sentence.split()) > AGED_WORDS:
@@ -537,7 +536,7 @@ def _holds_item(clause: str, lowercase: Collection[str]) -> bool:
     case and no stopword."""
     for i, word in enumerate(_TOKEN_RE.findall(clause)):
         low = _norm(word)
-        if word[0].isdigit() or (word[0].isupper() and low in _MONTHS):
+        if word[0].isdigit() or (word[0].isupper() and low in _CALENDAR_WORDS):
             return True
         if _is_name(word) and not word.isupper():
             if i > 0 or (low not in lowercase and low not in STOPWORDS):
