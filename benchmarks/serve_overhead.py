@@ -15,6 +15,7 @@ messages, warm-up turns not counted, medians. Prints a table, or one JSON object
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -55,17 +56,26 @@ def settings(max_tokens: int) -> ChatSettings:
 
 
 class Direct:
-    """Turns by calling the Companion, as `mlxmem chat` does."""
+    """Turns by calling the Companion: holding the store between turns, as the interactive
+    `mlxmem chat` does, or opening it per operation, as a one-shot `chat -m` does. `first`
+    keeps each turn's time to its first reply text."""
 
-    def __init__(self, make_engine: Callable, max_tokens: int):
+    def __init__(self, make_engine: Callable, max_tokens: int, held: bool):
         engine = make_engine()
-        self.companion = Companion(engine, Store(), "bench", BUDGET, RESERVE, settings(max_tokens))
+        store = Store()
+        self.companion = Companion(engine, store, "bench", BUDGET, RESERVE, settings(max_tokens))
+        self._held = contextlib.ExitStack()
+        if held:
+            self._held.enter_context(store.holding())
+        self.first: list[float] = []
 
     def turn(self, text: str) -> None:
-        self.companion.send(text)
+        start, first = time.perf_counter(), []
+        self.companion.send(text, on_text=lambda _: first or first.append(time.perf_counter()))
+        self.first.append(first[0] - start)
 
     def close(self) -> None:
-        pass
+        self._held.close()
 
 
 class OverHttp:
@@ -91,14 +101,20 @@ class OverHttp:
 
         service._turn = timed
         self.stream = stream
+        self.first: list[float] = []
         self.con = http.client.HTTPConnection(*self.server.server_address[:2], timeout=300)
 
     def turn(self, text: str) -> None:
         body = {"model": "bench", "user": "bench", "stream": self.stream}
         body["messages"] = [{"role": "user", "content": text}]
         headers = {"Content-Type": "application/json"}
+        start = time.perf_counter()
         self.con.request("POST", "/v1/chat/completions", json.dumps(body), headers)
         response = self.con.getresponse()
+        if self.stream:  # the time to the first chunk that carries reply text
+            while b'"content"' not in (line := response.readline()):
+                assert line, "the stream ended before any reply text"
+            self.first.append(time.perf_counter() - start)
         payload = response.read()
         assert response.status == 200, payload
         if self.stream:
@@ -124,15 +140,15 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     texts = messages(args.warmup + args.turns)
-    times: dict[str, list[float]] = {"direct": [], "http": [], "http_stream": []}
+    times: dict[str, list[float]] = {"direct": [], "direct_held": [], "http": [], "http_stream": []}
     pings: list[float] = []
     with tempfile.TemporaryDirectory() as work:
         make_engine = engine_factory(args.engine, Path(work))
         runners = {}
         for name in times:  # each in its own data directory, fixed when its store is made
             os.environ["MLXMEM_HOME"] = str(Path(work) / name)
-            if name == "direct":
-                runners[name] = Direct(make_engine, args.max_tokens)
+            if name.startswith("direct"):
+                runners[name] = Direct(make_engine, args.max_tokens, held=name == "direct_held")
             else:
                 runners[name] = OverHttp(make_engine, args.max_tokens, name == "http_stream")
         try:
@@ -140,7 +156,7 @@ def main() -> None:
             # on a shared machine hits all three, and none always runs first.
             names = list(runners)
             for i, text in enumerate(texts):
-                for name in names[i % 3 :] + names[: i % 3]:
+                for name in names[i % len(names) :] + names[: i % len(names)]:
                     start = time.perf_counter()
                     runners[name].turn(text)
                     times[name].append(time.perf_counter() - start)
@@ -167,8 +183,16 @@ def main() -> None:
         pairs = zip(counted[name], counted["direct"], strict=True)
         return statistics.median(a - b for a, b in pairs) * 1000
 
+    # Before the first token: a streamed request's time to its first reply text, against the
+    # held chat's (the server holds its store too).
+    first = {
+        name: statistics.median(runners[name].first[args.warmup :]) * 1000
+        for name in ("direct_held", "direct", "http_stream")
+    }
     result = {
         "engine": args.engine,
+        "first_text_ms": {k: round(v, 2) for k, v in first.items()},
+        "serve_vs_held_ratio": round(first["http_stream"] / first["direct_held"], 3),
         "turns": args.turns,
         "median_ms": {k: round(v, 2) for k, v in medians.items()},
         "overhead_ms": {k: round(paired(k), 2) for k in ("http", "http_stream")},
@@ -182,10 +206,15 @@ def main() -> None:
     print(f"engine {args.engine}, {args.turns} turns (median per turn)")
     for name, ms in medians.items():
         extra = ""
-        if name != "direct":
+        if name.startswith("http"):
             extra = f"  vs direct {paired(name):+.2f} ms (paired), added {added[name]:.2f} ms"
         print(f"  {name:12} {ms:8.2f} ms{extra}")
     print(f"  a request with no turn (GET /v1/models): {result['round_trip_ms']:.3f} ms")
+    print(
+        f"  to the first reply text: served (streamed) {first['http_stream']:.2f} ms, held chat"
+        f" {first['direct_held']:.2f} ms, unheld {first['direct']:.2f} ms:"
+        f" serve_vs_held_ratio {result['serve_vs_held_ratio']:.2f}"
+    )
 
 
 if __name__ == "__main__":

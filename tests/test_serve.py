@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import openai
@@ -657,3 +658,17 @@ def test_a_conversation_is_kept_out_of_recall_through_the_api():
         assert (
             request(server, "PATCH", "/v1/memory/conversations/nope", {"private": True})[0] == 404
         )
+
+
+def test_serve_overhead_benchmark_sets_the_held_server_beside_the_held_chat(tmp_path):
+    script = Path(__file__).parent.parent / "benchmarks" / "serve_overhead.py"
+    env = {**os.environ, "MLXMEM_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(script), "--turns", "3", "--warmup", "1", "--json"],
+        capture_output=True, text=True, check=True, env=env, timeout=300,
+    )  # fmt: skip
+    result = json.loads(done.stdout)
+    first = result["first_text_ms"]
+    assert set(first) == {"direct_held", "direct", "http_stream"} and min(first.values()) > 0
+    ratio = first["http_stream"] / first["direct_held"]
+    assert result["serve_vs_held_ratio"] == pytest.approx(ratio, rel=0.01)

@@ -169,7 +169,7 @@ class Server(ThreadingHTTPServer):
     def close(self) -> None:
         self.shutdown()
         self.server_close()
-        self.app.service.worker.close()
+        self.app.service.close()
 
 
 class RequestHandler(BaseHTTPRequestHandler):

@@ -15,28 +15,28 @@ from .schema import ApiError
 
 
 def list_facts(req: Request) -> tuple[int, dict]:
-    return 200, listing(Store().facts())
+    return 200, listing(_store(req).facts())
 
 
 def add_fact(req: Request) -> tuple[int, dict]:
-    fact = Store().add_fact(req.text_field("text"), source="manual")
+    fact = _store(req).add_fact(req.text_field("text"), source="manual")
     return 201, as_record(fact)
 
 
 def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
-    fact = Store().edit_fact(int(fact_id), req.text_field("text"))
+    fact = _store(req).edit_fact(int(fact_id), req.text_field("text"))
     return 200, as_record(fact)
 
 
 def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     """`?with_mentions=true` also deletes the turns that quote the fact (as `memory rm
     --with-mentions`); without it they are listed under `mentions`."""
-    return 200, Store().delete_facts([int(fact_id)], req.flag("with_mentions")).to_record()
+    return 200, _store(req).delete_facts([int(fact_id)], req.flag("with_mentions")).to_record()
 
 
 def list_conversations(req: Request) -> tuple[int, dict]:
     """The conversations, and which one a request that names none goes to (`--conversation`)."""
-    return 200, {**listing(Store().conversations()), "default": req.app.default_conversation}
+    return 200, {**listing(_store(req).conversations()), "default": req.app.default_conversation}
 
 
 def set_conversation(req: Request, name: str) -> tuple[int, dict]:
@@ -45,11 +45,11 @@ def set_conversation(req: Request, name: str) -> tuple[int, dict]:
     private = req.json().get("private")
     if not isinstance(private, bool):
         raise ApiError(400, "give private as true or false", "invalid_value", "private")
-    return 200, as_record(Store().set_private(name, private))
+    return 200, as_record(_store(req).set_private(name, private))
 
 
 def show_conversation(req: Request, name: str) -> tuple[int, dict]:
-    store = Store()
+    store = _store(req)
     store.conversation(name)  # an unknown name is a 404, not an empty list
     turns = store.turns(name)
     last = req.number("last")
@@ -60,22 +60,22 @@ def delete_conversation(req: Request, name: str) -> tuple[int, dict]:
     """The whole conversation, or with `?from=A&to=B` the turns numbered A to B."""
     first, last = req.number("from"), req.number("to")
     if first is None and last is None:
-        return 200, Store().delete_conversation(name).to_record()
-    return 200, Store().delete_turn_range(name, first or 1, last or LAST_SEQ).to_record()
+        return 200, _store(req).delete_conversation(name).to_record()
+    return 200, _store(req).delete_turn_range(name, first or 1, last or LAST_SEQ).to_record()
 
 
 def delete_turn(req: Request, turn_id: str) -> tuple[int, dict]:
     """`?with_mentions=true` also deletes the turns that may repeat a deleted message (its
     reply, a turn quoting it whole), as `history rm --with-mentions`; without it they are
     listed under `mentions`."""
-    return 200, Store().delete_turns([int(turn_id)], req.flag("with_mentions")).to_record()
+    return 200, _store(req).delete_turns([int(turn_id)], req.flag("with_mentions")).to_record()
 
 
 def search(req: Request) -> tuple[int, dict]:
     query = req.query.get("q")
     if not query:
         raise ApiError(400, "search needs ?q=TEXT", "missing_parameter", "q")
-    turns = Store().search(
+    turns = _store(req).search(
         query, conversation=req.query.get("conversation"), limit=req.number("limit") or SEARCH_LIMIT
     )
     return 200, listing(turns)
@@ -90,3 +90,8 @@ def context(req: Request) -> tuple[int, dict]:
 
 def listing(items: list) -> dict:
     return {"object": "list", "data": [as_record(item) for item in items]}
+
+
+def _store(req: Request) -> Store:
+    """The server's store, held for its life (ChatService): one connection for every request."""
+    return req.app.service.store

@@ -3,6 +3,7 @@ own Companion (and so its own KV slot), all on the model's one thread."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -71,11 +72,23 @@ class ChatService:
     def __init__(self, worker: ModelWorker, config: ServeConfig):
         self.worker = worker
         self.config = config
+        # Held for the server's life, as the interactive chat holds it: one open connection,
+        # given up within milliseconds to another process that asks (Store.holding). Every
+        # turn and every memory request goes through this one object.
         self.store = Store()
+        self._held = contextlib.ExitStack()
+        self._held.enter_context(self.store.holding())
         # Touched only on the model's thread.
         self.sessions = Sessions(
             self.store, config.context_tokens, config.response_reserve, config.settings
         )
+
+    def close(self) -> None:
+        """Stop the model's thread (the running job finishes), then let the store go."""
+        try:
+            self.worker.close()
+        finally:
+            self._held.close()
 
     def start_turn(self, request: ChatRequest) -> tuple[TurnEvents, Future]:
         """Queue one turn; returns its events and the queued job (cancel it if the client goes

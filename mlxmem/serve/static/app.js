@@ -263,6 +263,8 @@ async function loadContext() {
     el("li", { class: layer }, el("i", { class: `swatch ${layer}` }), `${layer} ${n}`)));
 }
 
+let armed = null; // the conversation whose delete button was clicked once
+
 async function loadConversations() {
   const list = await api("GET", "/v1/memory/conversations");
   $("conversations").replaceChildren(...list.data.map((c) => {
@@ -270,8 +272,17 @@ async function loadConversations() {
       $("conversation").value = c.name;
       refresh();
     } }, c.name);
-    const remove = el("button", { class: "delete" }, "delete");
-    remove.addEventListener("click", () => confirmThen(remove, () => deleteConversation(c.name)));
+    // A second click confirms (deleting a conversation cannot be undone), even if a refresh
+    // redrew the list between the two.
+    const remove = el("button", { class: "delete" }, c.name === armed ? "really delete?" : "delete");
+    remove.addEventListener("click", () => {
+      if (armed === c.name) {
+        armed = null;
+        return deleteConversation(c.name);
+      }
+      armed = c.name;
+      remove.textContent = "really delete?";
+    });
     // A private conversation is never recalled into another; a click toggles it.
     const privacy = el("button", { class: "private", title: c.private
       ? "kept out of recall in other conversations: click to let it back in"
@@ -287,12 +298,6 @@ async function loadConversations() {
   }));
 }
 
-// A second click confirms: deleting a conversation cannot be undone.
-function confirmThen(button, action) {
-  if (button.dataset.armed) return action();
-  button.dataset.armed = "1";
-  button.textContent = "really delete?";
-}
 
 // Refreshes run one after another, so a slow earlier one never overwrites a later one.
 let refreshed = Promise.resolve();
