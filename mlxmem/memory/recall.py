@@ -186,14 +186,14 @@ _BUCKET = 2 * PASSAGE_TURNS + 2
 # and of the current conversation only those up to $last_seq (those left in the verbatim
 # window are in the prompt already): `searched`. A turn is (cid, pos): its conversation and its
 # seq. Document length is counted in indexed words. The search reads what its terms reach,
-# not the whole log: each term's count of index rows and its newest (`df`), the turns
-# they seed (`seeds`, see SEED_POSTINGS), the turns within a passage of a seed (`docs`: a few
-# seq buckets around each), the index rows of the query's terms in those turns (`hits`), and
-# for BM25's document count and mean length, the index's totals less those of the turns not
-# searched (every message has one row in DOCS_TABLE, written and deleted with it). A passage's
-# document frequency is counted over the turns read; for a term with more rows than seed, it
-# is estimated as if the term fell on turns at random. A turn's neighbours are found by seq in
-# its conversation; a deleted turn leaves a gap.
+# not the whole log: how many index rows each term has and which of them are newest (`df`),
+# the turns they seed (`seeds`, see SEED_POSTINGS), the turns within a passage of a seed
+# (`docs`: a few seq buckets around each), the index rows of the query's terms in those turns
+# (`hits`), and for BM25's document count and mean length, the index's totals less those of
+# the turns not searched (every message has one row in DOCS_TABLE, written and deleted with
+# it). A passage's document frequency is counted over the turns read; for a term with more
+# rows than seed, it is estimated as if the term fell on turns at random. A turn's neighbours
+# are found by seq in its conversation; a deleted turn leaves a gap.
 _SEARCH_SQL = f"""
 WITH searched AS (
     SELECT id AS cid, name = $conversation AS current,
