@@ -355,6 +355,19 @@ def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containmen
     assert normalize("Ça   va?!") == "ça va"
 
 
+def test_an_automatic_fact_that_says_a_kept_one_in_other_words_is_a_duplicate():
+    existing = [
+        "The user volunteers at the animal shelter on weekends.",
+        "The user's brother is Rui.",
+    ]
+    assert is_duplicate("The user volunteers at an animal shelter every weekend.", existing)
+    # one word in three differs: another person, another fact
+    assert not is_duplicate(
+        "The user's cousin is called Rui.", ["The user's brother is called Rui."]
+    )
+    assert not is_duplicate("The user adopted a dog from the animal shelter.", existing)
+
+
 words = st.text(alphabet=st.sampled_from("abcdefgh <|>\n"), min_size=1, max_size=400)
 
 
