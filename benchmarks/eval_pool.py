@@ -35,10 +35,15 @@ PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no
 SHARES = ("evidence_in_prompt", "answer_in_prompt")
 
 
+def mode(per_session: bool) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The configurations and the paired differences of a run's mode."""
+    return (PER_SESSION_CONFIGS, PER_SESSION_PAIRS) if per_session else (CONFIGS, PAIRS)
+
+
 def figures(items: list[dict], per_session: bool = False) -> dict:
     """The eval's own aggregates of `items` (overall, categories 1-4), its paired differences,
     and (one conversation per run) its count of questions whose evidence had left the window."""
-    configs, pairs = (PER_SESSION_CONFIGS, PER_SESSION_PAIRS) if per_session else (CONFIGS, PAIRS)
+    configs, pairs = mode(per_session)
     scores = aggregate(items, configs=configs)
     out: dict = {"questions": sum(i["category"] in SCORED for i in items)}
     for config in configs:
@@ -77,7 +82,7 @@ def main() -> None:
     if len(modes) > 1:
         parser.error("these runs mix --conversation-per-session with the one-conversation mode")
     per_session = modes.pop()
-    configs, pairs = (PER_SESSION_CONFIGS, PER_SESSION_PAIRS) if per_session else (CONFIGS, PAIRS)
+    configs, pairs = mode(per_session)
     result = {"runs": runs, "pooled": figures(pooled, per_session)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

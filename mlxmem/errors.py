@@ -18,11 +18,7 @@ class InputError(MlxmemError):
 
 
 class DuplicateFactError(InputError):
-    """A fact that an existing one already says (`fact_id`)."""
-
-    def __init__(self, message: str, fact_id: int):
-        super().__init__(message)
-        self.fact_id = fact_id
+    """A fact that an existing one already says."""
 
 
 class StoreError(MlxmemError):

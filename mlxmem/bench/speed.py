@@ -73,8 +73,9 @@ class LengthResult:
             # make-tiny --layers 1 --hidden 64`), the decode loop's own cost.
             costs = [1e3 / t.decode_tps for t in getattr(self, side) if t.decode_tps > 0]
             if costs:
-                row[prefix + "decode_ms_per_token"] = Spread.of(costs).median
-                spreads[prefix + "decode_ms_per_token"] = Spread.of(costs).to_list()
+                cost = Spread.of(costs)
+                row[prefix + "decode_ms_per_token"] = cost.median
+                spreads[prefix + "decode_ms_per_token"] = cost.to_list()
         cached = Spread.of(self.cached_ttft_s)
         row["cached_ttft_s"] = cached.median
         spreads["cached_ttft_s"] = cached.to_list()

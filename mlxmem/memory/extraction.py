@@ -7,13 +7,13 @@ its answer is kept only if it looks like one short plain sentence that is not al
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import shorten
+from mlxmem.memory.facts import normalize
 from mlxmem.memory.terms import terms as stemmed_terms
 from mlxmem.text import GREETING_WORDS, THANKS_WORDS
 
@@ -51,14 +51,6 @@ _ADDRESSED_RE = re.compile(
     r"[\s,!]+([A-Z][a-z]+)\b|,\s+([A-Z][a-z]+)\s*[!?]"
 )
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
-
-
-def normalize(text: str) -> str:
-    """Case, punctuation and whitespace folded away, for duplicate checks."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = re.sub(r"['’`]", "", text)  # "user's" and "users" are the same word here
-    text = "".join(ch if ch.isalnum() else " " for ch in text)
-    return " ".join(text.split())
 
 
 # A paraphrase of a kept fact: of the smaller fact's content words (stemmed, "user" left out),

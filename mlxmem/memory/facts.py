@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,13 +83,17 @@ def insert_fact(
 
 
 def same_text(a: str, b: str) -> bool:
-    """Do two facts say the same, but for case, spacing and a final full stop? ("I am
-    vegetarian" and "i am  Vegetarian."; not "I am vegan", nor a paraphrase.)"""
-    return _folded(a) == _folded(b)
+    """Do two facts say the same, but for case, punctuation and spacing? ("I am vegetarian"
+    and "i am  Vegetarian."; not "I am vegan", nor a paraphrase.)"""
+    return normalize(a) == normalize(b)
 
 
-def _folded(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split()).rstrip(".!")
+def normalize(text: str) -> str:
+    """Case, punctuation and whitespace folded away, for duplicate checks."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"['’`]", "", text)  # "user's" and "users" are the same word here
+    text = "".join(ch if ch.isalnum() else " " for ch in text)
+    return " ".join(text.split())
 
 
 def duplicate_of(
@@ -106,8 +111,7 @@ def refuse_duplicate(
     if (same := duplicate_of(con, text, other_than)) is not None:
         raise DuplicateFactError(
             f"fact {same.id} already says that: {same.text!r}"
-            f" (`mlxmem memory edit {same.id} TEXT` changes it)",
-            same.id,
+            f" (`mlxmem memory edit {same.id} TEXT` changes it)"
         )
 
 
