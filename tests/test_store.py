@@ -79,6 +79,7 @@ FACTS_SCHEMA = {
         ("version", "BIGINT"),
         ("message_uid", "VARCHAR"),
         ("fork_of", "VARCHAR"),
+        ("clock", "VARCHAR"),
     ],
 }
 
@@ -127,6 +128,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m011_fact_provenance",),
             ("m012_summary_source",),
             ("m013_private_conversations",),
+            ("m014_fact_clocks",),
         ]
     assert store.path == paths.db_path()
 

@@ -1,6 +1,6 @@
-"""Fact edits across devices are ordered by a version counter, not by clocks (issue 23,
-Medium 4): a device whose clock is a year slow still wins with its later edit, and two edits
-made on two devices before they met are both kept, and reported."""
+"""Fact edits across devices are ordered by version vectors and counters, not by clocks: a
+device whose clock is a year slow still wins with its later edit, and two edits made on two
+devices before they met are both kept, and reported."""
 
 import json
 from datetime import timedelta
@@ -12,7 +12,14 @@ from conftest import files_containing, on
 from mlxmem.errors import InputError
 from mlxmem.memory import store as store_module
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
-from mlxmem.memory.records import check_record, fact_key, fact_version
+from mlxmem.memory.records import (
+    check_record,
+    clock_order,
+    edited_clock,
+    fact_clock,
+    fact_key,
+    fact_version,
+)
 from mlxmem.memory.store import Store
 
 MARKER = "MARKER-CONFLICT-5150"
@@ -133,7 +140,11 @@ def test_the_losing_text_is_kept_once_even_when_a_third_device_saw_it_first(tmp_
     assert facts(a) == facts(b) == facts(c) == ["Lives in Faro", "Lives in Porto"]
 
 
-def test_a_fact_edited_twice_on_one_device_beats_one_edit_elsewhere(devices):
+def test_an_edit_over_an_older_version_is_kept_beside_two_edits_made_elsewhere(devices):
+    """A version counter alone took B's one edit, made beside A's two, for an older version of
+    A's text, and dropped it without a fork (the store model found it: the edited text lost).
+    The version vectors tell that neither saw the other: the higher counter keeps the fact,
+    and the other text is a fact of its own."""
     a, b, folder = devices
     on(a, "memory", "add", "Tea")
     for home in (a, b):
@@ -141,9 +152,41 @@ def test_a_fact_edited_twice_on_one_device_beats_one_edit_elsewhere(devices):
     on(b, "memory", "edit", "1", "Coffee")
     on(a, "memory", "edit", "1", "Green tea")
     on(a, "memory", "edit", "1", "Jasmine tea")  # version 2 against B's 1
-    for home in (a, b, a):
+    said = [on(home, "sync").stdout for home in (a, b, a)]
+    assert facts(a) == facts(b) == ["Coffee", "Jasmine tea"]
+    assert sum("edited on two devices" in s for s in said) == 1, said
+    # A later edit made after B saw A's versions is a plain successor: no fork.
+    jasmine = next(f for f in json.loads(on(b, "memory", "list", "--json").stdout)
+                   if f["text"] == "Jasmine tea")  # fmt: skip
+    on(b, "memory", "edit", str(jasmine["id"]), "Oolong tea")
+    for home in (b, a, b):
         on(home, "sync")
-    assert facts(a) == facts(b) == ["Jasmine tea"]
+    assert facts(a) == facts(b) == ["Coffee", "Oolong tea"]
+    assert files_containing(folder.parent, "Jasmine") == []
+
+
+def test_version_vectors_order_edits_by_what_each_saw():
+    a, b = "6c1d3b0e-9a3f-4f43-8b8e-2f1c4d5e6a7b", "0b5c0a52-8e7b-4a39-9d3c-6f4a0f3f8f11"
+    assert clock_order({a: 1}, {a: 1}) == "same"
+    assert clock_order({a: 2}, {a: 1}) == "older"
+    assert clock_order({a: 1}, {a: 1, b: 1}) == "newer"
+    assert clock_order({a: 2}, {a: 1, b: 1}) == "concurrent"
+    assert clock_order({}, {b: 3}) == "newer"
+    assert clock_order(None, {b: 1}) is None  # an edit from before vectors: counters decide
+    # A record without one: never edited is the empty vector; edited is unknown.
+    assert fact_clock(record()) == {}
+    assert fact_clock(record(version=2)) is None
+    assert fact_clock(record(version=1, clock={a: 1})) == {a: 1}
+    assert json.loads(edited_clock({a: 1}, b)) == {a: 1, b: 1}
+    assert json.loads(edited_clock(None, a)) == {a: 1}
+
+
+@pytest.mark.parametrize(
+    "bad", [[], {"not-a-uuid": 1}, {"0b5c0a52-8e7b-4a39-9d3c-6f4a0f3f8f11": 0}]
+)
+def test_a_record_with_a_bad_clock_is_refused(bad):
+    with pytest.raises(InputError, match="bad 'clock'"):
+        check_record(record(version=1, clock=bad))
 
 
 def record(**changes):

@@ -74,6 +74,7 @@ class FactEdit:
     updated_at: datetime
     device_uid: str | None = None
     version: int | None = None  # the version another device wrote; None: one more than now
+    clock: str | None = None  # its version vector (JSON; records.edited_clock), None: unknown
 
 
 @dataclass
@@ -95,10 +96,12 @@ class Erasure:
         updated_at: datetime,
         device_uid: str | None = None,
         version: int | None = None,
+        clock: str | None = None,
     ) -> None:
         """Replace a fact's text; `device_uid` names the device that wrote this version
-        (None: this one), `version` its version counter (None: a local edit, one more)."""
-        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid, version)
+        (None: this one), `version` its version counter (None: a local edit, one more),
+        `clock` its version vector."""
+        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid, version, clock)
 
 
 @dataclass(frozen=True)
@@ -275,8 +278,15 @@ class Database:
             for fact_id, edit in edits.items():
                 con.execute(
                     "UPDATE facts SET text = ?, updated_at = ?, device_uid = ?,"
-                    " version = coalesce(?, coalesce(version, 0) + 1) WHERE id = ?",
-                    [edit.text, edit.updated_at, edit.device_uid, edit.version, fact_id],
+                    " version = coalesce(?, coalesce(version, 0) + 1), clock = ? WHERE id = ?",
+                    [
+                        edit.text,
+                        edit.updated_at,
+                        edit.device_uid,
+                        edit.version,
+                        edit.clock,
+                        fact_id,
+                    ],
                 )
 
     @contextmanager

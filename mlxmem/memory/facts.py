@@ -126,6 +126,14 @@ def get_fact(con: duckdb.DuckDBPyConnection, fact_id: int) -> Fact:
     return fact_of(row)
 
 
+def version_of(con: duckdb.DuckDBPyConnection, fact_id: int) -> tuple[int, str | None]:
+    """A stored fact's version counter and version vector (JSON, or None: see records)."""
+    (version, clock) = con.execute(
+        "SELECT coalesce(version, 0), clock FROM facts WHERE id = ?", [fact_id]
+    ).fetchone()
+    return version, clock
+
+
 def fact_of(row: tuple) -> Fact:
     return Fact(row[0], row[1], row[2], as_utc(row[3]), as_utc(row[4]), row[5])
 

@@ -7,18 +7,20 @@ the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is
   device, uid) on every device; a turn that sorts among existing ones renumbers the turns after
   it (to fresh seq numbers, never reused), the summaries that saw them are deleted (the next
   reply folds the log again) and the KV caches are wiped.
-- Facts: each edit adds one to the fact's version; the higher version wins, then (updated_at,
-  device), so a slow clock cannot undo a later edit. A winning version replaces the local text
-  through the erase path, so the old text leaves the disk. Two edits of the same version with
-  different texts were made on two devices before they met: the tie-break picks the text the
-  fact keeps, and the other text becomes a fact of its own (reported in MergeResult.conflicts),
-  so neither edit is lost.
+- Facts: each edit adds one to the fact's version counter and to its device's count in the
+  fact's version vector. A version whose vector has seen the local one replaces the local text
+  through the erase path, so the old text leaves the disk. Two versions neither of which saw
+  the other were made on two devices before they met: the higher counter, then (updated_at,
+  device), picks the text the fact keeps (a slow clock cannot undo a later edit), and the other
+  text becomes a fact of its own (reported in MergeResult.conflicts), so neither edit is lost.
+  Between versions from before vectors, the counters alone decide.
 Each step is one transaction and can be repeated: a merge cut short anywhere is finished by the
 next one, and a merge that finds nothing new changes nothing.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING
@@ -31,9 +33,12 @@ from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.records import (
     Record,
     Tombstone,
+    clock_order,
+    fact_clock,
     fact_key,
     fact_version,
     fork_uid,
+    stored_clock,
     timestamp,
     turn_key,
 )
@@ -172,7 +177,7 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
             row[0]: row[1:]
             for row in con.execute(
                 "SELECT f.uid, f.id, f.text, f.source, f.updated_at, coalesce(f.device_uid, ?),"
-                " coalesce(f.version, 0), f.message_id FROM facts f",
+                " coalesce(f.version, 0), f.message_id, f.clock FROM facts f",
                 [device],
             ).fetchall()
         }
@@ -190,10 +195,20 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
                 _insert_fact(con, r, device)
                 result.facts += 1
                 continue
-            fid, text, source, updated_at, dev, ver, message_id = local[uid]
-            if fact_key(r) <= (ver, updated_at, dev):
+            fid, text, source, updated_at, dev, ver, message_id, clock = local[uid]
+            order = clock_order(stored_clock(clock, ver), fact_clock(r))
+            if order in ("same", "older"):
                 continue
-            if fact_version(r) == ver and r["text"] != text:
+            wins = fact_key(r) > (ver, updated_at, dev)
+            if order is None:  # an edit from before version vectors: the counters decide
+                if not wins:
+                    continue
+                concurrent = fact_version(r) == ver
+            else:
+                concurrent = order == "concurrent"
+                if concurrent and not wins:
+                    continue  # the device that wrote the losing text keeps it as a fork
+            if concurrent and r["text"] != text:
                 # Both devices edited the fact since they last met: the tie-break picks the
                 # text the fact keeps, and the other text is kept as a fact of its own.
                 fork = _fork_fact(
@@ -203,9 +218,15 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
                     result.conflicts.append((fid, fork, dev))
                     # The same fork may arrive later in this merge, made by another device:
                     # it is this row, not a new fact.
-                    local[fork_uid(uid, ver, dev)] = (fork, text, source, updated_at, dev, 0, None)
+                    local[fork_uid(uid, ver, dev)] = (
+                        fork, text, source, updated_at, dev, 0, None, None
+                    )  # fmt: skip
             edits[fid] = FactEdit(
-                r["text"], timestamp(r["updated_at"]), _origin(r, device), fact_version(r)
+                r["text"],
+                timestamp(r["updated_at"]),
+                _origin(r, device),
+                fact_version(r),
+                _clock_json(r),
             )
     if late:
         # Its own transaction: one transaction writes to one file, and the facts went to the
@@ -249,7 +270,7 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
     fact = insert_fact(con, r["text"], r["source"], row and row[0], timestamp(r["created_at"]))
     con.execute(
         "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, message_uid = ?,"
-        " fork_of = ? WHERE id = ?",
+        " fork_of = ?, clock = ? WHERE id = ?",
         [
             r["uid"],
             _origin(r, device),
@@ -257,9 +278,15 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
             fact_version(r),
             r["message_uid"],
             r.get("fork_of"),
+            _clock_json(r),
             fact.id,
         ],
     )
+
+
+def _clock_json(record: Record) -> str | None:
+    """A fact record's version vector as stored (facts.clock), None if it carries none."""
+    return json.dumps(record["clock"], sort_keys=True) if record.get("clock") else None
 
 
 def _origin(record: Record, device: str) -> str | None:

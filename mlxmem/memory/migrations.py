@@ -345,6 +345,19 @@ def m013_private_conversations(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE conversations ADD COLUMN private BOOLEAN NOT NULL DEFAULT false")
 
 
+# A fact's version vector (JSON: device id -> how many of its edits that device made), so that a
+# sync tells an edit that descends from the version held here from one made beside it: a
+# version counter alone took an edit made over a newer version than this device had seen for a
+# later one, and the text edited here was lost without a fork. Facts edited before stay NULL,
+# unknown: between two such versions the counters decide, as they did.
+@migration
+def m014_fact_clocks(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    con.execute(f"ALTER TABLE {FACTS_DB}.facts ADD COLUMN IF NOT EXISTS clock VARCHAR")
+    con.commit()
+    con.begin()
+
+
 FACTS_DB = "facts_db"
 
 

@@ -2,13 +2,16 @@
 
 Three kinds, one JSON object each, every one naming the device that wrote it:
 - message: a turn, immutable, by uid, with its conversation's name (and uid, derived from it);
-- fact: one version of a fact: its version counter (each edit adds one; absent in records
-  from before it: 0), then (updated_at, device) as a tie-break, decide which wins;
+- fact: one version of a fact: its version vector (`clock`: how many of the fact's edits each
+  device made, this one included) tells whether it descends from the version a device holds
+  or was made beside it; between two made beside each other, its version counter (each edit
+  adds one), then (updated_at, device), decide which text the fact keeps;
 - tombstone: a deletion: a uid, what it was, and when; never the deleted text.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -39,6 +42,7 @@ def latest_time() -> datetime:
 
 
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
+MAX_CLOCK_DEVICES = 10_000  # devices in one fact's version vector: far beyond a person's
 # The namespace of the uids given to the losing text of two concurrent edits of a fact.
 FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
 
@@ -81,7 +85,7 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     ).fetchall()
     facts = con.execute(
         "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
-        " coalesce(m.uid, f.message_uid), coalesce(f.version, 0), f.fork_of FROM facts f"
+        " coalesce(m.uid, f.message_uid), coalesce(f.version, 0), f.fork_of, f.clock FROM facts f"
         " LEFT JOIN messages m ON m.id = f.message_id ORDER BY f.id",
         [device],
     ).fetchall()
@@ -112,7 +116,16 @@ def message_record(uid, conversation, role, text, created_at, device, interrupte
 
 
 def fact_record(
-    uid, text, source, created_at, updated_at, device, message_uid, version=0, fork_of=None
+    uid,
+    text,
+    source,
+    created_at,
+    updated_at,
+    device,
+    message_uid,
+    version=0,
+    fork_of=None,
+    clock=None,
 ) -> Record:
     record = {
         "kind": "fact",
@@ -127,6 +140,8 @@ def fact_record(
     }
     if fork_of is not None:  # the losing text of a sync conflict: the fact it came from
         record["fork_of"] = fork_of
+    if clock:  # a stored version vector (JSON); none for a fact never edited, or from before
+        record["clock"] = json.loads(clock)
     return record
 
 
@@ -160,6 +175,51 @@ def fact_version(record: Record) -> int:
     if "version" in record:
         return record["version"]
     return int(timestamp(record["updated_at"]) != timestamp(record["created_at"]))
+
+
+def fact_clock(record: Record) -> dict[str, int] | None:
+    """A fact record's version vector; None when it is unknown (an edit from before vectors)."""
+    if "clock" in record:
+        return record["clock"]
+    return {} if fact_version(record) == 0 else None
+
+
+def stored_clock(clock: str | None, version: int) -> dict[str, int] | None:
+    """A stored fact's version vector (the facts.clock column); None when it is unknown."""
+    if clock is not None:
+        return json.loads(clock)
+    return {} if version == 0 else None
+
+
+def edited_clock(clock: dict[str, int] | None, device: str) -> str:
+    """The version vector of an edit made on `device` over a version whose vector is `clock`
+    (an unknown one counts as empty: the edit is then concurrent with any other of its kind)."""
+    clock = dict(clock or {})
+    clock[device] = clock.get(device, 0) + 1
+    return json.dumps(clock, sort_keys=True)
+
+
+def clock_order(mine: dict[str, int] | None, theirs: dict[str, int] | None) -> str | None:
+    """How the version `theirs` stands to `mine`: "same", "older" (mine has seen it), "newer"
+    (it has seen mine) or "concurrent" (made beside each other: neither saw the other); None
+    when either vector is unknown. The textbook version-vector order (Parker et al., 1983):
+    a version counter alone cannot tell a newer edit from one made beside an older edit."""
+    if mine is None or theirs is None:
+        return None
+    devices = mine.keys() | theirs.keys()
+    ahead = any(theirs.get(d, 0) > mine.get(d, 0) for d in devices)
+    behind = any(theirs.get(d, 0) < mine.get(d, 0) for d in devices)
+    return {(False, False): "same", (False, True): "older", (True, False): "newer"}.get(
+        (ahead, behind), "concurrent"
+    )
+
+
+def _is_clock(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) <= MAX_CLOCK_DEVICES
+        and all(_is_uuid(d) and type(n) is int and 0 < n <= MAX_VERSION for d, n in value.items())
+    )
 
 
 def turn_key(record: Record) -> tuple[datetime, str, str]:
@@ -199,17 +259,16 @@ def check_record(record: object) -> Record:
     fields = _FIELDS.get(kind)
     if fields is None:
         raise InputError(f"unknown record kind {kind!r}")
-    for name, check in fields.items():
+    for name in fields:
         if name not in record:
             raise InputError(f"{kind} record without {name!r}")
+    checks = {**fields, **_OPTIONAL.get(kind, {})}
+    for name in (n for n in checks if n in record):
         try:
-            ok = check(record[name])
+            ok = checks[name](record[name])
         except (TypeError, ValueError, InputError):
             ok = False
         if not ok:
-            raise InputError(f"{kind} record with a bad {name!r}: {str(record[name])[:40]!r}")
-    for name, check in _OPTIONAL.get(kind, {}).items():
-        if name in record and not check(record[name]):
             raise InputError(f"{kind} record with a bad {name!r}: {str(record[name])[:40]!r}")
     if kind == "fact" and len(record["text"]) > MAX_FACT_CHARS:
         raise InputError(
@@ -275,5 +334,6 @@ _OPTIONAL = {
     "fact": {
         "version": lambda v: type(v) is int and 0 <= v <= MAX_VERSION,
         "fork_of": _is_uuid,
+        "clock": _is_clock,
     },
 }

@@ -29,10 +29,19 @@ from mlxmem.memory.facts import (
     fact_of,
     get_fact,
     refuse_duplicate,
+    version_of,
 )
 from mlxmem.memory.merge import MergeResult, merge_records
 from mlxmem.memory.recall import RECALL_TURNS, search_before
-from mlxmem.memory.records import Record, Tombstone, device_of, fork_uid, local_records
+from mlxmem.memory.records import (
+    Record,
+    Tombstone,
+    device_of,
+    edited_clock,
+    fork_uid,
+    local_records,
+    stored_clock,
+)
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
     SEARCH_LIMIT,
@@ -268,7 +277,10 @@ class Store(TurnLog, SummaryLog, FactList):
             old = get_fact(erasure.con, fact_id)
             refuse_duplicate(erasure.con, text, other_than=fact_id)
             _summaries_that_saw(erasure.con, [fact_id])
-            erasure.edit_fact(fact_id, text, to_db(now))
+            version, clock = version_of(erasure.con, fact_id)
+            device, _ = device_of(erasure.con)
+            clock = edited_clock(stored_clock(clock, version), device)
+            erasure.edit_fact(fact_id, text, to_db(now), clock=clock)
         return replace(old, text=text, updated_at=now)
 
     def apply_tombstones(self, tombstones: Sequence[Tombstone]) -> Deletion:
@@ -314,7 +326,12 @@ class Store(TurnLog, SummaryLog, FactList):
             _summaries_that_saw(erasure.con, list(edits))
             for fact_id, edit in edits.items():
                 erasure.edit_fact(
-                    fact_id, edit.text, to_db(edit.updated_at), edit.device_uid, edit.version
+                    fact_id,
+                    edit.text,
+                    to_db(edit.updated_at),
+                    edit.device_uid,
+                    edit.version,
+                    edit.clock,
                 )
 
     def mentions(self, fact: Fact) -> list[Turn]:
