@@ -214,3 +214,41 @@ def test_history_rm_needs_a_target(chat):
     assert "say what to delete" in error("history", "rm", "-c", "default", "--all", "--to", "2")
     assert len(Store().turns("default")) == 4
     assert "no conversation named 'nope'" in error("history", "rm", "-c", "nope", "--all")
+
+
+# -- a fact that replaces another ---------------------------------------------------------------
+
+
+def test_a_fact_that_replaces_another_leaves_it_listed_out_of_the_prompt():
+    mlxmem("memory", "add", "I live in Lisbon")
+    said = mlxmem("memory", "add", "I moved to Porto", "--replaces", "1").stdout
+    assert said.startswith("Added fact 2. Fact 1 is replaced")
+    assert [f["text"] for f in as_json("memory", "list")] == ["I moved to Porto"]
+    lisbon, porto = as_json("memory", "list", "--all")
+    assert (lisbon["text"], lisbon["replaced_by"], porto["replaced_by"]) == (
+        "I live in Lisbon",
+        2,
+        None,
+    )
+    assert lisbon["replaced_at"] is not None
+    # What a chat's prompt gets: the current facts only.
+    assert [f.text for f in Store().snapshot("default").facts] == ["I moved to Porto"]
+    assert "already replaced by fact 2" in error("memory", "add", "Faro", "--replaces", "1")
+    assert "no fact with id 9" in error("memory", "add", "Faro", "--replaces", "9")
+    mlxmem("memory", "rm", "1", "--yes")
+    assert [f["text"] for f in as_json("memory", "list", "--all")] == ["I moved to Porto"]
+    home = paths.db_path().parent
+    assert [p for p in home.rglob("*") if p.is_file() and b"Lisbon" in p.read_bytes()] == []
+
+
+def test_deleting_the_replacing_fact_says_the_old_one_is_current_again():
+    mlxmem("memory", "add", "I live in Lisbon")
+    mlxmem("memory", "add", "I moved to Porto", "--replaces", "1")
+    said = mlxmem("memory", "rm", "2").stdout
+    assert "Fact 1 is current again" in said and "'I live in Lisbon'" in said
+    assert [(f["id"], f["replaced_by"]) for f in as_json("memory", "list")] == [(1, None)]
+    assert [f.text for f in Store().snapshot("default").facts] == ["I live in Lisbon"]
+    # Deleting both at once brings neither back.
+    mlxmem("memory", "add", "I moved to Faro", "--replaces", "1")
+    assert "current again" not in mlxmem("memory", "rm", "1", "3").stdout
+    assert as_json("memory", "list", "--all") == []

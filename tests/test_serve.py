@@ -361,8 +361,22 @@ def test_memory_api_facts_round_trip_into_the_next_prompt_and_gone_for_good():
         twice = request(server, "POST", "/v1/memory/facts", {"text": "i keep bees."})
         assert_error(twice, 409, "duplicate_fact")
         assert "already says that: 'I keep bees'" in twice[1]["error"]["message"]
-        Store().delete_facts([f.id for f in Store().facts()])
-    assert Store().facts() == []
+        bees = Store().facts()[-1].id
+        moved = request(
+            server, "POST", "/v1/memory/facts", {"text": "I keep wasps", "replaces": bees}
+        )
+        assert moved[0] == 201
+        assert [f["text"] for f in request(server, "GET", "/v1/memory/facts")[1]["data"]].count(
+            "I keep bees"
+        ) == 0
+        listed = request(server, "GET", "/v1/memory/facts?all=true")[1]["data"]
+        assert (
+            next(f for f in listed if f["text"] == "I keep bees")["replaced_by"] == moved[1]["id"]
+        )
+        bad = request(server, "POST", "/v1/memory/facts", {"text": "x y", "replaces": "1"})
+        assert_error(bad, 400, "invalid_value")
+        Store().delete_facts([f.id for f in Store().facts(replaced=True)])
+    assert Store().facts(replaced=True) == []
     home = Store().path.parent
     assert files_containing(home, "keep bees") == files_containing(home, "keep wasps") == []
 

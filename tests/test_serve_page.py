@@ -110,6 +110,18 @@ def test_the_page_chats_and_shows_and_edits_the_memory(browser):
             ("I live in Lisbon", "manual"),
             ("I keep bees", "manual"),
         ]
+        # A replaced fact stays listed, after the current ones, with what replaced it.
+        lisbon = store.facts()[0].id
+        moved = {"text": "I moved to Porto", "replaces": lisbon}
+        porto = request(server, "POST", "/v1/memory/facts", moved)[1]["id"]
+        browser.refresh()
+        want = ["I keep bees", "I moved to Porto", "I live in Lisbon"]
+        wait(browser, lambda: texts(browser, "#facts .fact .text") == want)
+        assert texts(browser, "#facts .fact.replaced .replaced")[0].startswith(
+            f"replaced by {porto} on "
+        )
+        store.delete_facts([porto, lisbon])
+        wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".message")) == 2)
 
         # The history: delete the first turn.
         click(browser, ".message.user .delete")

@@ -80,6 +80,8 @@ FACTS_SCHEMA = {
         ("message_uid", "VARCHAR"),
         ("fork_of", "VARCHAR"),
         ("clock", "VARCHAR"),
+        ("replaced_by", "VARCHAR"),
+        ("replaced_at", "TIMESTAMP"),
     ],
 }
 
@@ -129,6 +131,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m012_summary_source",),
             ("m013_private_conversations",),
             ("m014_fact_clocks",),
+            ("m015_fact_replacements",),
         ]
     assert store.path == paths.db_path()
 

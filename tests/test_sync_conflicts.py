@@ -11,11 +11,11 @@ from conftest import files_containing, on
 
 from mlxmem.errors import InputError
 from mlxmem.memory import store as store_module
+from mlxmem.memory.facts import edited_clock
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.records import (
     check_record,
     clock_order,
-    edited_clock,
     fact_clock,
     fact_key,
     fact_version,
@@ -163,6 +163,25 @@ def test_an_edit_over_an_older_version_is_kept_beside_two_edits_made_elsewhere(d
         on(home, "sync")
     assert facts(a) == facts(b) == ["Coffee", "Oolong tea"]
     assert files_containing(folder.parent, "Jasmine") == []
+
+
+def test_a_replacement_travels_and_its_deletion_brings_the_old_fact_back_everywhere(devices):
+    a, b, folder = devices
+    on(a, "memory", "add", "I live in Lisbon")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "memory", "add", "I moved to Porto", "--replaces", "1")
+    for home in (a, b):
+        on(home, "sync")
+    assert facts(b) == ["I moved to Porto"]
+    listed = json.loads(on(b, "memory", "list", "--all", "--json").stdout)
+    by_text = {f["text"]: f for f in listed}
+    assert by_text["I live in Lisbon"]["replaced_by"] == by_text["I moved to Porto"]["id"]
+    on(b, "memory", "rm", str(by_text["I moved to Porto"]["id"]))
+    for home in (b, a):
+        on(home, "sync")
+    assert facts(a) == facts(b) == ["I live in Lisbon"]
+    assert files_containing(folder.parent, "Porto") == []
 
 
 def test_version_vectors_order_edits_by_what_each_saw():

@@ -22,27 +22,48 @@ def local_time(value: datetime) -> str:
 
 
 @app.command("list")
-def list_facts(as_json: bool = JSON) -> None:
-    """List the facts the model knows about you."""
-    facts = Store().facts()
+def list_facts(
+    as_json: bool = JSON,
+    show_all: bool = typer.Option(
+        False, "--all", help="Also the facts that another replaced (out of the prompt)."
+    ),
+) -> None:
+    """List the facts the model knows about you (--all: and those replaced by newer ones)."""
+    facts = Store().facts(replaced=show_all)
     if as_json:
         print_json([as_record(fact) for fact in facts])
         return
     if not facts:
         say("No facts yet. Add one with: mlxmem memory add TEXT")
         return
-    table = Table("id", "source", "text", "updated")
+    table = Table("id", "source", "text", "updated", *(["replaced"] if show_all else []))
     for fact in facts:
         # shown(), not a str: a fact may contain [brackets] that rich would read as markup.
-        table.add_row(str(fact.id), fact.source, shown(fact.text), local_time(fact.updated_at))
+        row = [str(fact.id), fact.source, shown(fact.text), local_time(fact.updated_at)]
+        if show_all:
+            replaced = fact.replaced_at and local_time(fact.replaced_at)
+            row.append(f"by {fact.replaced_by}, {replaced}" if fact.replaced_by else "")
+        table.add_row(*row)
     out().print(table)
 
 
 @app.command("add")
-def add_fact(text: str = typer.Argument(..., help="The fact, e.g. 'My sister is Anna.'")) -> None:
+def add_fact(
+    text: str = typer.Argument(..., help="The fact, e.g. 'My sister is Anna.'"),
+    replaces: int = typer.Option(
+        None,
+        "--replaces",
+        metavar="ID",
+        help="A fact this one makes out of date ('I moved to Porto' over 'I live in Lisbon'):"
+        " it leaves the prompt and stays in `memory list --all` until you delete it.",
+    ),
+) -> None:
     """Add a fact about you (tagged manual); the model sees it from its next reply."""
-    fact = Store().add_fact(text, source="manual")
-    say(f"Added fact {fact.id}.")
+    fact = Store().add_fact(text, source="manual", replaces=replaces)
+    said = f"Added fact {fact.id}."
+    if replaces is not None:
+        said += f" Fact {replaces} is replaced: out of the prompt, still in `memory list --all`."
+    say(said)
 
 
 @app.command("edit")
@@ -64,6 +85,9 @@ def remove_facts(
     fact_ids: list[int] = FACT_IDS,
     with_mentions: bool = typer.Option(
         False, "--with-mentions", help="Also delete the turns of the log that quote the fact."
+    ),
+    yes: bool = typer.Option(
+        False, "--yes", "-y", help="Accepted for scripts: deleting facts by id never asks."
     ),
 ) -> None:
     """Delete facts by id; they are erased from disk and every cache, not just hidden, and

@@ -68,13 +68,25 @@ _MAIN_TEXT_TABLES = ("messages", "summaries", "conversations")
 T = TypeVar("T")
 
 
+def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
+    """This data directory's device id and name."""
+    rows = dict(
+        con.execute(
+            "SELECT key, value FROM state WHERE key IN ('device_uid', 'device_name')"
+        ).fetchall()
+    )
+    return rows["device_uid"], rows["device_name"]
+
+
 @dataclass(frozen=True)
 class FactEdit:
     text: str
     updated_at: datetime
     device_uid: str | None = None
     version: int | None = None  # the version another device wrote; None: one more than now
-    clock: str | None = None  # its version vector (JSON; records.edited_clock), None: unknown
+    clock: str | None = None  # its version vector (JSON; facts.edited_clock), None: unknown
+    replaced_by: str | None = None  # the uid of the fact that replaced it, if one did
+    replaced_at: datetime | None = None
 
 
 @dataclass
@@ -97,11 +109,12 @@ class Erasure:
         device_uid: str | None = None,
         version: int | None = None,
         clock: str | None = None,
+        replaced: tuple[str | None, datetime | None] = (None, None),
     ) -> None:
         """Replace a fact's text; `device_uid` names the device that wrote this version
         (None: this one), `version` its version counter (None: a local edit, one more),
-        `clock` its version vector."""
-        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid, version, clock)
+        `clock` its version vector, `replaced` the fact that replaced it and when."""
+        self.fact_edits[fact_id] = FactEdit(text, updated_at, device_uid, version, clock, *replaced)
 
 
 @dataclass(frozen=True)
@@ -278,13 +291,16 @@ class Database:
             for fact_id, edit in edits.items():
                 con.execute(
                     "UPDATE facts SET text = ?, updated_at = ?, device_uid = ?,"
-                    " version = coalesce(?, coalesce(version, 0) + 1), clock = ? WHERE id = ?",
+                    " version = coalesce(?, coalesce(version, 0) + 1), clock = ?,"
+                    " replaced_by = ?, replaced_at = ? WHERE id = ?",
                     [
                         edit.text,
                         edit.updated_at,
                         edit.device_uid,
                         edit.version,
                         edit.clock,
+                        edit.replaced_by,
+                        edit.replaced_at,
                         fact_id,
                     ],
                 )

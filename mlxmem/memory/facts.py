@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -29,15 +30,23 @@ class Fact:
     created_at: datetime
     updated_at: datetime
     message_id: int | None  # the turn an automatic fact was extracted from
+    # The fact that replaced this one, and when (`memory add --replaces`): a replaced fact is
+    # out of the prompt; it is current again if the fact that replaced it is deleted.
+    replaced_by: int | None = None
+    replaced_at: datetime | None = None
 
 
-SELECT_FACTS = "SELECT id, text, source, created_at, updated_at, message_id FROM facts"
+SELECT_FACTS = (
+    "SELECT id, text, source, created_at, updated_at, message_id,"
+    " (SELECT r.id FROM facts r WHERE r.uid = facts.replaced_by), replaced_at FROM facts"
+)
 
 
 class FactList(Database):
-    def facts(self) -> list[Fact]:
+    def facts(self, replaced: bool = False) -> list[Fact]:
+        """The current facts; with `replaced`, the replaced ones too (see Fact.replaced_by)."""
         with self.connect() as con:
-            return all_facts(con)
+            return all_facts(con, replaced)
 
     def get_fact(self, fact_id: int) -> Fact:
         with self.connect() as con:
@@ -49,17 +58,30 @@ class FactList(Database):
         source: str = "manual",
         message_id: int | None = None,
         epoch: int | None = None,
+        replaces: int | None = None,
     ) -> Fact:
-        """Add a fact; `message_id` names the turn it was extracted from, if any. With
-        `epoch`, refused (StaleError) if anything was deleted since that forget epoch."""
+        """Add a fact; `message_id` names the turn it was extracted from, if any; `replaces`
+        the id of a current fact it makes out of date ("I moved to Porto" over "I live in
+        Lisbon"), which leaves the prompt and stays listed. With `epoch`, refused (StaleError)
+        if anything was deleted since that forget epoch."""
         text = check_fact_text(text)
         check_source(source)
         now = utc_now()
         with self.guarded(epoch) as con:
             if message_id is not None:
                 get_turn(con, message_id)
+            if replaces is not None:
+                old = get_fact(con, replaces)
+                if old.replaced_by is not None:
+                    raise InputError(
+                        f"fact {old.id} was already replaced by fact {old.replaced_by}"
+                        f" (`mlxmem memory add TEXT --replaces {old.replaced_by}` replaces that)"
+                    )
             refuse_duplicate(con, text)
-            return insert_fact(con, text, source, message_id, now)
+            fact = insert_fact(con, text, source, message_id, now)
+            if replaces is not None:
+                _mark_replaced(con, replaces, fact.id, now)
+            return fact
 
 
 def insert_fact(
@@ -115,8 +137,10 @@ def refuse_duplicate(
         )
 
 
-def all_facts(con: duckdb.DuckDBPyConnection) -> list[Fact]:
-    return [fact_of(row) for row in con.execute(f"{SELECT_FACTS} ORDER BY id").fetchall()]
+def all_facts(con: duckdb.DuckDBPyConnection, replaced: bool = False) -> list[Fact]:
+    """The current facts (those in the prompt), and the replaced ones too if `replaced`."""
+    facts = [fact_of(row) for row in con.execute(f"{SELECT_FACTS} ORDER BY id").fetchall()]
+    return [f for f in facts if replaced or f.replaced_by is None]
 
 
 def get_fact(con: duckdb.DuckDBPyConnection, fact_id: int) -> Fact:
@@ -126,16 +150,64 @@ def get_fact(con: duckdb.DuckDBPyConnection, fact_id: int) -> Fact:
     return fact_of(row)
 
 
-def version_of(con: duckdb.DuckDBPyConnection, fact_id: int) -> tuple[int, str | None]:
-    """A stored fact's version counter and version vector (JSON, or None: see records)."""
-    (version, clock) = con.execute(
-        "SELECT coalesce(version, 0), clock FROM facts WHERE id = ?", [fact_id]
+def stored_clock(clock: str | None, version: int) -> dict[str, int] | None:
+    """A stored fact's version vector (the facts.clock column); None when it is unknown."""
+    if clock is not None:
+        return json.loads(clock)
+    return {} if version == 0 else None
+
+
+def edited_clock(clock: dict[str, int] | None, device: str) -> str:
+    """The version vector of an edit made on `device` over a version whose vector is `clock`
+    (an unknown one counts as empty: the edit is then concurrent with any other of its kind)."""
+    clock = dict(clock or {})
+    clock[device] = clock.get(device, 0) + 1
+    return json.dumps(clock, sort_keys=True)
+
+
+def version_of(
+    con: duckdb.DuckDBPyConnection, fact_id: int
+) -> tuple[int, str | None, str | None, datetime | None]:
+    """A stored fact's version counter, version vector (JSON, or None: see stored_clock), and
+    the uid of the fact that replaced it, with when: what a new version of it carries on."""
+    return con.execute(
+        "SELECT coalesce(version, 0), clock, replaced_by, replaced_at FROM facts WHERE id = ?",
+        [fact_id],
     ).fetchone()
-    return version, clock
+
+
+def _mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: datetime) -> None:
+    """Fact `fact_id` is replaced by fact `by`: a new version of it (the same text), so that the
+    replacement travels to other devices as an edit does."""
+    version, clock, _, _ = version_of(con, fact_id)
+    (device,) = con.execute("SELECT value FROM state WHERE key = 'device_uid'").fetchone()
+    con.execute(
+        "UPDATE facts SET replaced_by = (SELECT uid FROM facts WHERE id = ?), replaced_at = ?,"
+        " updated_at = ?, device_uid = NULL, version = ?, clock = ? WHERE id = ?",
+        [
+            by,
+            to_db(now),
+            to_db(now),
+            version + 1,
+            edited_clock(stored_clock(clock, version), device),
+            fact_id,
+        ],
+    )
 
 
 def fact_of(row: tuple) -> Fact:
-    return Fact(row[0], row[1], row[2], as_utc(row[3]), as_utc(row[4]), row[5])
+    """A row of SELECT_FACTS; a fact whose replacing fact is gone is current (no replaced_at)."""
+    replaced = row[6] is not None
+    return Fact(
+        row[0],
+        row[1],
+        row[2],
+        as_utc(row[3]),
+        as_utc(row[4]),
+        row[5],
+        row[6],
+        as_utc(row[7]) if replaced else None,
+    )
 
 
 def check_fact_text(text: object) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import groupby
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ import duckdb
 
 from mlxmem.memory import summaries
 from mlxmem.memory.db import FactEdit, crash_point
-from mlxmem.memory.facts import insert_fact
+from mlxmem.memory.facts import insert_fact, stored_clock
 from mlxmem.memory.records import (
     Record,
     Tombstone,
@@ -38,7 +39,6 @@ from mlxmem.memory.records import (
     fact_key,
     fact_version,
     fork_uid,
-    stored_clock,
     timestamp,
     turn_key,
 )
@@ -227,6 +227,7 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
                 _origin(r, device),
                 fact_version(r),
                 _clock_json(r),
+                *_replaced(r),
             )
     if late:
         # Its own transaction: one transaction writes to one file, and the facts went to the
@@ -270,7 +271,7 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
     fact = insert_fact(con, r["text"], r["source"], row and row[0], timestamp(r["created_at"]))
     con.execute(
         "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, message_uid = ?,"
-        " fork_of = ?, clock = ? WHERE id = ?",
+        " fork_of = ?, clock = ?, replaced_by = ?, replaced_at = ? WHERE id = ?",
         [
             r["uid"],
             _origin(r, device),
@@ -279,6 +280,7 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
             r["message_uid"],
             r.get("fork_of"),
             _clock_json(r),
+            *_replaced(r),
             fact.id,
         ],
     )
@@ -287,6 +289,13 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
 def _clock_json(record: Record) -> str | None:
     """A fact record's version vector as stored (facts.clock), None if it carries none."""
     return json.dumps(record["clock"], sort_keys=True) if record.get("clock") else None
+
+
+def _replaced(record: Record) -> tuple[str | None, datetime | None]:
+    """The fact that replaced this one, and when (None, None if none did)."""
+    if record.get("replaced_by") is None:
+        return None, None
+    return record["replaced_by"], timestamp(record.get("replaced_at") or record["updated_at"])
 
 
 def _origin(record: Record, device: str) -> str | None:

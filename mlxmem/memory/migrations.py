@@ -358,6 +358,18 @@ def m014_fact_clocks(con: duckdb.DuckDBPyConnection) -> None:
     con.begin()
 
 
+# A fact another replaced ("I moved to Porto" over "I live in Lisbon"): the uid of the fact that
+# replaced it and when. It leaves the prompt and stays listed (`memory list --all`) until the
+# person deletes it; if the replacing fact is deleted, it is current again.
+@migration
+def m015_fact_replacements(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    con.execute(f"ALTER TABLE {FACTS_DB}.facts ADD COLUMN IF NOT EXISTS replaced_by VARCHAR")
+    con.execute(f"ALTER TABLE {FACTS_DB}.facts ADD COLUMN IF NOT EXISTS replaced_at TIMESTAMP")
+    con.commit()
+    con.begin()
+
+
 FACTS_DB = "facts_db"
 
 

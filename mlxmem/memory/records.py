@@ -64,16 +64,6 @@ class Tombstone:
     device_uid: str | None = None  # the device that deleted it (None: this one)
 
 
-def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
-    """This data directory's device id and name."""
-    rows = dict(
-        con.execute(
-            "SELECT key, value FROM state WHERE key IN ('device_uid', 'device_name')"
-        ).fetchall()
-    )
-    return rows["device_uid"], rows["device_name"]
-
-
 def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     """Everything the store holds as records: every turn, every fact's current version and
     every tombstone; rows written here (device NULL) are named as `device`."""
@@ -85,7 +75,8 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     ).fetchall()
     facts = con.execute(
         "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
-        " coalesce(m.uid, f.message_uid), coalesce(f.version, 0), f.fork_of, f.clock FROM facts f"
+        " coalesce(m.uid, f.message_uid), coalesce(f.version, 0), f.fork_of, f.clock,"
+        " f.replaced_by, f.replaced_at FROM facts f"
         " LEFT JOIN messages m ON m.id = f.message_id ORDER BY f.id",
         [device],
     ).fetchall()
@@ -126,6 +117,8 @@ def fact_record(
     version=0,
     fork_of=None,
     clock=None,
+    replaced_by=None,
+    replaced_at=None,
 ) -> Record:
     record = {
         "kind": "fact",
@@ -142,6 +135,9 @@ def fact_record(
         record["fork_of"] = fork_of
     if clock:  # a stored version vector (JSON); none for a fact never edited, or from before
         record["clock"] = json.loads(clock)
+    if replaced_by is not None:  # the fact that replaced this one (`memory add --replaces`)
+        record["replaced_by"] = replaced_by
+        record["replaced_at"] = iso(replaced_at)
     return record
 
 
@@ -182,21 +178,6 @@ def fact_clock(record: Record) -> dict[str, int] | None:
     if "clock" in record:
         return record["clock"]
     return {} if fact_version(record) == 0 else None
-
-
-def stored_clock(clock: str | None, version: int) -> dict[str, int] | None:
-    """A stored fact's version vector (the facts.clock column); None when it is unknown."""
-    if clock is not None:
-        return json.loads(clock)
-    return {} if version == 0 else None
-
-
-def edited_clock(clock: dict[str, int] | None, device: str) -> str:
-    """The version vector of an edit made on `device` over a version whose vector is `clock`
-    (an unknown one counts as empty: the edit is then concurrent with any other of its kind)."""
-    clock = dict(clock or {})
-    clock[device] = clock.get(device, 0) + 1
-    return json.dumps(clock, sort_keys=True)
 
 
 def clock_order(mine: dict[str, int] | None, theirs: dict[str, int] | None) -> str | None:
@@ -335,5 +316,7 @@ _OPTIONAL = {
         "version": lambda v: type(v) is int and 0 <= v <= MAX_VERSION,
         "fork_of": _is_uuid,
         "clock": _is_clock,
+        "replaced_by": _is_uuid,
+        "replaced_at": _is_time,
     },
 }

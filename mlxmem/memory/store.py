@@ -18,7 +18,14 @@ import duckdb
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory import summaries
 from mlxmem.memory.dates import Span
-from mlxmem.memory.db import Erasure, FactEdit, bump_forget_epoch, forget_epoch, wipe_caches
+from mlxmem.memory.db import (
+    Erasure,
+    FactEdit,
+    bump_forget_epoch,
+    device_of,
+    forget_epoch,
+    wipe_caches,
+)
 from mlxmem.memory.facts import (
     SELECT_FACTS,
     Fact,
@@ -26,22 +33,16 @@ from mlxmem.memory.facts import (
     all_facts,
     check_fact_text,
     check_source,
+    edited_clock,
     fact_of,
     get_fact,
     refuse_duplicate,
+    stored_clock,
     version_of,
 )
 from mlxmem.memory.merge import MergeResult, merge_records
 from mlxmem.memory.recall import RECALL_TURNS, search_before
-from mlxmem.memory.records import (
-    Record,
-    Tombstone,
-    device_of,
-    edited_clock,
-    fork_uid,
-    local_records,
-    stored_clock,
-)
+from mlxmem.memory.records import Record, Tombstone, fork_uid, local_records
 from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
 from mlxmem.memory.turns import (
     SEARCH_LIMIT,
@@ -76,6 +77,8 @@ class Deletion:
     conversations: list[str]
     facts: list[Fact] = field(default_factory=list)
     mentions: list[Turn] = field(default_factory=list)
+    # Facts a deleted fact had replaced: with it gone, they are current (in the prompt) again.
+    current_again: list[Fact] = field(default_factory=list)
 
     def describe(self) -> str:
         """What was removed, in a sentence the person can check (every front end prints it)."""
@@ -97,7 +100,13 @@ class Deletion:
         text = "Deleted " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
         if self.summaries:
             text += "; the older turns are summarized again, without it, before the next reply"
-        return text + "."
+        text += "."
+        for fact in self.current_again:
+            text += (
+                f" Fact {fact.id} is current again, as the fact that replaced it is deleted:"
+                f" {fact.text!r} (`mlxmem memory rm {fact.id}` deletes it too)."
+            )
+        return text
 
     def to_record(self) -> dict:
         """The deletion as JSON-ready data: ids and facts removed, the sentence, what still
@@ -110,6 +119,7 @@ class Deletion:
             "summaries": len(self.summaries),
             "conversations": self.conversations,
             "mentions": [as_record(t) for t in self.mentions],
+            "current_again": [as_record(f) for f in self.current_again],
         }
 
 
@@ -258,14 +268,21 @@ class Store(TurnLog, SummaryLog, FactList):
                 return replace(deleted, mentions=quoting)
             turns = _delete_turns(erasure, [get_turn(con, t.id) for t in quoting])
             hit = deleted.summaries + turns.summaries
-            return Deletion(turns.turns, hit, turns.conversations, deleted.facts + turns.facts)
+            return Deletion(
+                turns.turns,
+                hit,
+                turns.conversations,
+                deleted.facts + turns.facts,
+                current_again=_still_here(deleted, turns),
+            )
 
     def clear_facts(self, source: str | None = None) -> Deletion:
         """Delete every fact (or every fact from `source`), as delete_facts does."""
         if source is not None:
             check_source(source)
         with self.forgetting() as erasure:
-            victims = [f for f in all_facts(erasure.con) if source is None or f.source == source]
+            facts = all_facts(erasure.con, replaced=True)
+            victims = [f for f in facts if source is None or f.source == source]
             return _delete_facts(erasure, victims)
 
     def edit_fact(self, fact_id: int, text: str) -> Fact:
@@ -277,10 +294,10 @@ class Store(TurnLog, SummaryLog, FactList):
             old = get_fact(erasure.con, fact_id)
             refuse_duplicate(erasure.con, text, other_than=fact_id)
             _summaries_that_saw(erasure.con, [fact_id])
-            version, clock = version_of(erasure.con, fact_id)
+            version, clock, *replaced = version_of(erasure.con, fact_id)
             device, _ = device_of(erasure.con)
             clock = edited_clock(stored_clock(clock, version), device)
-            erasure.edit_fact(fact_id, text, to_db(now), clock=clock)
+            erasure.edit_fact(fact_id, text, to_db(now), clock=clock, replaced=tuple(replaced))
         return replace(old, text=text, updated_at=now)
 
     def apply_tombstones(self, tombstones: Sequence[Tombstone]) -> Deletion:
@@ -316,7 +333,11 @@ class Store(TurnLog, SummaryLog, FactList):
             for name in emptied:
                 _drop_conversation(con, conversation_id(con, name))
         return Deletion(
-            turns.turns, turns.summaries + facts.summaries, emptied, turns.facts + facts.facts
+            turns.turns,
+            turns.summaries + facts.summaries,
+            emptied,
+            turns.facts + facts.facts,
+            current_again=_still_here(turns, facts),
         )
 
     def replace_fact_versions(self, edits: dict[int, FactEdit]) -> None:
@@ -332,6 +353,7 @@ class Store(TurnLog, SummaryLog, FactList):
                     edit.device_uid,
                     edit.version,
                     edit.clock,
+                    (edit.replaced_by, edit.replaced_at),
                 )
 
     def mentions(self, fact: Fact) -> list[Turn]:
@@ -381,7 +403,9 @@ class Store(TurnLog, SummaryLog, FactList):
                 [conversation_uid(name), to_db(utc_now())],
             )
         hit = deletion.summaries + [summary_of(r) for r in rest]
-        return Deletion(deletion.turns, hit, [name], deletion.facts)
+        return Deletion(
+            deletion.turns, hit, [name], deletion.facts, current_again=deletion.current_again
+        )
 
 
 def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
@@ -536,7 +560,16 @@ def _delete_turns(erasure: Erasure, victims: list[Turn], name_forks: bool = True
     deletion = _delete_facts(erasure, taken, name_forks)
     add_tombstones(con, "message", "messages", ids)
     delete_messages(con, ids)  # with their rows in recall's index
-    return Deletion(victims, hit + deletion.summaries, names, taken)
+    return Deletion(
+        victims, hit + deletion.summaries, names, taken, current_again=deletion.current_again
+    )
+
+
+def _still_here(*deletions: Deletion) -> list[Fact]:
+    """The facts current again after these deletions, less those one of them deleted."""
+    gone = {f.id for d in deletions for f in d.facts}
+    again = {f.id: f for d in deletions for f in d.current_again if f.id not in gone}
+    return sorted(again.values(), key=lambda f: f.id)
 
 
 def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True) -> Deletion:
@@ -559,6 +592,12 @@ def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True
         [device, ids if name_forks else []],
     ).fetchall()
     hit = _summaries_that_saw(con, ids)
+    replaced = con.execute(
+        f"{SELECT_FACTS} WHERE list_contains((SELECT list(uid) FROM facts WHERE"
+        " list_contains(?, id)), replaced_by) AND NOT list_contains(?, id) ORDER BY id",
+        [ids, ids],
+    ).fetchall()
+    current_again = [replace(fact_of(r), replaced_by=None, replaced_at=None) for r in replaced]
     add_tombstones(con, "fact", "facts", ids)
     if rows:
         con.execute(
@@ -566,7 +605,7 @@ def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True
             [[fork_uid(*row) for row in rows], to_db(utc_now())],
         )
     erasure.delete_facts(ids)
-    return Deletion([], hit, [], victims)
+    return Deletion([], hit, [], victims, current_again=current_again)
 
 
 def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: list[int]) -> None:

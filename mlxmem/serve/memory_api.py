@@ -15,11 +15,17 @@ from .schema import ApiError
 
 
 def list_facts(req: Request) -> tuple[int, dict]:
-    return 200, listing(_store(req).facts())
+    """`?all=true` lists the replaced facts too (as `memory list --all`)."""
+    return 200, listing(_store(req).facts(replaced=req.flag("all")))
 
 
 def add_fact(req: Request) -> tuple[int, dict]:
-    fact = _store(req).add_fact(req.text_field("text"), source="manual")
+    """`{"text": ..., "replaces": ID}` marks fact ID replaced by the new one (as `memory add
+    --replaces`)."""
+    replaces = req.json().get("replaces")
+    if replaces is not None and (type(replaces) is not int or replaces < 1):
+        raise ApiError(400, "replaces is a fact's id", "invalid_value", "replaces")
+    fact = _store(req).add_fact(req.text_field("text"), source="manual", replaces=replaces)
     return 201, as_record(fact)
 
 

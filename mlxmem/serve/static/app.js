@@ -215,16 +215,23 @@ async function deleteMentions(ids) {
 
 // -- the facts -----------------------------------------------------------------------------
 
+// Replaced facts are listed too, after the current ones, marked with the fact that replaced
+// them: out of the prompt, still the person's to read and delete.
 async function loadFacts() {
-  const facts = await api("GET", "/v1/memory/facts");
-  $("facts").replaceChildren(...facts.data.map(factItem));
+  const facts = await api("GET", "/v1/memory/facts?all=true");
+  const ordered = [...facts.data.filter((f) => f.replaced_by === null),
+    ...facts.data.filter((f) => f.replaced_by !== null)];
+  $("facts").replaceChildren(...ordered.map(factItem));
   if (!facts.data.length) $("facts").append(el("li", { class: "empty" }, "nothing yet"));
 }
 
 function factItem(fact) {
   const text = el("span", { class: "text" }, fact.text);
-  const item = el("li", { class: "fact", "data-id": fact.id },
-    el("span", { class: `tag ${fact.source}` }, fact.source), text);
+  const replaced = fact.replaced_by === null ? [] : [el("span", { class: "replaced" },
+    `replaced by ${fact.replaced_by} on ${fact.replaced_at.slice(0, 10)}`)];
+  const item = el("li", { class: fact.replaced_by === null ? "fact" : "fact replaced",
+    "data-id": fact.id }, el("span", { class: `tag ${fact.source}` }, fact.source), text,
+    ...replaced);
   const edit = el("button", { class: "edit", onclick: () => startEdit(item, fact) }, "edit");
   const remove = el("button", { class: "delete", onclick: () => deleteFact(fact.id) }, "delete");
   item.append(edit, remove);
