@@ -13,14 +13,16 @@ from rich.table import Table
 from mlxmem import bench
 from mlxmem.bench.locomo_data import convert_locomo
 from mlxmem.errors import InputError
+from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import JSON, err, model_or_default, out, plain_typer
+from .common import JSON, err, model_or_default, out, plain_typer, print_json
 
 app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
-    "asks their questions under five configurations.",
+    "asks their questions under five configurations; `facts` scores fact extraction against "
+    "their gold facts.",
     no_args_is_help=True,
 )
 
@@ -134,6 +136,73 @@ def _locomo_folder(data: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="mlxmem-locomo-") as tmp:
         convert_locomo(data, Path(tmp))
         yield Path(tmp)
+
+
+@app.command("facts")
+def facts_command(
+    conversation: list[str] = CONVERSATIONS,
+    model: str = typer.Option(
+        None,
+        "--model",
+        "-M",
+        help="A registry alias or a model directory (default: your default model, as chat's).",
+    ),
+    data: Path = DATA,
+    messages: int = typer.Option(
+        None, "--messages", min=1, help="Send the first N user messages of each (default: all)."
+    ),
+    context_tokens: int = typer.Option(
+        None, "--context-tokens", help="Context budget (default: the model's)."
+    ),
+    seed: int = SEED,
+    as_json: bool = JSON,
+) -> None:
+    """Score fact extraction against LoCoMo's gold facts: send a conversation's user messages
+    through extraction as a chat does, and match each kept fact to the conversation's
+    observations (content words, stemmed): precision (a fact of the user's), attribution
+    errors (the other speaker's, or the user made them), unsupported (matches nothing), and
+    coverage (the user's observations on those messages that some fact matches)."""
+    with _locomo_folder(data or ev.default_data_dir()) as folder:
+        ids = conversation or ev.available_conversations(folder)
+        if not ids:
+            raise InputError(ev.no_data_hint(folder))
+        chosen = _model(model_or_default(model), None, None, seed, as_json)
+        runs = []
+        with bench.bench_engine(chosen, persist=False) as engine, _progress("facts") as progress:
+            for cid in ids:
+                runs.append(
+                    fe.run_fact_eval(
+                        engine,
+                        folder,
+                        cid,
+                        context_tokens or chosen.context_tokens,
+                        messages,
+                        lambda done, total, cid=cid: progress(cid, done, total),
+                    )
+                )
+    result = {"model": chosen.label, "pooled": fe.pooled(runs), "conversations": runs}
+    if as_json:
+        return print_json(result)
+    table = Table(title=f"Facts against LoCoMo's observations, {chosen.label}")
+    for column in ("conversation", "messages", "kept", "precision", "attribution", "unsupported"):
+        table.add_column(column, justify="left" if column == "conversation" else "right")
+    table.add_column("coverage", justify="right")
+    for row in [*runs, {"conversation": "all", **result["pooled"]}]:
+        table.add_row(
+            row["conversation"],
+            str(row["messages"]),
+            str(row["kept"]),
+            *(_share(row[k]) for k in ("precision", "attribution_errors", "unsupported")),
+            _share(row["coverage"]),
+        )
+    out().print(table)
+    for run in runs:
+        for fact in run["facts"]:
+            out().print(f"  {run['conversation']} {fact['turn']} {fact['label']}: {fact['fact']}")
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 SOURCE = typer.Argument(..., metavar="LOCOMO10_JSON", help="LoCoMo's data/locomo10.json.")
