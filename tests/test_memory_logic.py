@@ -12,7 +12,13 @@ from mlxmem.engine import Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.extraction import is_duplicate, judge, normalize
+from mlxmem.memory.extraction import (
+    is_duplicate,
+    judge,
+    normalize,
+    replaced_choice,
+    replacement_candidates,
+)
 from mlxmem.memory.recall import RECALL_HEADER
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import (
@@ -560,3 +566,61 @@ def test_a_deletion_drops_the_fact_extractors_slot_at_the_next_turn():
     store.delete_turns([store.turns("default")[0].id])  # as `mlxmem history rm` would
     companion.send("And how are you?")  # short: the extractor is not asked, its slot goes
     assert "facts" not in engine.slots
+
+
+# -- an automatic fact that replaces an older one ----------------------------------------------
+
+MOVED = "The user moved to Porto last spring."
+CHESS = "The user plays chess every Sunday."
+
+
+def replacing(prompt: str) -> str:
+    """The extractor notes the move; the replacement check picks old fact 1."""
+    if "replaces an old fact" in prompt:
+        return "1"
+    if "durable facts" in prompt:
+        message = prompt.rsplit("user", 1)[-1]
+        return MOVED if "Porto" in message else CHESS if "chess" in message else "NONE"
+    return "fine."
+
+
+def test_the_gate_finds_facts_on_the_same_subject_and_the_answer_names_one():
+    existing = [(1, "The user lives in Lisbon."), (2, "The user has a dog named Rex.")]
+    assert replacement_candidates(MOVED, existing) == [(1, "The user lives in Lisbon.")]
+    assert replacement_candidates("The user plays chess.", existing) == []
+    assert replacement_candidates("The user's dog Rex died.", existing)[0][0] == 2
+    assert replaced_choice("1", existing) == 1
+    assert replaced_choice(" 2.", existing) == 2
+    assert replaced_choice("NONE", existing) is replaced_choice("3", existing) is None
+
+
+def test_an_automatic_fact_replaces_an_older_one_which_leaves_the_prompt_at_the_next_fold():
+    engine, store, companion = make(budget=900, responder=replacing)
+    old = store.add_fact("The user lives in Lisbon.", source="automatic")
+    result = companion.send("Big news: I moved to Porto last spring and I love the river there.")
+    assert result.fact_added.text == MOVED and result.fact_replaced == old.id
+    assert [f.text for f in store.facts()] == [MOVED]
+    (replaced,) = [f for f in store.facts(replaced=True) if f.id == old.id]
+    assert replaced.replaced_by == result.fact_added.id
+    # The cached prefix stays put: the old fact leaves when the new one joins, at a fold.
+    companion.send("hello")
+    assert "Lisbon" in engine.calls[-1].prompt and MOVED not in engine.calls[-1].prompt
+    while Store().latest_summary("default") is None:
+        companion.send(f"{user_text(len(engine.calls))} and more about my week.")
+    companion.send("and now?")
+    prompt = [c for c in engine.calls if c.slot == "default/chat"][-1].prompt
+    assert MOVED in prompt and "Lisbon" not in prompt
+    # No candidate, no second call: a fact on another subject costs one call, as before.
+    calls = len(engine.calls)
+    result = companion.send("These days I play chess at the club every Sunday with my neighbour.")
+    assert result.fact_added.text == CHESS and result.fact_replaced is None
+    assert not any("replaces an old fact" in c.prompt for c in engine.calls[calls:])
+
+
+def test_a_manual_replacement_leaves_the_prompt_at_once():
+    engine, store, companion = make(budget=2000)
+    old = store.add_fact("The user lives in Lisbon.", source="automatic")
+    companion.send("hi")
+    store.add_fact("I moved to Porto", source="manual", replaces=old.id)
+    companion.send("hi again")
+    assert "Porto" in engine.calls[-1].prompt and "Lisbon" not in engine.calls[-1].prompt

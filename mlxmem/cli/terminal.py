@@ -98,4 +98,5 @@ def report_after(result: TurnResult) -> None:
         err.print("[dim](reply interrupted; kept in the log as interrupted)[/dim]")
     if result.fact_added is not None:
         fact = result.fact_added
-        err.print(f"[dim]remembered \\[{fact.id}] {escape(fact.text)}[/dim]")
+        replaced = "" if result.fact_replaced is None else f" (replaces {result.fact_replaced})"
+        err.print(f"[dim]remembered \\[{fact.id}] {escape(fact.text)}{replaced}[/dim]")

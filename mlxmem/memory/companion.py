@@ -25,7 +25,7 @@ from mlxmem.memory.budget import response_reserve as budget_reserve
 from mlxmem.memory.dates import dated, local_day, same_day
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
-from mlxmem.memory.facts import check_fact_text, duplicate_of, insert_fact
+from mlxmem.memory.facts import check_fact_text, duplicate_of, insert_fact, mark_replaced
 from mlxmem.memory.recall import RECALL_SHARE, query_terms, recall_line, refers_to_past
 from mlxmem.memory.store import (
     Deletion,
@@ -113,6 +113,7 @@ class TurnResult:
     interrupted: bool = False
     collapses: list[CollapseEvent] = field(default_factory=list)
     fact_added: Fact | None = None
+    fact_replaced: int | None = None  # the id of the fact the added one replaced
     warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
     discarded: bool = False  # a deletion raced the reply, which was shown but not logged
 
@@ -132,6 +133,7 @@ class TurnResult:
                 "id": self.fact_added.id,
                 "text": self.fact_added.text,
                 "source": self.fact_added.source,
+                "replaces": self.fact_replaced,
             },
             "warm_prefilled_tokens": self.warm_prefilled_tokens,
             "facts_left_out": self.prompt.facts_left_out,
@@ -204,16 +206,22 @@ class Companion:
         conversation's prompt at its next collapse (it is in the verbatim turns already), so
         that the cached prefix stays put between collapses, in one process or many: shown are
         those noted before the newest summary was written, or before the conversation began.
-        Manual facts, and every edit and deletion, show at once."""
-        manual = [f for f in snap.facts if f.source == "manual"]
+        Manual facts, and every edit and deletion, show at once. A replaced fact leaves when its
+        replacement joins: at once for a manual one, at the next collapse for an automatic one."""
         since = facts_joined_until(snap)
-        auto = [
+
+        def shown(f: Fact) -> bool:
+            return f.source == "manual" or since is None or f.created_at <= since
+
+        current = {f.id: f for f in snap.facts}
+        waiting = [
             f
-            for f in snap.facts
-            if f.source == "automatic" and (since is None or f.created_at <= since)
+            for f in snap.replaced
+            if f.replaced_by in current and not shown(current[f.replaced_by])
         ]
-        auto.sort(key=lambda f: f.id, reverse=True)
-        return manual + auto
+        facts = sorted([f for f in snap.facts + waiting if shown(f)], key=lambda f: f.id)
+        manual = [f for f in facts if f.source == "manual"]
+        return manual + [f for f in reversed(facts) if f.source == "automatic"]
 
     def _assemble(
         self, snap: Snapshot, draft: str | None = None, draft_at: datetime | None = None
@@ -402,6 +410,7 @@ class Companion:
             return result
         events: list[CollapseEvent] = []
         fact: str | None = None
+        replaces: int | None = None
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
@@ -412,10 +421,12 @@ class Companion:
             result.warm_prefilled_tokens = self._warm_cache(after) if rebuilt else 0
             if extract:
                 fact = self._extract(turn.user, snap.facts, on_status)
+            if fact is not None:
+                replaces = self._replaces(fact, snap.facts)
         except KeyboardInterrupt:
             pass  # best effort: the folds done are kept; the next turn folds first if need be
         result.collapses += events
-        self._keep(self._store_derived(logged, events, fact, turn.user, result))
+        self._keep(self._store_derived(logged, events, fact, turn.user, result, replaces))
         return result
 
     def _store_derived(
@@ -425,6 +436,7 @@ class Companion:
         fact: str | None,
         user: Turn,
         result: TurnResult,
+        replaces: int | None = None,
     ) -> Snapshot | None:
         """Store what the turn derived after its reply (the folds' summaries, a fact taken
         from the `user` message) and save the cache, in one operation and only if nothing was
@@ -442,14 +454,19 @@ class Companion:
                     with transaction() as con:
                         # one stored meanwhile (extraction checked those it was shown)
                         if duplicate_of(con, fact) is None:
-                            result.fact_added = insert_fact(con, fact, "automatic", user.id)
+                            added = insert_fact(con, fact, "automatic", user.id)
+                            result.fact_added = added
+                            if replaces is not None and mark_replaced(
+                                con, replaces, added.id, added.created_at
+                            ):
+                                result.fact_replaced = replaces
                     if result.fact_added is not None:
-                        logged = with_fact(logged, result.fact_added)
+                        logged = with_fact(logged, result.fact_added, result.fact_replaced)
                 self._save_slot()
         except StaleError:
             # A deletion raced the summary or the fact: neither is kept, nor the cache, which
             # may hold what was deleted; the next turn starts afresh.
-            result.fact_added = None
+            result.fact_added = result.fact_replaced = None
             self.engine.drop_slot(self.slot)
             return None
         return logged
@@ -558,6 +575,15 @@ class Companion:
             return None if fact is None else check_fact_text(fact)
         except Exception as exc:  # noqa: BLE001 - extraction is best effort by design
             warnings.warn(f"fact extraction failed: {exc}", stacklevel=2)
+            return None
+
+    def _replaces(self, fact: str, facts: list[Fact]) -> int | None:
+        """The id of a current fact that the new automatic `fact` replaces, if any (best
+        effort, as extraction is)."""
+        try:
+            return self.extractor.replaces(fact, [(f.id, f.text) for f in facts])
+        except Exception as exc:  # noqa: BLE001 - best effort by design
+            warnings.warn(f"fact replacement check failed: {exc}", stacklevel=2)
             return None
 
     # -- what the person sees and changes -----------------------------------------------------

@@ -147,6 +147,71 @@ def content_words(text: str) -> set[str]:
     return words - _COMMON_WORDS
 
 
+# Replacement: a new automatic fact that gives an existing one a new value ("The user moved to
+# Porto" over "The user lives in Lisbon") marks it replaced. A lexical gate finds candidates,
+# and only then one short fixed-prompt call decides, so most kept facts cost no second call.
+REPLACE_INSTRUCTIONS = (
+    "You keep a list of facts about the user. A new fact replaces an old fact only when both "
+    "are about the same thing and the new fact changes it: the user moved, changed jobs, ended "
+    "or started a relationship, no longer likes something, has a new favourite. A new fact that "
+    "adds something, or says more about the same thing, replaces nothing. Answer with the "
+    "number of the old fact that the new fact replaces, or exactly NONE."
+)
+REPLACE_CANDIDATES = 3
+REPLACE_ANSWER_TOKENS = 6
+# Words that name the same thing in different words: a move and where one lives share none.
+# Each group is one subject a person's facts change on; a fact in it is a candidate for any
+# other fact in it.
+_SUBJECTS = [
+    {"live", "move", "moved", "home", "hous", "apart", "citi", "reloc", "resid", "based"},
+    {"work", "job", "employ", "career", "compani", "hire", "quit", "retir", "promot", "startup"},
+    {
+        "marri",
+        "wife",
+        "husband",
+        "girlfriend",
+        "boyfriend",
+        "partner",
+        "divorc",
+        "date",
+        "engag",
+        "singl",
+    },
+    {"like", "love", "enjoy", "hate", "dislik", "prefer", "favorit", "favourit", "fan"},
+    {"studi", "student", "colleg", "univers", "school", "degre", "graduat", "cours", "major"},
+    {"vegetarian", "vegan", "diet", "eat", "pescatarian", "allerg"},
+]
+
+
+def replacement_candidates(fact: str, existing: Sequence[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The existing (id, text) facts a new `fact` may replace: those that share a content word
+    with it, or a subject of _SUBJECTS; the closest REPLACE_CANDIDATES, newest first on ties."""
+    words = _content_words(fact)
+    subjects = [s for s in _SUBJECTS if words & s]
+    scored = []
+    for fid, text in existing:
+        other = _content_words(text)
+        shared = len(words & other) + sum(bool(other & s) for s in subjects)
+        if shared:
+            scored.append((shared, fid, text))
+    scored.sort(key=lambda c: (-c[0], -c[1]))
+    return [(fid, text) for _, fid, text in scored[:REPLACE_CANDIDATES]]
+
+
+def replace_question(fact: str, candidates: Sequence[tuple[int, str]]) -> str:
+    listed = "\n".join(f"{i}. {text}" for i, (_, text) in enumerate(candidates, 1))
+    return f"Old facts:\n{listed}\nNew fact: {fact}\nWhich old fact does the new fact replace?"
+
+
+def replaced_choice(answer: str, candidates: Sequence[tuple[int, str]]) -> int | None:
+    """The id of the candidate the model's `answer` names by its number, or None (NONE, or a
+    number not listed)."""
+    match = re.match(r"\s*(\d+)", answer)
+    if match is None or not 1 <= int(match.group(1)) <= len(candidates):
+        return None
+    return candidates[int(match.group(1)) - 1][0]
+
+
 def should_extract(message: str) -> bool:
     return len(message.strip()) >= MIN_MESSAGE_CHARS
 
@@ -177,6 +242,25 @@ class FactExtractor:
             [Message("system", EXTRACTION_INSTRUCTIONS), Message("user", message)]
         )
         return tokens if len(tokens) + MAX_FACT_TOKENS <= self.budget else None
+
+    def replaces(self, fact: str, existing: Sequence[tuple[int, str]]) -> int | None:
+        """The id of the existing (id, text) fact that `fact` replaces, if any: the lexical
+        gate, then one short call only if it finds candidates."""
+        candidates = replacement_candidates(fact, existing)
+        if not candidates:
+            return None
+        tokens = self.engine.encode_chat(
+            [
+                Message("system", REPLACE_INSTRUCTIONS),
+                Message("user", replace_question(fact, candidates)),
+            ]
+        )
+        if len(tokens) + REPLACE_ANSWER_TOKENS > self.budget:
+            return None
+        result = self.engine.generate(
+            tokens, slot=FACTS_SLOT, max_tokens=REPLACE_ANSWER_TOKENS, temp=0.0
+        )
+        return replaced_choice(result.text, candidates)
 
     def extract(self, message: str, existing: Iterable[str]) -> str | None:
         fact, outcome = self._extract(message, existing)

@@ -11,7 +11,7 @@ from datetime import datetime
 import duckdb
 
 from mlxmem.errors import DuplicateFactError, InputError, NotFoundError
-from mlxmem.memory.db import Database
+from mlxmem.memory.db import Database, device_of
 from mlxmem.memory.turns import get_turn
 from mlxmem.text import as_utc, check_text, to_db, utc_now
 
@@ -80,7 +80,7 @@ class FactList(Database):
             refuse_duplicate(con, text)
             fact = insert_fact(con, text, source, message_id, now)
             if replaces is not None:
-                _mark_replaced(con, replaces, fact.id, now)
+                mark_replaced(con, replaces, fact.id, now)
             return fact
 
 
@@ -167,20 +167,25 @@ def edited_clock(clock: dict[str, int] | None, device: str) -> str:
 
 def version_of(
     con: duckdb.DuckDBPyConnection, fact_id: int
-) -> tuple[int, str | None, str | None, datetime | None]:
+) -> tuple[int, str | None, str | None, datetime | None] | None:
     """A stored fact's version counter, version vector (JSON, or None: see stored_clock), and
-    the uid of the fact that replaced it, with when: what a new version of it carries on."""
+    the uid of the fact that replaced it, with when: what a new version of it carries on (None
+    for a fact not stored)."""
     return con.execute(
         "SELECT coalesce(version, 0), clock, replaced_by, replaced_at FROM facts WHERE id = ?",
         [fact_id],
     ).fetchone()
 
 
-def _mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: datetime) -> None:
+def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: datetime) -> bool:
     """Fact `fact_id` is replaced by fact `by`: a new version of it (the same text), so that the
-    replacement travels to other devices as an edit does."""
-    version, clock, _, _ = version_of(con, fact_id)
-    (device,) = con.execute("SELECT value FROM state WHERE key = 'device_uid'").fetchone()
+    replacement travels to other devices as an edit does. False (nothing changed) if the fact
+    is gone or already replaced (by another process, while a turn decided)."""
+    row = version_of(con, fact_id)
+    if row is None or row[2] is not None:
+        return False
+    version, clock, _, _ = row
+    device, _ = device_of(con)
     con.execute(
         "UPDATE facts SET replaced_by = (SELECT uid FROM facts WHERE id = ?), replaced_at = ?,"
         " updated_at = ?, device_uid = NULL, version = ?, clock = ? WHERE id = ?",
@@ -193,6 +198,7 @@ def _mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: d
             fact_id,
         ],
     )
+    return True
 
 
 def fact_of(row: tuple) -> Fact:

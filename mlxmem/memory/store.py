@@ -125,7 +125,7 @@ class Deletion:
 
 @dataclass(frozen=True)
 class Snapshot:
-    facts: list[Fact]
+    facts: list[Fact]  # the current ones
     summary: Summary | None
     turns: list[Turn]  # the verbatim window: turns after the summary's range
     forget_epoch: int
@@ -133,6 +133,9 @@ class Snapshot:
     # When the summary's first and last turns were written: the days it covers, and the turn
     # before the window, whose day decides whether the window's first turn shows its date.
     summary_span: Span | None = None
+    # Replaced facts: one whose replacement has not joined the prompt yet stays in it (see
+    # Companion.prompt_facts).
+    replaced: list[Fact] = field(default_factory=list)
 
 
 class Store(TurnLog, SummaryLog, FactList):
@@ -435,8 +438,10 @@ def _snapshot(
     if recall_terms:
         last_seq = summary.last_seq if summary is not None else 0
         recalled = search_before(con, conversation, last_seq, recall_terms, recall_limit)
+    facts = all_facts(con, replaced=True)
     return Snapshot(
-        facts=all_facts(con),
+        facts=[f for f in facts if f.replaced_by is None],
+        replaced=[f for f in facts if f.replaced_by is not None],
         summary=summary,
         turns=turns_after(con, conversation, summary and summary.last_seq),
         forget_epoch=forget_epoch(con),
@@ -500,9 +505,16 @@ def with_summary(snap: Snapshot, summary: Summary) -> Snapshot:
     )
 
 
-def with_fact(snap: Snapshot, fact: Fact) -> Snapshot:
-    """`snap` once `fact` (just added, so the highest id) is among the facts."""
-    return replace(snap, facts=[*snap.facts, fact], recalled=[])
+def with_fact(snap: Snapshot, fact: Fact, replaces: int | None = None) -> Snapshot:
+    """`snap` once `fact` (just added, so the highest id) is among the facts, having replaced
+    fact `replaces` if given."""
+    gone = [
+        replace(f, replaced_by=fact.id, replaced_at=fact.created_at)
+        for f in snap.facts
+        if f.id == replaces
+    ]
+    facts = [f for f in snap.facts if f.id != replaces]
+    return replace(snap, facts=[*facts, fact], replaced=snap.replaced + gone, recalled=[])
 
 
 # A text shorter than this ("hi", "Tea") is no quote: as a substring it is in many unrelated

@@ -57,7 +57,9 @@ def extra(conversation: str, result: TurnResult) -> dict:
         "conversation": conversation,
         "interrupted": result.interrupted,
         "discarded": result.discarded,  # a deletion raced the reply: shown, but not logged
-        "fact_added": None if fact is None else {"id": fact.id, "text": fact.text},
+        "fact_added": None
+        if fact is None
+        else {"id": fact.id, "text": fact.text, "replaces": result.fact_replaced},
     }
 
 
