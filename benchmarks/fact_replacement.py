@@ -1,5 +1,5 @@
 """Does a new automatic fact replace the right old one? The replacement check a chat turn runs
-(mlxmem.memory.extraction: the lexical gate, then one fixed-prompt model call) on the 40
+(mlxmem.memory.extraction: the lexical gate, then a short fixed-prompt call per candidate) on the 40
 made-up cases of scenarios/fact-updates.json: 20 updates ("moved to Porto" over "lives in
 Lisbon") and 20 look-alikes that add or refine and replace nothing.
 
@@ -50,14 +50,14 @@ def main() -> None:
         "precision": len(right) / len(made) if made else None,
         "recall": len(right) / len(updates) if updates else None,
         "gate_recall": sum(r["replaces"] in r["candidates"] for r in updates) / len(updates),
-        "model_calls": sum(bool(r["candidates"]) for r in rows),
+        "cases_asked": sum(bool(r["candidates"]) for r in rows),
         "seconds": round(time.perf_counter() - start, 1),
         "rows": rows,
     }
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    for key in ("precision", "recall", "gate_recall", "replacements_made", "model_calls"):
+    for key in ("precision", "recall", "gate_recall", "replacements_made", "cases_asked"):
         print(f"{key}: {report[key]}")
     for r in rows:
         mark = "ok" if r["chosen"] == r["replaces"] else "WRONG"

@@ -16,8 +16,8 @@ from mlxmem.memory.extraction import (
     is_duplicate,
     judge,
     normalize,
-    replaced_choice,
     replacement_candidates,
+    still_true,
 )
 from mlxmem.memory.recall import RECALL_HEADER
 from mlxmem.memory.store import Store
@@ -575,23 +575,25 @@ CHESS = "The user plays chess every Sunday."
 
 
 def replacing(prompt: str) -> str:
-    """The extractor notes the move; the replacement check picks old fact 1."""
-    if "replaces an old fact" in prompt:
-        return "1"
+    """The extractor notes the move; the replacement check finds the old fact out of date."""
+    if "still true" in prompt:
+        return "NO." if "Lisbon" in prompt else "YES"
     if "durable facts" in prompt:
         message = prompt.rsplit("user", 1)[-1]
         return MOVED if "Porto" in message else CHESS if "chess" in message else "NONE"
     return "fine."
 
 
-def test_the_gate_finds_facts_on_the_same_subject_and_the_answer_names_one():
+def test_the_gate_finds_facts_about_the_same_thing_and_the_answer_decides():
     existing = [(1, "The user lives in Lisbon."), (2, "The user has a dog named Rex.")]
     assert replacement_candidates(MOVED, existing) == [(1, "The user lives in Lisbon.")]
     assert replacement_candidates("The user plays chess.", existing) == []
-    assert replacement_candidates("The user's dog Rex died.", existing)[0][0] == 2
-    assert replaced_choice("1", existing) == 1
-    assert replaced_choice(" 2.", existing) == 2
-    assert replaced_choice("NONE", existing) is replaced_choice("3", existing) is None
+    assert replacement_candidates("The user gave the dog Rex away.", existing)[0][0] == 2
+    # Only a fact about the same person or thing: the sister's diet is not the user's.
+    diet = [(1, "The user is vegetarian."), (2, "The user's sister is vegetarian.")]
+    assert replacement_candidates("The user's sister is vegan now.", diet) == [diet[1]]
+    assert not still_true("NO") and not still_true(" no.")
+    assert still_true("YES") and still_true("Yes, it is.") and still_true("maybe")
 
 
 def test_an_automatic_fact_replaces_an_older_one_which_leaves_the_prompt_at_the_next_fold():
@@ -614,7 +616,7 @@ def test_an_automatic_fact_replaces_an_older_one_which_leaves_the_prompt_at_the_
     calls = len(engine.calls)
     result = companion.send("These days I play chess at the club every Sunday with my neighbour.")
     assert result.fact_added.text == CHESS and result.fact_replaced is None
-    assert not any("replaces an old fact" in c.prompt for c in engine.calls[calls:])
+    assert not any("still true" in c.prompt for c in engine.calls[calls:])
 
 
 def test_a_manual_replacement_leaves_the_prompt_at_once():
