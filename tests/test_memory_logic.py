@@ -352,6 +352,22 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
         assert judge(fact, (), message) == (fact, "kept"), message
 
 
+def test_a_fact_from_sentences_that_speak_to_the_other_person_is_not_about_the_user():
+    asked = "Congrats! That's awesome! What gave you the idea to start the bike shop?"
+    assert judge("The user started a bike shop.", (), asked) == (None, "about_addressee")
+    praised = "It has been hard. But your shop inspires me. Your patience is amazing!"
+    assert judge("The user's patience is amazing.", (), praised) == (None, "about_addressee")
+    # A sentence that speaks of the speaker too is the speaker's.
+    mixed = "Thanks for your tips, I finally got the job at the bakery!"
+    fact = "The user got a job at a bakery."
+    assert judge(fact, (), mixed) == (fact, "kept")
+    thanks = "Thanks so much, your advice on sleep really helped me a lot this week."
+    assert judge("The user appreciates the assistant's advice.", (), thanks) == (
+        None,
+        "about_assistant",
+    )
+
+
 def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():
     existing = ["The user's sister is called Ana."]
     assert is_duplicate("the users  sister is called ana", existing)

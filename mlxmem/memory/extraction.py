@@ -50,6 +50,12 @@ _ADDRESSED_RE = re.compile(
     rf"(?:^|[.!?]\s+)(?i:{GREETING_WORDS}|{THANKS_WORDS})"
     r"[\s,!]+([A-Z][a-z]+)\b|,\s+([A-Z][a-z]+)\s*[!?]"
 )
+# Sentences a message is read in, and whom each speaks of: the other person or the speaker.
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+")
+_SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you've|you’ve)\b", re.I)
+_FIRST_RE = re.compile(r"\b(I|I'm|I’m|Im|I've|I’ve|my|me|mine|myself|we|we're|our|us)\b", re.I)
+# The instructions ask for nothing about the assistant; a fact that names it is the chat.
+_ASSISTANT_RE = re.compile(r"\bthe assistant\b", re.I)
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
 
 
@@ -92,8 +98,10 @@ def judge(
     "markup" (template or special tokens), "no_letters", "example" (the instructions' own
     example), "not_third_person" (I, you: the model chatting instead of noting),
     "not_one_sentence", "ungrounded" (no word of it is in the `message` it came from), or
-    "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!":
-    the other side of the chat, whom a small model takes for the user).
+    "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!",
+    or every sentence it comes from speaks to the other person, "your store": the other side
+    of the chat, whom a small model takes for the user), or "about_assistant" (it names the
+    assistant: the chat, not the person).
     Strict on purpose: a wrong fact is worse than none."""
     text = raw.strip().strip('"').strip()
     if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
@@ -114,7 +122,20 @@ def judge(
         return None, "ungrounded"
     if message is not None and any(_is_about(text, name) for name in addressed(message)):
         return None, "about_addressee"
+    if message is not None and said_of_the_addressee(text, message):
+        return None, "about_addressee"
+    if _ASSISTANT_RE.search(text):
+        return None, "about_assistant"
     return text, "kept"
+
+
+def said_of_the_addressee(fact: str, message: str) -> bool:
+    """Every sentence of `message` that holds a word of the fact speaks to the other person
+    and not of the speaker ("What gave you the idea to start the online store?" against "The
+    user started an online store"): the other side's life, given to the user."""
+    words = content_words(fact)
+    hits = [s for s in _SENTENCE_END_RE.split(message) if content_words(s) & words]
+    return bool(hits) and all(_SECOND_RE.search(s) and not _FIRST_RE.search(s) for s in hits)
 
 
 def addressed(message: str) -> set[str]:
