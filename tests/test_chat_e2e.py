@@ -464,3 +464,25 @@ def test_recall_on_the_tiny_model_brings_back_an_evicted_turn(tiny):
     assert not result.collapses and result.stats.prefilled_tokens <= newest
     later = companion.send("And the kohlrabi, what colour was it?")
     assert later.stats.prefilled_tokens <= engine.count_chat(later.prompt.messages[-1:], True)
+
+
+def test_a_one_shot_call_started_as_the_last_one_replies_waits_and_both_are_logged(tiny):
+    """`chat -m` twice, the second started once the first has begun its reply (its memory work,
+    a fact to look for, comes after it): the second waits for the store, never fails."""
+    said = "I moved to Porto last spring and I walk along the river every single morning now."
+    command = [sys.executable, "-m", "mlxmem.cli", "chat", "--model", str(tiny)]
+    first = subprocess.Popen(
+        [*command, "--max-tokens", "16", "-m", said],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ.copy(),
+    )
+    assert first.stdout.read(1)  # the reply is streaming
+    second = mlxmem("chat", "--model", str(tiny), "--max-tokens", "16", "-m", "And my sister?")
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.returncode == 0, second.stderr
+    turns = Store().turns("default")
+    assert [t.role for t in turns] == ["user", "assistant"] * 2
+    assert [turns[0].text, turns[2].text] == [said, "And my sister?"]

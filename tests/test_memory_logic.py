@@ -642,3 +642,12 @@ def test_a_manual_replacement_leaves_the_prompt_at_once():
     store.add_fact("I moved to Porto", source="manual", replaces=old.id)
     companion.send("hi again")
     assert "Porto" in engine.calls[-1].prompt and "Lisbon" not in engine.calls[-1].prompt
+
+
+def test_the_whole_reply_is_out_before_the_memory_work_after_it():
+    engine, _, companion = make(budget=2000)
+    seen: list[int] = []
+    turn = companion.begin("I have a cat called Miso and she is the most important one to me.")
+    result = companion.reply(turn, on_written=lambda: seen.append(len(engine.calls)))
+    assert result.fact_added is not None  # the extraction ran, after the reply was out
+    assert seen == [1] and len(engine.calls) == 2

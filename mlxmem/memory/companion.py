@@ -285,9 +285,13 @@ class Companion:
         on_text: Callable[[str], None] | None = None,
         on_status: Callable[[str], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        on_written: Callable[[], None] | None = None,
     ) -> TurnResult:
-        """The rest of a turn after `begin`: stream the reply, then `finish` it."""
+        """The rest of a turn after `begin`: stream the reply, then `finish` it. `on_written`
+        is called between the two: the whole reply is out, the memory work not begun."""
         written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop)
+        if on_written is not None:
+            on_written()
         interrupted = stats.finish_reason == "interrupted"
         return self.finish(turn, written, stats, None if interrupted else ids, on_status)
 
