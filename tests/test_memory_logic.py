@@ -646,8 +646,9 @@ def test_a_manual_replacement_leaves_the_prompt_at_once():
 
 def test_the_whole_reply_is_out_before_the_memory_work_after_it():
     engine, _, companion = make(budget=2000)
-    seen: list[int] = []
+    seen: list[tuple[int, list[str]]] = []
     turn = companion.begin("I have a cat called Miso and she is the most important one to me.")
-    result = companion.reply(turn, on_written=lambda: seen.append(len(engine.calls)))
+    logged = lambda: [t.role for t in Store().turns("default")]  # noqa: E731
+    result = companion.reply(turn, on_written=lambda: seen.append((len(engine.calls), logged())))
     assert result.fact_added is not None  # the extraction ran, after the reply was out
-    assert seen == [1] and len(engine.calls) == 2
+    assert seen == [(1, ["user", "assistant"])] and len(engine.calls) == 2

@@ -172,8 +172,8 @@ def _one_shot(
         result = companion.send(message)
         print_json({"conversation": companion.conversation, "model": model, **result.to_dict()})
         return
-    # The reply's last line is ended (and flushed) before the memory work after it (folding
-    # ahead, noting a fact), so a script reading the reply does not wait for that work.
+    # The reply's last line is ended (and flushed) once the reply is logged, before the memory
+    # work after it (folding ahead, noting a fact): a script reading it does not wait for that.
     result = companion.reply(companion.begin(message), on_text=term.write, on_written=term.end_line)
     report_after(result)
 

@@ -11,15 +11,20 @@ after /new, /clear or /model (within a session, the lines typed stay in memory, 
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import datetime
+from typing import TypeVar
 
 from rich.markup import escape
 from rich.table import Table
 
 from mlxmem.errors import InputError, MlxmemError
-from mlxmem.memory.companion import Companion
+from mlxmem.memory.companion import Companion, TurnResult
 from mlxmem.memory.summaries import describe_source
 
 from .common import err
@@ -44,6 +49,41 @@ HISTORY_TURNS = 500  # the newest messages of the conversation offered by the Up
 
 # Opens a conversation: (model, conversation name) -> Companion.
 Opener = Callable[[str, str], Companion]
+T = TypeVar("T")
+# A wait for the memory work shorter than this is not worth a line.
+WAIT_SAID_S = 0.1
+
+
+class ModelThread:
+    """The one thread that owns the model in an interactive chat: it loads it, writes each
+    reply, then does the turn's memory work (folding ahead, warming the cache, noting a fact)
+    while the person reads and types. MLX streams belong to the thread that made them, so
+    every call into the model is made here, one job at a time."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="mlxmem-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((job, future))
+        return future
+
+    def call(self, job: Callable[[], T]) -> T:
+        return self.submit(job).result()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, future = item
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # noqa: BLE001 - the caller's thread raises it
+                future.set_exception(exc)
 
 
 class LineReader:
@@ -83,45 +123,107 @@ class Session:
     def __init__(self, open_chat: Opener, model: str, conversation: str, term: Terminal):
         self.open_chat = open_chat
         self.model = model
-        self.companion = open_chat(model, conversation)
+        self.model_thread = ModelThread()
+        self.companion = self.model_thread.call(lambda: open_chat(model, conversation))
         self.term = term
         self.reader = LineReader(sys.stdin.isatty())
+        self.pending: Future[TurnResult] | None = None  # the last turn, its memory work running
 
     def run(self) -> None:
         # The store stays open while the person types (Store.holding): a turn opens nothing,
         # and another process that asks for the store (mlxmem memory, history) gets it within
         # milliseconds. Every conversation and model of the session shares this one store.
         with self.companion.store.holding():
-            self._started()
-            while True:
-                try:
-                    line = self.reader.read()
-                except (EOFError, KeyboardInterrupt):
-                    self.term.write("\n")
+            try:
+                self._loop()
+            finally:
+                self._leave()
+
+    def _loop(self) -> None:
+        self._started()
+        while True:
+            try:
+                line = self.reader.read()
+            except (EOFError, KeyboardInterrupt):
+                self.term.write("\n")
+                return
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if not self.command(line.strip()):
                     return
-                if not line.strip():
-                    continue
-                if line.startswith("/"):
-                    if not self.command(line.strip()):
-                        return
-                    continue
-                self.send(line)
+                continue
+            self.send(line)
 
     def send(self, text: str) -> None:
+        """Write the reply on the model's thread and come back to the prompt as soon as it
+        is out; the turn's memory work goes on there while the person types, and the next
+        message (or command) waits for it, saying so if that takes a while."""
+        self.settle()
+        written, stop = threading.Event(), threading.Event()
+        future = self.model_thread.submit(lambda: self._turn(text, written, stop))
         try:
-            result = self.companion.send(text, on_text=self.term.write, on_status=self.term.status)
+            while not written.wait(0.05) and not future.done():
+                pass
+        except KeyboardInterrupt:
+            stop.set()  # the reply stops where it is, and is logged as interrupted
+            while not written.wait(0.05) and not future.done():
+                pass
+            self.term.end_line()
+            err.print("(interrupted)")
+        self.term.end_line()
+        self.pending = future
+        if future.done():
+            self.settle()
+
+    def _turn(self, text: str, written: threading.Event, stop: threading.Event) -> TurnResult:
+        """One turn, on the model's thread: `written` is set once the reply is out."""
+        engine = self.companion.engine
+        progress = engine.on_prefill
+
+        def reply_out() -> None:
+            engine.on_prefill = None  # the work after the reply is silent: the person types
+            written.set()
+
+        try:
+            turn = self.companion.begin(text, self.term.status)
+            return self.companion.reply(
+                turn, on_text=self.term.write, should_stop=stop.is_set, on_written=reply_out
+            )
+        finally:
+            engine.on_prefill = progress
+
+    def settle(self) -> None:
+        """Wait for the last turn's memory work, if it still runs (saying how long, if long),
+        and report what the turn did: a fact noted, an error."""
+        future, self.pending = self.pending, None
+        if future is None:
+            return
+        start = time.monotonic()
+        try:
+            result = future.result()
         except MlxmemError as exc:
             err.print(f"Error: {exc}", markup=False)
             return
-        except KeyboardInterrupt:
-            self.term.end_line()
-            err.print("(interrupted)")
-            return
-        self.term.end_line()
+        waited = time.monotonic() - start
+        if waited >= WAIT_SAID_S:
+            err.print(f"[dim](waited {waited:.1f} s for memory work)[/dim]")
         report_after(result)
 
+    def _leave(self) -> None:
+        """Quitting: the memory work still running is finished (Ctrl-C leaves it; the log
+        already holds the turn, and the next session folds what it needs)."""
+        if self.pending is not None and not self.pending.done():
+            err.print("[dim]finishing memory work (Ctrl-C to leave it)...[/dim]")
+        try:
+            self.settle()
+        except KeyboardInterrupt:
+            pass
+        self.model_thread.close()
+
     def command(self, line: str) -> bool:
-        """Run a slash command; False means quit."""
+        """Run a slash command (once the last turn's memory work is done); False means quit."""
+        self.settle()
         name, _, arg = line.partition(" ")
         arg = arg.strip()
         try:
@@ -204,7 +306,7 @@ class Session:
             err.print(f"model: {self.model}", markup=False)
 
     def switch(self, model: str, conversation: str) -> None:
-        self.companion = self.open_chat(model, conversation)
+        self.companion = self.model_thread.call(lambda: self.open_chat(model, conversation))
         self.model = model
         self._started()
 

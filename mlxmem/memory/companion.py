@@ -288,12 +288,12 @@ class Companion:
         on_written: Callable[[], None] | None = None,
     ) -> TurnResult:
         """The rest of a turn after `begin`: stream the reply, then `finish` it. `on_written`
-        is called between the two: the whole reply is out, the memory work not begun."""
+        is called once the whole reply is out and logged, before the memory work after it."""
         written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop)
-        if on_written is not None:
-            on_written()
         interrupted = stats.finish_reason == "interrupted"
-        return self.finish(turn, written, stats, None if interrupted else ids, on_status)
+        return self.finish(
+            turn, written, stats, None if interrupted else ids, on_status, on_logged=on_written
+        )
 
     def begin(
         self,
@@ -363,12 +363,13 @@ class Companion:
         sampled_ids: list[int] | None,
         on_status: Callable[[str], None] | None = None,
         at: datetime | None = None,
+        on_logged: Callable[[], None] | None = None,
     ) -> TurnResult:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
-        wrote all of it; written at `at`, if not now), fold ahead for the next message,
-        extract a fact, save the cache. The reply is logged first, in an operation of its
-        own, which also saves the cache when nothing else follows; summaries and a fact are
-        stored together afterwards, with the cache, in one more."""
+        wrote all of it; written at `at`, if not now; then `on_logged()`), fold ahead for the
+        next message, extract a fact, save the cache. The reply is logged first, in an
+        operation of its own, which also saves the cache when nothing else follows; summaries
+        and a fact are stored together afterwards, with the cache, in one more."""
         interrupted = stats.finish_reason == "interrupted"
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
         snap, epoch = turn.snapshot, turn.snapshot.forget_epoch
@@ -408,7 +409,11 @@ class Companion:
                 stacklevel=2,
             )
             result.discarded = True
+            if on_logged is not None:
+                on_logged()
             return result
+        if on_logged is not None:
+            on_logged()
         if not more:
             self._keep(logged)
             return result
