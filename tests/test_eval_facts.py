@@ -19,7 +19,7 @@ USER_LINES = [
     "Work has been busy lately, I started a new job as a nurse at the city hospital in March.",
     "ok",
     "My brother Tomas lives in Chile and we only see each other at Christmas these days.",
-    "Yes, that painting class you mentioned sounds like a wonderful way to spend a weekend.",
+    "A painting class on weekends sounds lovely, I should try one of those someday.",
 ]
 OBSERVATIONS = {
     "session_1_observation": {
@@ -127,3 +127,8 @@ def test_the_matcher_gives_each_restated_observation_to_its_speaker():
             right += label == ("precise" if obs.speaker == "user" else "attribution_error")
             total += 1
     assert total > 1000 and right / total >= 0.99
+
+
+def test_a_short_form_of_the_other_speakers_name_counts_too():
+    assert fe.makes_user_the_other("The user's sister is called Mel.", "Melanie")
+    assert not fe.makes_user_the_other("The user is melancholic.", "Melanie")
