@@ -13,7 +13,7 @@ names out, since a fact says "the user" where an observation says "Caroline"). A
   Melanie");
 - unsupported: it matches nothing.
 Coverage is the share of the user's observations on the messages sent that some kept fact
-matches.
+matches as its closest one.
 """
 
 from __future__ import annotations
@@ -135,12 +135,18 @@ def score_facts(
     scored = [score_fact(fact, turn, seen, names) for fact, turn in kept]
     sent_ids = set(sent)
     mine = [o for o in seen if o.speaker == "user" and o.turn in sent_ids]
-    fact_words = [content_words(fact, names) for fact, _ in kept]
-    covered = [
-        o
-        for o in mine
-        if any(overlap(w, content_words(o.text, names)) >= MATCH_OVERLAP for w in fact_words)
-    ]
+    # Each fact covers one observation: its closest (the one from its own message on a tie,
+    # else the first), so that a general fact ("likes Harry Potter") does not cover them all.
+    covered = set()
+    observed = [content_words(o.text, names) for o in mine]
+    for fact, turn in kept:
+        words = content_words(fact, names)
+        ranked = [
+            (overlap(words, w), o.turn == turn, -i)
+            for i, (o, w) in enumerate(zip(mine, observed, strict=True))
+        ]
+        if ranked and (best := max(ranked))[0] >= MATCH_OVERLAP:
+            covered.add(-best[2])
     counts = {label: sum(s.label == label for s in scored) for label in LABELS}
     n = len(scored)
     return {
