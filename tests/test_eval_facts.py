@@ -16,7 +16,7 @@ from mlxmem.testing import FakeEngine
 LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "locomo"
 USER_LINES = [
     "I just adopted a grey kitten called Pepper from the animal shelter downtown yesterday!",
-    "Work has been busy lately, I started a new job as a nurse at the city hospital in March.",
+    "Work has been busy lately: since March I work as a nurse at the city hospital downtown.",
     "ok",
     "My brother Tomas lives in Chile and we only see each other at Christmas these days.",
     "A painting class on weekends sounds lovely, I should try one of those someday.",

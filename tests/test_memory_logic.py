@@ -353,8 +353,8 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
 
 
 def test_a_fact_from_sentences_that_speak_to_the_other_person_is_not_about_the_user():
-    asked = "Congrats! That's awesome! What gave you the idea to start the bike shop?"
-    assert judge("The user started a bike shop.", (), asked) == (None, "about_addressee")
+    asked = "Wow, well done! How did you come to open a bike shop of your own?"
+    assert judge("The user opened a bike shop.", (), asked) == (None, "about_addressee")
     praised = "It has been hard. But your shop inspires me. Your patience is amazing!"
     assert judge("The user's patience is amazing.", (), praised) == (None, "about_addressee")
     # A sentence that speaks of the speaker too is the speaker's.

@@ -131,8 +131,8 @@ def judge(
 
 def said_of_the_addressee(fact: str, message: str) -> bool:
     """Every sentence of `message` that holds a word of the fact speaks to the other person
-    and not of the speaker ("What gave you the idea to start the online store?" against "The
-    user started an online store"): the other side's life, given to the user."""
+    and not of the speaker ("How did you come to open a bike shop?" against "The user
+    opened a bike shop"): the other side's life, given to the user."""
     words = content_words(fact)
     hits = [s for s in _SENTENCE_END_RE.split(message) if content_words(s) & words]
     return bool(hits) and all(_SECOND_RE.search(s) and not _FIRST_RE.search(s) for s in hits)
