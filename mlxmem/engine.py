@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from mlxmem.defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
 from mlxmem.errors import InputError, ModelLoadError
@@ -138,7 +139,7 @@ class Engine:
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix.
         The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
         stopped it early. With `ignore_eos` the end-of-turn token does
@@ -201,7 +202,8 @@ class MLXEngine(Engine):
         from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
         try:
-            self.model, self.tokenizer = load(str(model_path))
+            # Two items: the model and its tokenizer (a third, the config, only if asked).
+            self.model, self.tokenizer = load(str(model_path))[:2]
         except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
             raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
         # Without a GPU, float32 through a BLAS beats MLX's quantized CPU kernels (see mlxmem.cpu).
@@ -361,7 +363,10 @@ class MLXEngine(Engine):
                 if cuts[1::2] != [str(i) for i in range(len(roles))]:
                     return None  # messages dropped, repeated or reordered
                 texts = cuts[0::2]
-                found = [(first, roles[0], texts[0]), (after, roles[-1], texts[-1])]
+                found: list[tuple[dict[Any, str], str | tuple[str, ...], str]] = [
+                    (first, roles[0], texts[0]),
+                    (after, roles[-1], texts[-1]),
+                ]
                 found += [(between, roles[i - 1 : i + 1], texts[i]) for i in range(1, len(roles))]
                 for table, key, text in found:
                     if table.setdefault(key, text) != text:
@@ -427,7 +432,7 @@ class MLXEngine(Engine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         import mlx.core as mx
         from mlx_lm.generate import generate_step
         from mlx_lm.sample_utils import make_sampler
@@ -445,13 +450,18 @@ class MLXEngine(Engine):
             mx.random.seed(seed)
         if self.on_prefill is not None:
             self.on_prefill(0, len(prompt) - cached)  # mlx-lm tells the rest
-        steps = generate_step(
-            mx.array(prompt[cached:]),
-            self.model,
-            max_tokens=max_tokens,
-            sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
-            prompt_cache=kv.cache,
-            prompt_progress_callback=self.on_prefill,
+        # mlx-lm annotates each step as (mx.array, mx.array), but the token it yields is
+        # `y.item()`, an int.
+        steps = cast(
+            "Generator[tuple[int, mx.array], None, None]",
+            generate_step(
+                mx.array(prompt[cached:]),
+                self.model,
+                max_tokens=max_tokens,
+                sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
+                prompt_cache=kv.cache,
+                prompt_progress_callback=self.on_prefill,
+            ),
         )
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()

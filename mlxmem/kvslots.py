@@ -151,7 +151,7 @@ class KVSlot:
             block = folder / f"{name}{SUFFIX}"
             if not (block.exists() and digest_path(block).exists()):
                 arrays = self._arrays(i * KV_BLOCK_TOKENS, (i + 1) * KV_BLOCK_TOKENS)
-                written += _write_checked(block, lambda tmp, a=arrays: mx.save_safetensors(tmp, a))
+                written += _write_checked(block, _saver(arrays))
         tail = self._arrays(len(names) * KV_BLOCK_TOKENS, len(self.tokens))
         meta = {
             **meta,
@@ -204,7 +204,7 @@ class KVSlot:
 
 def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
     _check_digest(path)
-    arrays, meta = mx.load(str(path), return_metadata=True)
+    arrays, meta = _load_with_metadata(path)
     if meta.get("layout") not in (LAYOUT_VERSION, BLOCK_LAYOUT_VERSION):
         raise ValueError(f"layout {meta.get('layout')!r}, expected {BLOCK_LAYOUT_VERSION}")
     if meta.get("model") != model_id:
@@ -223,18 +223,22 @@ def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
 
 
 def _read_blocks(
-    path: Path, model_id: str, tokens: list[int], tail: dict, meta: dict[str, str]
+    path: Path,
+    model_id: str,
+    tokens: list[int],
+    tail: dict[str, mx.array],
+    meta: dict[str, str],
 ) -> list[Any]:
     names = json.loads(meta["blocks"])
     if names != block_names(tokens, model_id):
         raise ValueError("its blocks do not match its token ids")
-    parts = []
+    parts: list[dict[str, mx.array]] = []
     for name in names:
         block = blocks_dir(path) / f"{name}{SUFFIX}"
         if not block.exists():
             raise ValueError(f"block {name[:12]} is missing")
         _check_digest(block)
-        parts.append(mx.load(str(block)))
+        parts.append(_load_arrays(block))
     parts.append(tail)
     cache = []
     for i in range(int(meta["layers"])):
@@ -252,6 +256,25 @@ def _check_digest(path: Path) -> None:
         raise ValueError("not a cache file")
     if not digest.exists() or digest.read_text().strip() != file_digest(path):
         raise ValueError("file digest does not match (truncated or corrupt)")
+
+
+def _load_arrays(path: Path) -> dict[str, mx.array]:
+    """The arrays of the safetensors file `path` (mx.load's type covers every format)."""
+    arrays = mx.load(str(path))
+    assert isinstance(arrays, dict)  # a .safetensors file: a dict of arrays
+    return arrays
+
+
+def _load_with_metadata(path: Path) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """The arrays and the metadata of the safetensors file `path`."""
+    loaded = mx.load(str(path), return_metadata=True)
+    assert isinstance(loaded, tuple)  # with return_metadata: (arrays, metadata)
+    return loaded
+
+
+def _saver(arrays: dict[str, mx.array]) -> Callable[[str], None]:
+    """A `write` for _write_checked that saves `arrays` as a safetensors file."""
+    return lambda tmp: mx.save_safetensors(tmp, arrays)
 
 
 def _write_checked(path: Path, write: Callable[[str], Any]) -> int:

@@ -41,9 +41,14 @@ class RestartProfile:
     @property
     def load_over_recompute(self) -> float | None:
         """How many times faster loading a stored prefix is than recomputing it (< 1: slower)."""
-        if not self.measured:
+        read, kv, prefill = (
+            self.read_bytes_per_s,
+            self.kv_bytes_per_token,
+            self.prefill_tokens_per_s,
+        )
+        if read is None or kv is None or prefill is None:  # not self.measured
             return None
-        return self.read_bytes_per_s / (self.kv_bytes_per_token * self.prefill_tokens_per_s)
+        return read / (kv * prefill)
 
     @property
     def loads(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from mlxmem.defaults import CHAT_SLOT
@@ -91,7 +91,7 @@ class FakeEngine(Engine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         if max_tokens < 1:
             raise InputError("max_tokens must be at least 1")
         prompt = list(prompt)

@@ -10,7 +10,7 @@ import pytest
 from conftest import files_containing, on
 
 from mlxmem.errors import InputError
-from mlxmem.memory import store as store_module
+from mlxmem.memory import forget
 from mlxmem.memory.facts import edited_clock
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.records import (
@@ -21,6 +21,7 @@ from mlxmem.memory.records import (
     fact_version,
 )
 from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 
 MARKER = "MARKER-CONFLICT-5150"
 
@@ -39,10 +40,10 @@ def test_a_device_with_a_clock_a_year_slow_still_wins_with_its_later_edit(device
     on(a, "sync")
     assert facts(a) == [f"Lives in Porto {MARKER}"]
     # A's clock is a year slow: its edit, made after it saw B's, carries an older time.
-    real = store_module.utc_now
-    monkeypatch.setattr(store_module, "utc_now", lambda: real() - timedelta(days=365))
+    real = forget.utc_now
+    monkeypatch.setattr(forget, "utc_now", lambda: real() - timedelta(days=365))
     on(a, "memory", "edit", "1", "Lives in Braga")
-    monkeypatch.setattr(store_module, "utc_now", real)
+    monkeypatch.setattr(forget, "utc_now", real)
     for home in (a, b, a, b):
         on(home, "sync")
     assert facts(a) == facts(b) == ["Lives in Braga"]
@@ -208,6 +209,13 @@ def test_a_record_with_a_bad_clock_is_refused(bad):
         check_record(record(version=1, clock=bad))
 
 
+@pytest.mark.parametrize("kind", [["fact"], {"fact": 1}, 7, None])
+def test_a_record_whose_kind_is_no_string_is_refused_not_a_crash(kind):
+    # A sync file skips a record that raises InputError; a TypeError would stop the sync.
+    with pytest.raises(InputError, match="unknown record kind"):
+        check_record(record(kind=kind))
+
+
 def record(**changes):
     r = {
         "kind": "fact",
@@ -253,9 +261,10 @@ def test_the_migration_numbers_facts_edited_before_it_as_version_1(tmp_path):
     with store.connect() as con:
         rows = con.execute("SELECT text, version FROM facts ORDER BY id").fetchall()
     assert rows == [("never edited", 0), ("edited", 1)]
-    assert {r["text"]: r["version"] for r in store.changes() if r["kind"] == "fact"} == dict(rows)
+    log = SyncLog(path)
+    assert {r["text"]: r["version"] for r in log.changes() if r["kind"] == "fact"} == dict(rows)
     store.edit_fact(2, "edited again")
-    assert [r["version"] for r in store.changes() if r["kind"] == "fact"] == [0, 2]
+    assert [r["version"] for r in log.changes() if r["kind"] == "fact"] == [0, 2]
 
 
 def test_a_lagging_device_that_still_holds_the_losing_text_does_not_delete_its_fork(tmp_path):

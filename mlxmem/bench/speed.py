@@ -60,7 +60,7 @@ class LengthResult:
         return [(m, b) for m, b in zip(self.mlxmem, self.bare, strict=True) if b.decode_tps > 0]
 
     def to_dict(self) -> dict:
-        row = {"prompt_tokens": self.prompt_tokens}
+        row: dict[str, Any] = {"prompt_tokens": self.prompt_tokens}
         metrics = ("ttft_s", "prefill_tps", "decode_tps", "peak_memory_gb")
         spreads = {}
         for metric in metrics:

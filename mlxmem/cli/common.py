@@ -7,9 +7,8 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.segment import Segment
@@ -24,6 +23,9 @@ from mlxmem.defaults import (
 from mlxmem.defaults import MAX_MESSAGE_CHARS as MESSAGE_CHARS_CEILING
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.text import as_record, plural, visible_controls  # noqa: F401 - the commands import them from here
+
+if TYPE_CHECKING:
+    from typer._click import Context  # Typer's own copy of click, which its groups take
 
 
 class TerminalConsole(Console):
@@ -115,7 +117,7 @@ class ErrorsAsMessages(TyperGroup):
     """The root group: an expected failure anywhere below it becomes `Error: ...` on stderr and
     exit code 1, with no traceback; Ctrl-C exits 130."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
         except MlxmemError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,7 +178,7 @@ def facts_command(
                         cid,
                         context_tokens or chosen.context_tokens,
                         messages,
-                        lambda done, total, cid=cid: progress(cid, done, total),
+                        functools.partial(progress, cid),
                     )
                 )
     result = {"model": chosen.label, "pooled": fe.pooled(runs), "conversations": runs}

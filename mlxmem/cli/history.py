@@ -2,6 +2,7 @@
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
@@ -194,6 +195,6 @@ def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool)
         after = messages[i + 1] if i + 1 < len(messages) else None
         if m.role == "user" and after and after.role == "user" and not show_conversation:
             text.append(" [unanswered]", style="dim")
-        cells = [str(m.id), shown(m.conversation), str(m.seq), m.role, text]
+        cells: list[str | Text] = [str(m.id), shown(m.conversation), str(m.seq), m.role, text]
         table.add_row(*(cells if show_conversation else cells[:1] + cells[2:]))
     out().print(table)

@@ -7,13 +7,17 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
-import click
 import typer
 
 from mlxmem import __version__
 
 from .common import ErrorsAsMessages, plain_typer
+
+if TYPE_CHECKING:
+    # Typer (0.29) has its own copy of click: its groups take and give these types.
+    from typer._click import Command, Context, HelpFormatter
 
 # name -> (module under mlxmem.cli, its Typer app or command function, the one line shown by
 # `mlxmem --help`; a test checks that line against the command's own help).
@@ -36,14 +40,15 @@ MODEL_COMMANDS = {"chat", "serve", "bench", "eval"}
 class LazyGroup(ErrorsAsMessages):
     """The root group: finds a subcommand by importing its module when it is asked for."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         return list(SUBCOMMANDS)
 
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+    def get_command(self, ctx: Context, name: str) -> Command | None:
         if name not in SUBCOMMANDS:
             return None
         module, attr, _ = SUBCOMMANDS[name]
         found = getattr(importlib.import_module(f"mlxmem.cli.{module}"), attr)
+        command: Command
         if isinstance(found, typer.Typer):  # a group, even of one command (eval)
             command = typer.main.get_group(found)
         else:
@@ -53,16 +58,16 @@ class LazyGroup(ErrorsAsMessages):
         _help_flags_off_by_default(command, ctx)
         return command
 
-    def get_help_option(self, ctx: click.Context):
+    def get_help_option(self, ctx: Context):
         return _off_by_default(super().get_help_option(ctx))
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
         # From the table, not the modules: `mlxmem --help` imports none of them.
         with formatter.section("Commands"):
             formatter.write_dl([(name, short) for name, (_, _, short) in SUBCOMMANDS.items()])
 
 
-def _help_flags_off_by_default(command, ctx: click.Context) -> None:
+def _help_flags_off_by_default(command, ctx: Context) -> None:
     """Give every --help flag below `command` the default False. Typer (0.29) leaves it None,
     and a value that is not a bool goes through pydantic, which costs a third of a second of
     imports on every command."""

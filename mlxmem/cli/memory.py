@@ -4,6 +4,7 @@ from datetime import datetime
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from mlxmem.memory.facts import check_source
 from mlxmem.memory.store import Store
@@ -39,7 +40,12 @@ def list_facts(
     table = Table("id", "source", "text", "updated", *(["replaced"] if show_all else []))
     for fact in facts:
         # shown(), not a str: a fact may contain [brackets] that rich would read as markup.
-        row = [str(fact.id), fact.source, shown(fact.text), local_time(fact.updated_at)]
+        row: list[str | Text] = [
+            str(fact.id),
+            fact.source,
+            shown(fact.text),
+            local_time(fact.updated_at),
+        ]
         if show_all:
             replaced = fact.replaced_at and local_time(fact.replaced_at)
             row.append(f"by {fact.replaced_by}, {replaced}" if fact.replaced_by else "")

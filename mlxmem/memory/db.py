@@ -54,6 +54,7 @@ import duckdb
 from mlxmem import paths
 from mlxmem.errors import StaleError, StoreError
 from mlxmem.memory.migrations import FACTS_DB, attach_facts, facts_path, migrate
+from mlxmem.memory.rows import one_row
 
 LOCK_TIMEOUT_S = 5.0
 # How often a holder looks for another process's request for the store: the most a waiter
@@ -206,7 +207,8 @@ class Database:
                 self._watcher = None
                 with self._mutex:
                     self._release()
-                    os.close(self._want_fd)
+                    if self._want_fd is not None:
+                        os.close(self._want_fd)
                     self._want_fd = None
 
     def mark(self) -> tuple[int, int] | None:
@@ -546,7 +548,7 @@ class Database:
         con = self._open()
         try:
             if source is None:
-                source = con.execute("SELECT current_database()").fetchone()[0]
+                source = one_row(con.execute("SELECT current_database()"))[0]
             self._copy_database(con, path, source, drop_pending)
         finally:
             con.close()
@@ -646,7 +648,7 @@ def _has_table(con: duckdb.DuckDBPyConnection, database: str, table: str) -> boo
 def _row_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:
     """Rows in the main file's text-holding tables: if a block changed them, the main file
     holds removed bytes and must be rewritten."""
-    return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _MAIN_TEXT_TABLES)
+    return tuple(one_row(con.execute(f"SELECT count(*) FROM {t}"))[0] for t in _MAIN_TEXT_TABLES)
 
 
 # The one fault-injection seam: each file-system step of an erase (and a few steps of a turn

@@ -12,6 +12,7 @@ import duckdb
 
 from mlxmem.errors import DuplicateFactError, InputError, NotFoundError
 from mlxmem.memory.db import Database, device_of
+from mlxmem.memory.rows import one_row
 from mlxmem.memory.turns import get_turn
 from mlxmem.text import as_utc, check_text, to_db, utc_now
 
@@ -95,7 +96,7 @@ def insert_fact(
     an id is never handed out twice (deleted facts' included)."""
     now = now or utc_now()
     counter = "UPDATE fact_counter SET last_id = last_id + 1 RETURNING last_id"
-    (fid,) = con.execute(counter).fetchone()
+    (fid,) = one_row(con.execute(counter))
     con.execute(
         "INSERT INTO facts (id, text, source, created_at, updated_at, message_id, message_uid)"
         " SELECT ?, ?, ?, ?, ?, ?, (SELECT uid FROM messages WHERE id = ?)",
@@ -165,26 +166,34 @@ def edited_clock(clock: dict[str, int] | None, device: str) -> str:
     return json.dumps(clock, sort_keys=True)
 
 
-def version_of(
-    con: duckdb.DuckDBPyConnection, fact_id: int
-) -> tuple[int, str | None, str | None, datetime | None] | None:
-    """A stored fact's version counter, version vector (JSON, or None: see stored_clock), and
-    the uid of the fact that replaced it, with when: what a new version of it carries on (None
-    for a fact not stored)."""
-    return con.execute(
+@dataclass(frozen=True)
+class FactVersion:
+    """What a new version of a stored fact carries on: its version counter, version vector
+    (JSON, or None: see stored_clock), and the uid of the fact that replaced it, with when."""
+
+    version: int
+    clock: str | None
+    replaced_by: str | None
+    replaced_at: datetime | None
+
+
+def version_of(con: duckdb.DuckDBPyConnection, fact_id: int) -> FactVersion | None:
+    """The stored fact's FactVersion (None for a fact not stored)."""
+    row = con.execute(
         "SELECT coalesce(version, 0), clock, replaced_by, replaced_at FROM facts WHERE id = ?",
         [fact_id],
     ).fetchone()
+    return None if row is None else FactVersion(*row)
 
 
 def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: datetime) -> bool:
     """Fact `fact_id` is replaced by fact `by`: a new version of it (the same text), so that the
     replacement travels to other devices as an edit does. False (nothing changed) if the fact
     is gone or already replaced (by another process, while a turn decided)."""
-    row = version_of(con, fact_id)
-    if row is None or row[2] is not None:
+    stored = version_of(con, fact_id)
+    if stored is None or stored.replaced_by is not None:
         return False
-    version, clock, _, _ = row
+    version, clock = stored.version, stored.clock
     device, _ = device_of(con)
     con.execute(
         "UPDATE facts SET replaced_by = (SELECT uid FROM facts WHERE id = ?), replaced_at = ?,"

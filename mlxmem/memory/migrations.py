@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
 
+from mlxmem.memory.rows import one_row
 from mlxmem.memory.terms import index_missing
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
@@ -26,7 +27,9 @@ def migration(func: Migration) -> Migration:
     return func
 
 
-def migrate(con: duckdb.DuckDBPyConnection, migrations: list[Migration] | None = None) -> list[str]:
+def migrate(
+    con: duckdb.DuckDBPyConnection, migrations: Sequence[Migration] | None = None
+) -> list[str]:
     """Apply the migrations missing from `con`'s database; return the names applied."""
     migrations = MIGRATIONS if migrations is None else migrations
     if migrations and _applied_summary(con) == (len(migrations), migrations[-1].__name__):
@@ -59,7 +62,8 @@ def _applied_summary(con: duckdb.DuckDBPyConnection) -> tuple[int, str | None] |
     remembered per process: another process may have replaced the file (an erase rewrites
     it) or made it anew."""
     try:
-        return tuple(con.execute("SELECT count(*), max(name) FROM migrations").fetchone())
+        count, newest = one_row(con.execute("SELECT count(*), max(name) FROM migrations"))
+        return (count, newest)
     except duckdb.CatalogException:
         return None  # a new database
 
@@ -148,11 +152,13 @@ def m003_sampled_ids(con: duckdb.DuckDBPyConnection) -> None:
 # database (`bench.duckdb`, owned by mlxmem.bench). Runs recorded here before are copied there.
 @migration
 def m004_bench_runs_to_own_file(con: duckdb.DuckDBPyConnection) -> None:
-    (count,) = con.execute("SELECT count(*) FROM bench_runs").fetchone()
+    (count,) = one_row(con.execute("SELECT count(*) FROM bench_runs"))
     if count:
-        (path,) = con.execute(
-            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
-        ).fetchone()
+        (path,) = one_row(
+            con.execute(
+                "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+            )
+        )
         target = str(Path(path).with_name("bench.duckdb")).replace("'", "''")
         con.execute(f"ATTACH '{target}' AS bench_file")
         con.execute("CREATE SEQUENCE IF NOT EXISTS bench_file.bench_runs_id_seq START 1")
@@ -385,17 +391,19 @@ def attach_facts(con: duckdb.DuckDBPyConnection) -> None:
     names = con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
     if (FACTS_DB,) in names:
         return
-    (main, path) = con.execute(
-        "SELECT database_name, path FROM duckdb_databases() WHERE database_name ="
-        " current_database()"
-    ).fetchone()
+    (main, path) = one_row(
+        con.execute(
+            "SELECT database_name, path FROM duckdb_databases() WHERE database_name ="
+            " current_database()"
+        )
+    )
     target = str(facts_path(path)).replace("'", "''")
     con.execute(f"ATTACH '{target}' AS {FACTS_DB}")
     con.execute(f"SET search_path = '{main}.main,{FACTS_DB}.main'")
 
 
 def _main_table(con: duckdb.DuckDBPyConnection, name: str) -> str:
-    (main,) = con.execute("SELECT current_database()").fetchone()
+    (main,) = one_row(con.execute("SELECT current_database()"))
     return f'"{main}".main.{name}'
 
 

@@ -15,7 +15,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeGuard
 
 import duckdb
 
@@ -237,9 +237,10 @@ def check_record(record: object) -> Record:
     if not isinstance(record, dict):
         raise InputError("a record must be a JSON object")
     kind = record.get("kind")
-    fields = _FIELDS.get(kind)
-    if fields is None:
+    # A kind that is a JSON list or object is no key of _FIELDS (and unhashable): unknown.
+    if not isinstance(kind, str) or kind not in _FIELDS:
         raise InputError(f"unknown record kind {kind!r}")
+    fields = _FIELDS[kind]
     for name in fields:
         if name not in record:
             raise InputError(f"{kind} record without {name!r}")
@@ -274,7 +275,7 @@ def _is_time(value: object) -> bool:
     return isinstance(value, str) and timestamp(value) is not None
 
 
-def _is_text(value: object) -> bool:
+def _is_text(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and check_text(value) == value
 
 

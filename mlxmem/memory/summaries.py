@@ -10,6 +10,7 @@ import duckdb
 
 from mlxmem.errors import InputError
 from mlxmem.memory.db import Database
+from mlxmem.memory.rows import one_row
 from mlxmem.memory.turns import conversation_id
 from mlxmem.text import as_utc, check_text, to_db, utc_now
 
@@ -99,20 +100,22 @@ def insert_summary(con: duckdb.DuckDBPyConnection, summary: Summary) -> Summary:
     if summary.source not in SOURCES:
         raise InputError(f"unknown summary source {summary.source!r}: one of {', '.join(SOURCES)}")
     cid = conversation_id(con, summary.conversation)
-    (sid,) = con.execute(
-        "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
-        " created_at, fact_ids, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        [
-            cid,
-            summary.text,
-            summary.first_seq,
-            summary.last_seq,
-            summary.token_count,
-            to_db(summary.created_at),
-            list(summary.fact_ids),
-            summary.source,
-        ],
-    ).fetchone()
+    (sid,) = one_row(
+        con.execute(
+            "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
+            " created_at, fact_ids, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            [
+                cid,
+                summary.text,
+                summary.first_seq,
+                summary.last_seq,
+                summary.token_count,
+                to_db(summary.created_at),
+                list(summary.fact_ids),
+                summary.source,
+            ],
+        )
+    )
     return replace(summary, id=sid)
 
 
@@ -149,4 +152,6 @@ def delete_derived(
 
 
 def summary_of(row: tuple) -> Summary:
-    return Summary(*row[:6], as_utc(row[6]), tuple(row[7] or ()), row[8])
+    return Summary(
+        row[0], row[1], row[2], row[3], row[4], row[5], as_utc(row[6]), tuple(row[7] or ()), row[8]
+    )

@@ -205,7 +205,7 @@ def speaker_names(said: Sequence[tuple[str, str]], facts: Sequence[str] = ()) ->
     addresses them by ("Hey Mel!", "Thanks, Caroline."), at least twice and more than any
     other. Roles not named are left out."""
     named: dict[str, str] = {}
-    votes = {"user": Counter(), "assistant": Counter()}
+    votes: dict[str, Counter[str]] = {"user": Counter(), "assistant": Counter()}
     for fact in facts:
         for role, name, _ in _NAMED_RE.findall(fact):
             if role:
@@ -340,7 +340,7 @@ def _folded_units(
     folded: Sequence[Turn], names: dict[str, str], addressed: set[str], start: int
 ) -> list[_Unit]:
     """The folded turns' sentences, without greetings, each with its day and speaker."""
-    units = []
+    units: list[_Unit] = []
     for turn in folded:
         speaker = names.get(turn.role) or ROLE_LABELS.get(turn.role, turn.role)
         day = day_label(turn.created_at)
@@ -438,7 +438,9 @@ def _addresses(text: str) -> list[str]:
 def _without_address(sentence: str, names: set[str]) -> str:
     """`sentence` without its greeting ("Hey Mel!") or the name it addresses ("..., Mel!");
     a leading "[...]" (a date the text itself gives) stays."""
-    lead, sentence = _LEAD_RE.match(sentence).groups()
+    lead_match = _LEAD_RE.match(sentence)
+    assert lead_match is not None  # the pattern matches every string
+    lead, sentence = lead_match.groups()
     for name in sorted(names, key=lambda n: (-len(n), n)):  # one order: same input, same output
         name = re.escape(name)
         sentence = re.sub(rf",\s*{name}(?=\s*[!?.]|$)", "", sentence)

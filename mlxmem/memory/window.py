@@ -183,7 +183,9 @@ class ConversationWindow:
         # The specifics after an earlier model summary are picked again below, not asked of
         # the model: it is checked against that summary's own paragraph.
         checked = (
-            prose_lines(earlier) if summary and summary.source == "model+extractive" else earlier
+            prose_lines(summary.text)
+            if summary and summary.source == "model+extractive"
+            else earlier
         )
         if prompt.omitted or not check_summary(text, [t.text for t in evicted], checked).ok:
             text, source = self._fallback(summary, evicted, names), "extractive"
@@ -225,7 +227,7 @@ class ConversationWindow:
         text = extractive_summary(
             self.engine,
             self.summary_cap,
-            summary and summary.text,
+            summary.text if summary else None,
             evicted,
             names,
             earlier_is_extractive=bool(summary and summary.source == "extractive"),

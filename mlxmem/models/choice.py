@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,9 +14,9 @@ from mlxmem.defaults import DEFAULT_MODEL
 from mlxmem.errors import MlxmemError
 from mlxmem.models.registry import load_registry, resolve, toml_value
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 MODEL_ENV = "MLXMEM_MODEL"

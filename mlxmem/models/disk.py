@@ -21,7 +21,7 @@ def model_files(spec: ModelSpec) -> Path | None:
     else:
         from huggingface_hub import constants
 
-        folder = Path(constants.HF_HUB_CACHE) / f"models--{spec.repo.replace('/', '--')}"
+        folder = Path(constants.HF_HUB_CACHE) / f"models--{spec.hub_repo.replace('/', '--')}"
     return folder if folder.is_dir() else None
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mlxmem import paths
 
@@ -86,7 +86,15 @@ GEMMA_TEMPLATE = (
 # Llama 3.1/3.2 files carry their RoPE scaling only as this tensor of per-frequency factors;
 # it becomes mlx-lm's `llama3` rope_scaling when it matches these (Meta's) parameters.
 ROPE_FREQS = "rope_freqs.weight"
-LLAMA3_ROPE = {
+
+
+class Llama3Rope(TypedDict):
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+LLAMA3_ROPE: Llama3Rope = {
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
@@ -228,7 +236,8 @@ def _int(header: GGUFHeader, key: str, default: int | None, high: int, low: int 
     return value
 
 
-def _float(header: GGUFHeader, key: str, default: float) -> float:
+def _float(header: GGUFHeader, key: str, default: float | None) -> float:
+    """The positive number `key` of the header (`default` if absent; None: it must be there)."""
     value = header.arch_value(key, default)
     if type(value) not in (int, float) or not (math.isfinite(value) and value > 0):
         raise GGUFError(f"{header.arch}.{key} = {value!r:.40} is not a positive number")
@@ -433,18 +442,20 @@ def _convert_tensor(
     if arch in NORM_SHIFT and name.endswith("norm.weight") and c.scales is None:
         c.weight = c.weight.astype(np.float32) - np.float32(NORM_SHIFT[arch])
         c.dtype = "float32"
-    parts = [c.weight] if c.scales is None else [c.scales, c.biases]
+    quantized = c.quantization()
+    parts = [c.weight] if quantized is None else [quantized[0], quantized[1]]
     if not all(np.isfinite(p).all() for p in parts):
         raise GGUFError(f"tensor {name} has values that are not finite (inf or NaN) once read")
     weight = mx.array(c.weight)
     if c.dtype == "bfloat16":
         weight = weight.astype(mx.bfloat16)
-    if c.scales is None:
+    if quantized is None:
         return {target: weight}, None
+    scales, biases, bits = quantized
     layer = target.removesuffix(".weight")
-    arrays = {target: weight, f"{layer}.scales": mx.array(c.scales)}
-    arrays[f"{layer}.biases"] = mx.array(c.biases)
-    return arrays, (layer, c.bits)
+    arrays = {target: weight, f"{layer}.scales": mx.array(scales)}
+    arrays[f"{layer}.biases"] = mx.array(biases)
+    return arrays, (layer, bits)
 
 
 def _save_shards(shards: list[dict[str, Any]], out: Path) -> None:

@@ -59,6 +59,13 @@ class Converted:
     bits: int | None = None
     dtype: str = "float16"  # of the float weight or of the scales: float32, float16, bfloat16
 
+    def quantization(self) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """(scales, biases, bits) of a quantized tensor; None for a float one."""
+        if self.scales is None:
+            return None
+        assert self.biases is not None and self.bits is not None  # set with the scales
+        return self.scales, self.biases, self.bits
+
 
 def supported_types() -> set[str]:
     """Every GGUF type llama.cpp's Python reader dequantizes."""
@@ -205,13 +212,15 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 
 def reconstruct(c: Converted) -> np.ndarray:
     """The float32 values `c` stands for (MLX's dequantization, done in numpy, for checks)."""
-    if c.scales is None:
+    quantized = c.quantization()
+    if quantized is None:
         return np.asarray(c.weight, dtype=np.float32)
+    scales, biases, bits = quantized
     rows = c.weight.shape[0]
     stream = np.unpackbits(c.weight.view(np.uint8).reshape(rows, -1), axis=-1, bitorder="little")
-    weights = 1 << np.arange(c.bits, dtype=np.uint32)
-    codes = (stream.reshape(rows, -1, c.bits).astype(np.uint32) * weights).sum(-1)
+    weights = 1 << np.arange(bits, dtype=np.uint32)
+    codes = (stream.reshape(rows, -1, bits).astype(np.uint32) * weights).sum(-1)
     groups = codes.reshape(rows, -1, GROUP).astype(np.float32)
-    scale = c.scales.astype(np.float32)[..., None]
-    bias = c.biases.astype(np.float32)[..., None]
+    scale = scales.astype(np.float32)[..., None]
+    bias = biases.astype(np.float32)[..., None]
     return (groups * scale + bias).reshape(rows, -1)

