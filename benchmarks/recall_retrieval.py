@@ -38,7 +38,7 @@ from mlxmem.eval.locomo import (
     probe_text,
     sessions_apart,
 )
-from mlxmem.memory.recall import RECALL_TURNS, query_terms, search_before
+from mlxmem.memory.recall import RECALL_TURNS, recall_query, search_before
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import index_missing
 from mlxmem.memory.turns import insert_turn
@@ -97,9 +97,9 @@ def measure_per_session(data: Path, cid: str, store_dir: Path) -> list[dict]:
 def search(con, conv, question, conversation: str, last_seq: int, hit) -> dict:
     """Recall's search for `question` as the eval asks it, from `conversation` (its turns up to
     `last_seq` searched): the rank of the first turn found for which `hit` holds, and the time."""
-    terms = query_terms(probe_text(conv, question))
+    query = recall_query(probe_text(conv, question))
     start = time.perf_counter()
-    found = search_before(con, conversation, last_seq, terms, max(DEPTHS))
+    found = search_before(con, conversation, last_seq, query, max(DEPTHS))
     seconds = time.perf_counter() - start
     ranks = [r for r, t in enumerate(found, 1) if hit(t)]
     return {
@@ -129,7 +129,7 @@ def time_at_scale(data: Path, cid: str, messages: int, store_dir: Path) -> float
     for q in conv.questions[:SCALE_QUESTIONS]:
         start = time.perf_counter()
         with store.connect() as con:
-            search_before(con, "big", messages, query_terms(probe_text(conv, q)))
+            search_before(con, "big", messages, recall_query(probe_text(conv, q)))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -12,12 +12,14 @@ from mlxmem.memory.recall import (
     RECALL_HEADER,
     RECALL_TURNS,
     SEED_POSTINGS,
+    RecallQuery,
     asks_for,
-    query_terms,
+    recall_query,
     refers_to_past,
     search_before,
 )
 from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.testing import FakeEngine
 
 SECRET = "My grandmother's greenhouse in Tromso grows purple kohlrabi."
@@ -43,10 +45,10 @@ def chat_with_old_secret(budget=600, recall=True, filler=30):
     return engine, store, companion
 
 
-def test_query_terms_and_cues():
-    assert query_terms("What did I say about the greenhouses?") == ["greenhous"]
+def test_query_and_cues():
+    assert recall_query("What did I say about the greenhouses?").terms == ("greenhous",)
     # Words about the exchange itself are not searched for; endings are stripped.
-    assert query_terms("Which paintings? Answer in a few words.") == ["paint"]
+    assert recall_query("Which paintings? Answer in a few words.").terms == ("paint",)
     assert refers_to_past("Do you remember my greenhouse")
     assert refers_to_past("where is it?")
     assert not refers_to_past("I baked bread today.")
@@ -137,7 +139,7 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
             "UPDATE messages SET text = 'my kohlrabi in the greenhouse is purple' WHERE seq = 77"
         )
         assert terms.index_missing(con) == 2000  # a bulk load, indexed after the fact
-        found = search_before(con, "big", 2000, query_terms("purple bread greenhouse?"))
+        found = search_before(con, "big", 2000, recall_query("purple bread greenhouse?"))
     assert found[0].seq == 77
     assert len(found) == RECALL_TURNS  # speed: benchmarks/recall_retrieval.py --scale
 
@@ -162,10 +164,10 @@ def test_a_search_of_common_words_only_scores_their_latest_turns(tmp_path):
             [turns - 40, turns - 400],
         )
         terms.index_missing(con)
-        found = search_before(con, "big", turns, query_terms("walk bread?"))
+        found = search_before(con, "big", turns, recall_query("walk bread?"))
         con.execute("UPDATE messages SET text = text || ' Sourdough.' WHERE seq = 5")
         terms.reindex(con)
-        rare = search_before(con, "big", turns, query_terms("walk bread sourdough?"))
+        rare = search_before(con, "big", turns, recall_query("walk bread sourdough?"))
     assert {t.seq for t in found[:2]} == {turns - 40, turns - 400}
     assert 5 not in {t.seq for t in found}
     assert rare[0].seq == 5  # a rarer word seeds it
@@ -173,10 +175,11 @@ def test_a_search_of_common_words_only_scores_their_latest_turns(tmp_path):
 
 def test_a_pasted_text_searches_for_its_first_and_last_terms_only():
     words = [f"w{i}x" for i in range(500)]
-    found = query_terms("Where did we leave " + " ".join(words) + " the kohlrabi?")
-    assert len(found) == MAX_QUERY_TERMS + 1 and found[-1] == "?name"  # what "where" asks for
-    assert found[0] == "leav" and found[-2] == "kohlrabi"
-    assert query_terms("(You are Mel; I am Jo.) " + " ".join(words) + " Mel?")[-1] == "@assistant"
+    query = recall_query("Where did we leave " + " ".join(words) + " the kohlrabi?")
+    assert len(query.terms) == MAX_QUERY_TERMS and query.asks == "name"  # what "where" asks for
+    assert query.terms[0] == "leav" and query.terms[-1] == "kohlrabi"
+    pasted = recall_query("(You are Mel; I am Jo.) " + " ".join(words) + " Mel?")
+    assert pasted.speakers == ("assistant",)
 
 
 def test_the_stemmer_is_snowball_english():
@@ -184,7 +187,7 @@ def test_the_stemmer_is_snowball_english():
     stems = [terms.stem(w) for w in words]
     assert stems[:5] == ["paint"] * 5
     assert stems[5] == stems[6] and stems[7] == stems[8] and stems[9] == "run"
-    assert query_terms("What was answered? Did I remember?") == []  # stopwords, once stemmed
+    assert not recall_query("What was answered? Did I remember?")  # stopwords, once stemmed
     assert terms.terms("Tromsø, Tromsø and the 2023 café!") == ["tromsø", "tromsø", "2023", "café"]
 
 
@@ -193,9 +196,9 @@ def test_a_word_meets_its_other_forms_in_the_log(tmp_path):
     for text in ["I was painting the shed all weekend.", "Lunch was soup.", "Rain again."]:
         store.append_turn("c", "user", text)
     with store.connect() as con:
-        found = search_before(con, "c", 3, query_terms("Which paints did I use?"))
+        found = search_before(con, "c", 3, recall_query("Which paints did I use?"))
         assert [t.seq for t in found][:2] == [1, 2]  # the match, then the turn after it
-        assert search_before(con, "c", 3, query_terms("The soups?"))[0].seq == 2
+        assert search_before(con, "c", 3, recall_query("The soups?"))[0].seq == 2
 
 
 def test_a_word_meets_the_words_it_begins_with_and_those_that_begin_with_it(tmp_path):
@@ -204,12 +207,15 @@ def test_a_word_meets_the_words_it_begins_with_and_those_that_begin_with_it(tmp_
         store.append_turn("c", "user", text)
     with store.connect() as con:
         # The turn and its reply; no passage: passages are of the words asked only.
-        assert [t.seq for t in search_before(con, "c", 4, query_terms("Any mentorship?"))] == [1, 2]
-        assert search_before(con, "c", 4, query_terms("Any paintings?"))[0].seq == 3
+        assert [t.seq for t in search_before(con, "c", 4, recall_query("Any mentorship?"))] == [
+            1,
+            2,
+        ]
+        assert search_before(con, "c", 4, recall_query("Any paintings?"))[0].seq == 3
         # A short word (under four letters) meets only itself: "soup" is not "so".
         assert [t.seq for t in search_before(con, "c", 4, ["so"])] == []
         # Nor does a long one (a pasted blob: each of its prefixes would be a term).
-        assert search_before(con, "c", 4, query_terms("lunc" + "h" * 60 + "?")) == []
+        assert search_before(con, "c", 4, recall_query("lunc" + "h" * 60 + "?")) == []
 
 
 def test_a_related_word_counts_less_than_the_word_itself(tmp_path):
@@ -219,7 +225,7 @@ def test_a_related_word_counts_less_than_the_word_itself(tmp_path):
     for text in ["Her mentorship helped.", "Her mentor helped.", "Rain again.", "Cold today."]:
         store.append_turn("c", "user", text)
     with store.connect() as con:
-        assert search_before(con, "c", 4, query_terms("Any mentorship?"))[0].seq == 1
+        assert search_before(con, "c", 4, recall_query("Any mentorship?"))[0].seq == 1
 
 
 @pytest.mark.parametrize(
@@ -257,9 +263,9 @@ def test_a_turn_that_holds_what_the_question_asks_for_ranks_first(tmp_path, ques
     for words in (holds, lacks):  # alike but for what the question asks for
         store.append_turn("c", "user", f"We baked rye bread {words}.")
     with store.connect() as con:
-        found = search_before(con, "c", 2, query_terms("Why did we bake rye bread?"))
+        found = search_before(con, "c", 2, recall_query("Why did we bake rye bread?"))
         assert [t.seq for t in found] == [2, 1]  # a tie: the later first
-        assert [t.seq for t in search_before(con, "c", 2, query_terms(question))] == [1, 2]
+        assert [t.seq for t in search_before(con, "c", 2, recall_query(question))] == [1, 2]
 
 
 def test_of_two_close_matches_the_turn_that_tells_of_its_speaker_ranks_first(tmp_path):
@@ -273,7 +279,7 @@ def test_of_two_close_matches_the_turn_that_tells_of_its_speaker_ranks_first(tmp
     for text in texts:
         store.append_turn("c", "user", text)
     with store.connect() as con:
-        found = search_before(con, "c", len(texts), query_terms("Does anyone love rye bread?"), 12)
+        found = search_before(con, "c", len(texts), recall_query("Does anyone love rye bread?"), 12)
     strong = {1 + 5 * i for i in range(10)}
     assert {t.seq for t in found[:10]} == strong
     alike = [t.text for t in found[10:] if "love" in t.text]
@@ -332,23 +338,25 @@ def test_turns_merged_from_another_device_are_indexed_and_recalled(tmp_path):
     there.append_turn("c", "user", "My aunt keeps alpacas near Arequipa.")
     there.append_turn("c", "assistant", "Alpacas! How many?")
     here.append_turn("c", "user", "Morning, just had coffee.")
-    assert here.merge(there.changes()).messages == 2
+    assert SyncLog(here.path).merge(SyncLog(there.path).changes()).messages == 2
     with here.connect() as con:
         counts = con.execute(
             "SELECT count(*) FROM messages UNION ALL SELECT count(*) FROM recall_docs"
         )
         assert [n for (n,) in counts.fetchall()] == [3, 3]
-        found = search_before(con, "c", 3, query_terms("Where are the alpacas?"))
+        found = search_before(con, "c", 3, recall_query("Where are the alpacas?"))
     assert {t.text for t in found} == {"Alpacas! How many?", "My aunt keeps alpacas near Arequipa."}
 
 
 def test_a_message_that_says_who_is_who_asks_for_a_speakers_turns():
     probe = "(You are Melanie; I am Caroline.) Question: What did Caroline research?"
-    assert query_terms(probe) == ["research", "@user"]
-    assert query_terms("You're Mel and I'm Jo. What did Mel bake?") == ["bake", "@assistant"]
-    # Both named, or a name never said to be a speaker: plain words.
-    assert query_terms("(You are Mel; I am Jo.) What do Jo and Mel share?") == ["share"]
-    assert query_terms("I am tired. What did Anna say?") == ["tire", "anna"]
+    assert recall_query(probe) == RecallQuery(("research",), ("user",))
+    mel = recall_query("You're Mel and I'm Jo. What did Mel bake?")
+    assert mel == RecallQuery(("bake",), ("assistant",)) and mel.speaker == "assistant"
+    # Both named: both speakers, neither asked about; a name never said to be a speaker: a word.
+    both = recall_query("(You are Mel; I am Jo.) What do Jo and Mel share?")
+    assert both == RecallQuery(("share",), ("user", "assistant")) and both.speaker is None
+    assert recall_query("I am tired. What did Anna say?") == RecallQuery(("tire", "anna"))
 
 
 def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
@@ -366,15 +374,15 @@ def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
         # question itself, which asks and tells nothing, after the turns that tell (recall's
         # prior: four turns are close matches all).
         found = [
-            t.seq for t in search_before(con, "c", 4, query_terms("Which team did Mel sign with?"))
+            t.seq for t in search_before(con, "c", 4, recall_query("Which team did Mel sign with?"))
         ]
         assert found == [2, 4, 3, 1]
         # Asked about the assistant's team: the assistant's turn first, the user's after.
         found = search_before(
-            con, "c", 4, query_terms("(You are Mel; I am Jo.) Mel's basketball team?")
+            con, "c", 4, recall_query("(You are Mel; I am Jo.) Mel's basketball team?")
         )
         assert [t.seq for t in found][:2] == [4, 3]
         found = search_before(
-            con, "c", 4, query_terms("(You are Mel; I am Jo.) Jo's basketball team?")
+            con, "c", 4, recall_query("(You are Mel; I am Jo.) Jo's basketball team?")
         )
         assert found[0].seq == 3

@@ -45,7 +45,7 @@ from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.recall import recall_block
+from mlxmem.memory.recall import RecallQuery, recall_block
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.window import as_messages
@@ -757,8 +757,8 @@ class ReplayCompanion(Companion):
     no turn of the transcript recalls anything (that would only cost prefill: the replies are
     the transcript's)."""
 
-    def recall_terms(self, text: str, at: datetime | None = None) -> list[str]:
-        return []
+    def recall_terms(self, text: str, at: datetime | None = None) -> RecallQuery:
+        return RecallQuery()
 
 
 def _run_one(
@@ -792,16 +792,17 @@ def _run_one(
     return {"id": conv.id, "exchanges": len(pairs), "items": items, "layers": layers}
 
 
-def _run_per_session(engine, conv, budget, limit, progress, answers) -> dict:
+def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, answers) -> dict:
     sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
     questions = pick_questions(conv.questions, limit)
     messages = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
     total = messages // 2 + len(questions)
-    start, done, added, outcomes, last_at = time.perf_counter(), 0, 0, Counter(), None
+    start, done, added, last_at = time.perf_counter(), 0, 0, None
+    outcomes: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
         store = Store(Path(tmp) / "eval.duckdb")
         settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
-        where = {}  # dialogue id -> logged message id
+        where: dict[str, int] = {}  # dialogue id -> logged message id
         for name, _, pairs, seq_of, times in sessions:
             companion = ReplayCompanion(engine, store, name, *budget, settings)
             for i, (user, reply) in enumerate(pairs):

@@ -1,13 +1,16 @@
 """Layer 2 into the prompt: recall a few old turns from the chat log.
 
 A rolling summary keeps the gist and loses specifics, and a new conversation starts with neither.
-When a new message may refer to the past, the turns of the log it cannot see (those of this
+When a new message may refer to the past, it is read into a RecallQuery (its terms, the speaker
+and the days it names, what it asks for), and the turns of the log it cannot see (those of this
 conversation that have left the verbatim window, and those of every other conversation that
-is not private) are ranked by BM25 against the message, in SQL over recall's index
+is not private) are ranked against the query in SQL over recall's index
 (mlxmem.memory.terms: each message's stemmed terms, written at insert in the same DuckDB file
 and erased with the message; DuckDB's full-text extension cannot be installed offline). The
-best few go into a budgeted block placed inside the new message, after every stable block, so
-the cached prefix stays put. A deleted turn is no longer in the log nor in the index, so it is
+ranking is BM25 over turns and over passages, fused by rank, with boosts and a prior: each
+term an SQL function with its constant beside it, composed by _search_sql. The best few go
+into a budgeted block placed inside the new message, after every stable block, so the cached
+prefix stays put. A deleted turn is no longer in the log nor in the index, so it is
 never recalled.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import date
 
 import duckdb
@@ -42,10 +46,6 @@ RECALL_SHARE = 0.125  # of the context budget, at most
 RECALLED_TURN_TOKENS = 120  # a longer recalled turn shows its head and tail
 RECALL_HEADER = "From earlier conversations (recalled from the log):"
 RECALL_FOOTER = "(end of recalled turns)"
-BM25_K1 = 1.2
-# Length normalization at half strength: a long turn that tells a whole story is often the one
-# asked about (measured: benchmarks/recall_retrieval.py).
-BM25_B = 0.5
 _WEEKDAY_NAMES = "|".join(WEEKDAYS).lower()
 # Not "may": in any case it is a verb as often as a month.
 _MONTHS_BUT_MAY = "|".join(m for m in MONTHS if m != "May").lower()
@@ -57,58 +57,8 @@ _PAST_RE = re.compile(
     re.IGNORECASE,
 )
 
-# Two rankings, fused by reciprocal rank (each turn scores 1 / (RRF_K + its rank) in each):
-# - turns: a turn's BM25 score, plus NEIGHBOUR_SHARE of the previous turn's (a turn that
-#   answers a matching turn is often the one asked about: "Which team did you sign with?" ->
-#   "I'm a shooting guard");
-# - passages: BM25 over the turns up to PASSAGE_TURNS seq numbers either side of a turn and
-#   the turn itself, as one text (a question's words are often spread over a short exchange).
-#   Passages are about equally long: no length normalization (measured: no difference).
-# In both, when the message names one speaker, that speaker's turns count SPEAKER_BOOST times,
-# and when it names a day or a month ("on 3 June 2023", "in July 2023"), the turns written then
-# count DAYS_BOOST times (mlxmem.memory.dates.named_days): on the 79 development questions that
-# name one, found at 4 went from 56 to 61, the same for a boost of 1.5 to 5 and for 3 to 14 days
-# around a date.
-# Measured on LoCoMo's development conversations: benchmarks/recall_retrieval.py.
-# Then a prior on the fused score: a turn that tells something is long and no question
-# (in the development conversations 14% of recalled turns of 20+ indexed words were evidence,
-# 5% of those under 10; 4% of turns ending with "?", 12% of the others). The weights were fit
-# by logistic regression on the top 20 of each question, left out one conversation at a time,
-# and rounded: each is worth a few places among close matches, not a strong match's lead.
-NEIGHBOUR_SHARE = 0.5
-PASSAGE_TURNS = 3
-RRF_K = 20
-SPEAKER_BOOST = 2.0
-DAYS_BOOST = 2.0
-# A turn of the conversation the message is written in, against one of another conversation:
-# no preference. Asked from the last session's conversation, 1.5 and 2 found no more at 4 or 6
-# on any development conversation and fewer on most (benchmarks/README.md).
-CURRENT_BOOST = 1.0
-MAX_DAY_RANGES = 4  # a message naming more searches by its first four
-LENGTH_PRIOR = 0.005  # per ln(1 + indexed words)
-QUESTION_PENALTY = 0.007  # a turn whose text ends with "?"
-# The prior reorders the best fused matches only (it reads their text): with the cut and
-# without, benchmarks/recall_retrieval.py finds the same at 1, 4, 6 and 10.
-PRIOR_POOL = 50
-# Two more terms of the prior, and a wider match in the turn ranking (benchmarks/README.md has
-# the measures; the weights were chosen with one development conversation left out at a time,
-# and each left-out conversation gained):
-# - a turn that holds what the question asks for: a time word for "when", a number for "how
-#   many/much/long", a name for "who", "where" and "what is the name": ANSWER_BONUS;
-# - a turn that speaks of its speaker ("I", "my", "we") more than of the other ("you"): the one
-#   that tells, not the one that replies: SELF_BONUS;
-# - a query term also matches the log's words it begins with or that begin it, at
-#   RELATED_WEIGHT of a match ("mentorship" and "mentor", "painting" and "painter"), for
-#   words of MIN_RELATED_CHARS to MAX_RELATED_CHARS (not a pasted blob: each of its prefixes
-#   would be a term) and the first RELATED_TERMS of them (each costs a prefix test of the
-#   index rows).
-ANSWER_BONUS = 0.015
-SELF_BONUS = 0.003
-RELATED_WEIGHT = 0.3
-MIN_RELATED_CHARS = 4
-MAX_RELATED_CHARS = 24
-RELATED_TERMS = 16
-_ASKS_PREFIX = "?"  # "?when", "?number", "?name": what the question asks for
+# -- The query: what a message asks recall for -------------------------------------------------
+
 # What each kind of question asks for, and (RE2, as DuckDB's regexp reads it) what a turn
 # that holds it contains.
 _ASKS = {
@@ -136,36 +86,299 @@ _WH_CLAUSE_RE = re.compile(
     r"\s*(?:(?:and|but|so|then)\s+)?(?:when|who|whom|whose|where|what|which|why|how)\b",
     re.IGNORECASE,
 )
-_FIRST_PERSON = r"(?i)\b(?:i|me|my|we|us|our)\b"
-_SECOND_PERSON = r"(?i)\b(?:you|your|yours)\b"
 # A message may say who is who ("You are Melanie; I am Caroline"): a speaker's name then means
 # that speaker's turns, not the turns that contain the name (people name the one they talk to
 # far more often than themselves). The statement itself is not searched for.
 _WHO_IS_WHO_RE = re.compile(
     r"\b(?:((?i:you are|you're|your name is))|(?i:i am|i'm|my name is))\s+([A-Z][\w'-]*)"
 )
-_ROLE_PREFIX = "@"  # a query term "@user" or "@assistant" asks for that speaker's turns
-_DAYS_PREFIX = "#"  # "#2023-05-27/2023-06-11": the turns of those local days (the last excluded)
 # A message with more distinct terms (a pasted document with a "?" in it) searches for its first
 # and last halves of this many: every term costs a scan of its index rows, and a thousand of
 # them took 0.8 s at 100,000 messages. LoCoMo's questions have under 20.
 MAX_QUERY_TERMS = 64
+MAX_DAY_RANGES = 4  # a message naming more searches by its first four
 
 
-def _idf(df: str) -> str:
+@dataclass(frozen=True)
+class RecallQuery:
+    """What a message asks recall for (recall_query reads it): `terms`, the stems searched
+    for, each once; `speakers`, those the message names after saying who is who ("user",
+    "assistant"); `days`, the local days it names, each range's first day in and last day out;
+    `asks`, what its question asks for ("when", "number", "name": see asks_for). A query
+    without terms searches for nothing, and is false."""
+
+    terms: tuple[str, ...] = ()
+    speakers: tuple[str, ...] = ()
+    days: tuple[DayRange, ...] = ()
+    asks: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.terms)
+
+    @property
+    def speaker(self) -> str | None:
+        """The speaker asked about: the one named, if only one is."""
+        return self.speakers[0] if len(self.speakers) == 1 else None
+
+
+def asks_for(text: str) -> str | None:
+    """What a question asks for: "when", "number", "name", or None (what, how, why...). Read
+    in each question (up to its "?"; the whole text if none), in its last clause that starts
+    with a question word: "When I was a kid, what did I eat?" asks what."""
+    for question in _QUESTION_RE.findall(text) or [text]:
+        clauses = re.split(r"[,;]", question)
+        asked = next((c for c in reversed(clauses) if _WH_CLAUSE_RE.match(c)), question)
+        for kind, (pattern, _) in _ASKS.items():
+            if re.search(pattern, asked.strip(), re.IGNORECASE):
+                return kind
+    return None
+
+
+def recall_query(text: str, today: date | None = None) -> RecallQuery:
+    """What `text` asks recall for. Its terms: lowercased, no stopwords, stemmed, each once (of
+    a pasted text, the first and last MAX_QUERY_TERMS / 2). If the message says who is who, a
+    speaker's name it uses is a speaker asked about, not a term. Its days: those it names, and
+    with `today` (the local day it is written) those it names from there ("last week"), the
+    first MAX_DAY_RANGES. What it asks for: asks_for."""
+    names = {}
+    for match in _WHO_IS_WHO_RE.finditer(text):
+        for name in words_of(match.group(2)):
+            names[name] = "assistant" if match.group(1) else "user"
+    found = list(dict.fromkeys(words_of(_WHO_IS_WHO_RE.sub(" ", text))))
+    speakers = tuple(dict.fromkeys(names[w] for w in found if w in names))
+    found = [w for w in found if w not in names]
+    if len(found) > MAX_QUERY_TERMS:  # a pasted text: what was typed comes first or last
+        half = MAX_QUERY_TERMS // 2
+        found = found[:half] + found[-half:]
+    return RecallQuery(
+        terms=tuple(found),
+        speakers=speakers,
+        days=tuple(named_days(text, today)[:MAX_DAY_RANGES]),
+        asks=asks_for(text),
+    )
+
+
+def refers_to_past(text: str) -> bool:
+    """Might this message refer to something said before? A question, or a cue like
+    'remember' or 'last week'. Cheap and generous: BM25 decides what, if anything, matches."""
+    return "?" in text or bool(_PAST_RE.search(text))
+
+
+# -- The ranking: named terms, each an SQL function of its constant ----------------------------
+# Two rankings of the turns searched, fused by rank, then a prior on the best of them:
+# - turns: each query term's BM25 score in a turn (bm25, related_word), plus a share of the
+#   previous turn's score (neighbour), times the boosts (speaker_factor, days_factor,
+#   current_factor);
+# - passages: BM25 over a turn and the PASSAGE_TURNS either side of it as one text, times the
+#   same boosts;
+# - fused: each turn's reciprocal rank in the two (rrf);
+# - then the prior, added to the fused score of the best PRIOR_POOL: length_prior,
+#   question_penalty, answer_bonus, self_bonus.
+# The constants were measured on LoCoMo's development conversations (found at 4,
+# benchmarks/recall_retrieval.py; each term set to its neutral value in benchmarks/README.md),
+# the prior's fit by logistic regression on the top 20 of each question, one conversation left
+# out at a time, and rounded: each is worth a few places among close matches, not a strong
+# match's lead. Ranking holds them all, so that a test or a benchmark sets one apart.
+
+BM25_K1 = 1.2  # a word said again in a turn adds less each time: BM25's usual saturation
+# Length normalization at half strength: a long turn that tells a whole story is often the one
+# asked about (at 0.75, the usual, 5 fewer found at 4 over the development conversations).
+BM25_B = 0.5
+
+
+def idf(df: str) -> str:
+    """BM25's weight of a term held by `df` of the stats.n documents: the rarer, the more."""
     return f"ln(1 + (stats.n - {df} + 0.5) / ({df} + 0.5))"
 
 
-def _saturate(tf: str, norm: str = "1") -> str:
-    return f"{tf} * {BM25_K1 + 1} / ({tf} + {BM25_K1} * {norm})"
+def length_norm(b: float = BM25_B) -> str:
+    """A turn's length (hits.dl, in indexed words) against the mean (stats.avgdl), at
+    strength `b`: a divisor of its term counts."""
+    return f"(1 - {b} + {b} * hits.dl / stats.avgdl)"
 
 
-_LENGTH_NORM = f"(1 - {BM25_B} + {BM25_B} * hits.dl / stats.avgdl)"
-_BOOST = (
-    f"CASE WHEN docs.role = $role THEN {SPEAKER_BOOST} ELSE 1 END"
-    f" * CASE WHEN docs.named_day THEN {DAYS_BOOST} ELSE 1 END"
-    f" * CASE WHEN docs.current THEN {CURRENT_BOOST} ELSE 1 END"
-)
+def bm25(df: str, tf: str, norm: str = "1", k1: float = BM25_K1) -> str:
+    """A term's BM25 score in a document: its idf, times its count `tf` saturated by `k1`
+    and divided by the length norm `norm`."""
+    return f"{idf(df)} * {tf} * {k1 + 1} / ({tf} + {k1} * {norm})"
+
+
+# A query term also matches the log's words it begins with or that begin it ("mentorship" and
+# "mentor", "painting" and "painter"): a hint of the word, worth a third of it.
+RELATED_WEIGHT = 0.3
+MIN_RELATED_CHARS = 4  # a shorter word would meet too many: "so" is not "soup"
+MAX_RELATED_CHARS = 24  # not a pasted blob: each of its prefixes would be a term
+RELATED_TERMS = 16  # the first so many: each costs a prefix test of the index rows
+
+
+def related_word(weight: float = RELATED_WEIGHT) -> str:
+    """A factor on a term's score in a turn: 1 for a query term (hits.asked, its place in
+    $terms, is positive), `weight` for a word related to one."""
+    return f"CASE WHEN hits.asked > 0 THEN 1 ELSE {weight} END"
+
+
+# A turn that answers a matching turn is often the one asked about ("Which team did you sign
+# with?" -> "I'm a shooting guard"): without it, 3 to 11 fewer found at 4 per conversation.
+NEIGHBOUR_SHARE = 0.5
+
+
+def neighbour(share: float = NEIGHBOUR_SHARE) -> str:
+    """What each turn of turn_score passes to the next turn of its conversation: `share` of its
+    score."""
+    return f"SELECT cid, pos + 1, {share} * score FROM turn_score"
+
+
+# A question's words are often spread over a short exchange: a turn is also ranked by its
+# passage, the turns up to this many seq numbers either side of it and itself, as one text.
+# Passages are about equally long: no length normalization (measured: no difference).
+PASSAGE_TURNS = 3
+
+
+def passage_df(turns: int = PASSAGE_TURNS) -> str:
+    """A term's passage frequency (pdf.df): counted over the passages read, or, for a term with
+    more rows than seed (see SEED_POSTINGS), estimated as if it fell on turns at random."""
+    return (
+        f"CASE WHEN d.before + d.df <= {SEED_POSTINGS} THEN p.df"
+        f" ELSE stats.n * (1 - pow(greatest(1 - d.df / stats.n, 0), {2 * turns + 1})) END"
+    )
+
+
+def _factor(when: str, boost: float) -> str:
+    return f"CASE WHEN {when} THEN {boost} ELSE 1 END"
+
+
+# The turns of the one speaker a message names count twice: asked "What did Mel bake?" after
+# "You are Mel", Mel's turns hold the answer, and the turns that say "Mel" are mostly Jo's.
+SPEAKER_BOOST = 2.0
+
+
+def speaker_factor(boost: float = SPEAKER_BOOST) -> str:
+    """A factor on a turn's score in both rankings: `boost` for a turn of $role (docs.role)."""
+    return _factor("docs.role = $role", boost)
+
+
+# The turns of the days a message names ("on 3 June 2023", "in July 2023") count twice: a
+# question that names a day is most often about what was said on it; any boost from 1.5 to 5
+# finds as many (benchmarks/recall_retrieval.py; the days: mlxmem.memory.dates.named_days).
+DAYS_BOOST = 2.0
+
+
+def days_factor(boost: float = DAYS_BOOST) -> str:
+    """A factor on a turn's score in both rankings: `boost` for a turn of a day asked for
+    (docs.named_day: in_days)."""
+    return _factor("docs.named_day", boost)
+
+
+def in_days(ranges: int) -> str:
+    """Whether message m was written in one of `ranges` ranges of local days ($from0 to
+    $until0, ...: UTC times of their midnights, the last excluded); false for none."""
+    tests = [f"(m.created_at >= $from{i} AND m.created_at < $until{i})" for i in range(ranges)]
+    return " OR ".join(tests) or "false"
+
+
+# A turn of the conversation the message is written in, against one of another conversation:
+# no preference. Asked from the last session's conversation, 1.5 and 2 found no more at 4 or 6
+# on any development conversation and fewer on most (benchmarks/README.md).
+CURRENT_BOOST = 1.0
+
+
+def current_factor(boost: float = CURRENT_BOOST) -> str:
+    """A factor on a turn's score in both rankings: `boost` for a turn of $conversation
+    (docs.current)."""
+    return _factor("docs.current", boost)
+
+
+# The two rankings fused by reciprocal rank: the first places of either count most, more than
+# with the usual k of 60 (benchmarks/recall_retrieval.py finds fewer at 4 with it).
+RRF_K = 20
+
+
+def rrf(order: str, k: int = RRF_K) -> str:
+    """A turn's share of the fused score from one ranking, ordered by `order`:
+    1 / (k + its rank)."""
+    return f"1 / ({k} + row_number() OVER (ORDER BY {order}))"
+
+
+# The prior reorders the best fused matches only (it reads their text): with the cut and
+# without, benchmarks/recall_retrieval.py finds the same at 1, 4, 6 and 10.
+PRIOR_POOL = 50
+# A turn that tells something is long: in the development conversations 14% of recalled turns
+# of 20+ indexed words were evidence, 5% of those under 10.
+LENGTH_PRIOR = 0.005  # per ln(1 + indexed words)
+# A turn that asks tells little: 4% of recalled turns ending with "?" were evidence, 12% of the
+# others.
+QUESTION_PENALTY = 0.007
+# A turn that holds what the question asks for (a time word for "when", a number for "how
+# many/much/long", a name for "who", "where" and "what is the name") is likely its answer.
+ANSWER_BONUS = 0.015
+# A turn that speaks of its speaker ("I", "my", "we") more than of the other ("you") is the one
+# that tells, not the one that replies.
+SELF_BONUS = 0.003
+_FIRST_PERSON = r"(?i)\b(?:i|me|my|we|us|our)\b"
+_SECOND_PERSON = r"(?i)\b(?:you|your|yours)\b"
+
+
+def length_prior(weight: float = LENGTH_PRIOR) -> str:
+    """Added to a turn's fused score: `weight` per ln(1 + its indexed words) (d.length)."""
+    return f"{weight} * ln(1 + coalesce(d.length, 0))"
+
+
+def question_penalty(weight: float = QUESTION_PENALTY) -> str:
+    """Taken from a turn's fused score: `weight` if its text (m.text) ends with "?"."""
+    return f"CASE WHEN regexp_matches(m.text, '[?]\\s*$') THEN {weight} ELSE 0 END"
+
+
+def answer_bonus(weight: float = ANSWER_BONUS) -> str:
+    """Added to a turn's fused score: `weight` if its text holds what the question asks for
+    ($holds, a regular expression of _ASKS; NULL: nothing asked, no bonus)."""
+    return f"CASE WHEN regexp_matches(m.text, $holds) THEN {weight} ELSE 0 END"
+
+
+def self_bonus(weight: float = SELF_BONUS) -> str:
+    """Added to a turn's fused score: `weight` if its text says "I" more often than "you"."""
+    return (
+        f"CASE WHEN len(regexp_extract_all(m.text, '{_FIRST_PERSON}'))"
+        f" > len(regexp_extract_all(m.text, '{_SECOND_PERSON}')) THEN {weight} ELSE 0 END"
+    )
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The constants of recall's ranking terms, by term: Ranking(speaker=1.0) ranks without the
+    speaker's boost, Ranking(answer=0) without the answer bonus."""
+
+    k1: float = BM25_K1
+    b: float = BM25_B
+    related: float = RELATED_WEIGHT
+    neighbour: float = NEIGHBOUR_SHARE
+    passage_turns: int = PASSAGE_TURNS
+    speaker: float = SPEAKER_BOOST
+    days: float = DAYS_BOOST
+    current: float = CURRENT_BOOST
+    rrf_k: int = RRF_K
+    length: float = LENGTH_PRIOR
+    question: float = QUESTION_PENALTY
+    answer: float = ANSWER_BONUS
+    speaks_of_self: float = SELF_BONUS
+
+    def boosts(self) -> str:
+        """The factors on a turn's score in both rankings."""
+        return " * ".join(
+            [speaker_factor(self.speaker), days_factor(self.days), current_factor(self.current)]
+        )
+
+    def prior(self) -> str:
+        """The terms added to (and the penalty taken from) a turn's fused score."""
+        return (
+            f"{length_prior(self.length)} - {question_penalty(self.question)}"
+            f" + {answer_bonus(self.answer)} + {self_bonus(self.speaks_of_self)}"
+        )
+
+
+RANKING = Ranking()
+
+# -- The search ----------------------------------------------------------------------------------
+
 # How many index rows (postings) of the query's terms may seed the turns a search scores: an
 # accumulator limit, as in Moffat and Zobel's "continue" strategy (Self-indexing inverted files
 # for fast text retrieval, 1996). Terms seed rarest first; the term that crosses the limit
@@ -179,22 +392,34 @@ SEED_POSTINGS = 1024
 # the last bits of a float sum would otherwise reorder equal scores from one run to the next.
 _DIGITS = 9
 _LAST_POS = 2**31 - 1  # seq is an INTEGER: a conversation searched to its end
-# Neighbours are looked up in buckets of this many seq numbers: a turn's passage (PASSAGE_TURNS
-# either side) spans at most two.
-_BUCKET = 2 * PASSAGE_TURNS + 2
-# The log searched is every conversation's turns but a private one's (kept out of the others),
-# and of the current conversation only those up to $last_seq (those left in the verbatim
-# window are in the prompt already): `searched`. A turn is (cid, pos): its conversation and its
-# seq. Document length is counted in indexed words. The search reads what its terms reach,
-# not the whole log: how many index rows each term has and which of them are newest (`df`),
-# the turns they seed (`seeds`, see SEED_POSTINGS), the turns within a passage of a seed
-# (`docs`: a few seq buckets around each), the index rows of the query's terms in those turns
-# (`hits`), and for BM25's document count and mean length, the index's totals less those of
-# the turns not searched (every message has one row in DOCS_TABLE, written and deleted with
-# it). A passage's document frequency is counted over the turns read; for a term with more
-# rows than seed, it is estimated as if the term fell on turns at random. A turn's neighbours
-# are found by seq in its conversation; a deleted turn leaves a gap.
-_SEARCH_SQL = f"""
+
+
+@functools.cache
+def _search_sql(ranking: Ranking, day_ranges: int, longer: int) -> str:
+    """The search: the ranking terms composed, over the turns a query's terms reach. `day_ranges`
+    is how many ranges of days the query names (in_days), `longer` how many of its terms the
+    log's longer words may begin with (a prefix test each).
+
+    The log searched is every conversation's turns but a private one's (kept out of the others),
+    and of the current conversation only those up to $last_seq (those left in the verbatim
+    window are in the prompt already): `searched`. A turn is (cid, pos): its conversation and its
+    seq. Document length is counted in indexed words. The search reads what its terms reach,
+    not the whole log: how many index rows each term has and which of them are newest (`df`),
+    the turns they seed (`seeds`, see SEED_POSTINGS), the turns within a passage of a seed
+    (`docs`: a few seq buckets around each), the index rows of the query's terms in those turns
+    (`hits`), and for BM25's document count and mean length, the index's totals less those of
+    the turns not searched (every message has one row in DOCS_TABLE, written and deleted with
+    it). A passage's document frequency is counted over the turns read (passage_df). A turn's
+    neighbours are found by seq in its conversation; a deleted turn leaves a gap."""
+    r = ranking
+    span = r.passage_turns
+    bucket = 2 * span + 2  # neighbours are looked up by seq buckets: a passage spans two at most
+    prefixes = "".join(f" OR starts_with(t.term, $longer{i})" for i in range(longer))
+    matches = f"list_contains($terms, t.term) OR list_contains($shorter, t.term){prefixes}"
+    by_passage = rrf(
+        "passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC", r.rrf_k
+    )
+    return f"""
 WITH searched AS (
     SELECT id AS cid, name = $conversation AS current,
         CASE WHEN name = $conversation THEN $last_seq ELSE {_LAST_POS} END AS last_pos
@@ -222,7 +447,7 @@ df AS MATERIALIZED (
         SELECT t.term, count(*) AS df,
             max_by(t.message_id, t.message_id, {SEED_POSTINGS}) AS newest
         FROM {TERMS_TABLE} t
-        WHERE ({{matches}}) AND t.message_id NOT IN (SELECT id FROM unsearched) GROUP BY t.term
+        WHERE ({matches}) AND t.message_id NOT IN (SELECT id FROM unsearched) GROUP BY t.term
     )
 ),
 seeds AS MATERIALIZED (
@@ -233,12 +458,12 @@ seeds AS MATERIALIZED (
 ),
 docs AS MATERIALIZED (
     SELECT m.id, m.conversation_id AS cid, m.seq AS pos, m.role,
-        {{named_day}} AS named_day, s.current
+        {in_days(day_ranges)} AS named_day, s.current
     FROM messages m JOIN searched s ON s.cid = m.conversation_id
     SEMI JOIN (
-        SELECT DISTINCT cid, (pos + o) // {_BUCKET} AS bucket
-        FROM seeds CROSS JOIN (VALUES (-{PASSAGE_TURNS}), ({PASSAGE_TURNS})) r(o)
-    ) b ON b.cid = m.conversation_id AND b.bucket = m.seq // {_BUCKET}
+        SELECT DISTINCT cid, (pos + o) // {bucket} AS bucket
+        FROM seeds CROSS JOIN (VALUES (-{span}), ({span})) r(o)
+    ) b ON b.cid = m.conversation_id AND b.bucket = m.seq // {bucket}
     WHERE m.seq <= s.last_pos
 ),
 hits AS MATERIALIZED (
@@ -246,52 +471,48 @@ hits AS MATERIALIZED (
         list_position($terms, t.term) AS asked, coalesce(d.length, 0) AS dl
     FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.message_id
     LEFT JOIN {DOCS_TABLE} d ON d.message_id = t.message_id
-    WHERE {{matches}}
+    WHERE {matches}
 ),
 turn_score AS MATERIALIZED (
     SELECT cid, pos, round(sum(
-        {_idf("df.df")} * {_saturate("hits.f", _LENGTH_NORM)}
-        * CASE WHEN hits.asked > 0 THEN 1 ELSE {RELATED_WEIGHT} END
+        {bm25("df.df", "hits.f", length_norm(r.b), r.k1)}
+        * {related_word(r.related)}
     ), {_DIGITS}) AS score
     FROM hits JOIN df USING (term) CROSS JOIN stats GROUP BY cid, pos
 ),
 turns AS MATERIALIZED (
-    SELECT cid, pos, s.score * {_BOOST} AS score
+    SELECT cid, pos, s.score * {r.boosts()} AS score
     FROM (
         SELECT cid, pos, sum(score) AS score FROM (
             SELECT cid, pos, score FROM turn_score
-            UNION ALL SELECT cid, pos + 1, {NEIGHBOUR_SHARE} * score FROM turn_score
+            UNION ALL {neighbour(r.neighbour)}
         ) GROUP BY cid, pos
     ) s JOIN docs USING (cid, pos)
 ),
 ptf AS MATERIALIZED (
     SELECT cid, pos, term, f FROM (
         SELECT hits.cid, hits.pos + o AS pos, hits.asked AS term, sum(hits.f) AS f
-        FROM hits CROSS JOIN range(-{PASSAGE_TURNS}, {PASSAGE_TURNS} + 1) AS r(o)
+        FROM hits CROSS JOIN range(-{span}, {span} + 1) AS r(o)
         WHERE hits.asked > 0 GROUP BY ALL
     ) SEMI JOIN docs USING (cid, pos)
 ),
 pdf AS (
-    SELECT p.term, CASE WHEN d.before + d.df <= {SEED_POSTINGS} THEN p.df
-        ELSE stats.n * (1 - pow(greatest(1 - d.df / stats.n, 0), {2 * PASSAGE_TURNS + 1})) END AS df
+    SELECT p.term, {passage_df(span)} AS df
     FROM (SELECT term, count(*) AS df FROM ptf GROUP BY term) p
     JOIN df d ON list_position($terms, d.term) = p.term CROSS JOIN stats
 ),
 passages AS MATERIALIZED (
-    SELECT cid, pos, p.score * {_BOOST} AS score
+    SELECT cid, pos, p.score * {r.boosts()} AS score
     FROM (
-        SELECT cid, pos, round(sum({_idf("pdf.df")} * {_saturate("ptf.f")}), {_DIGITS}) AS score
+        SELECT cid, pos, round(sum({bm25("pdf.df", "ptf.f", k1=r.k1)}), {_DIGITS}) AS score
         FROM ptf JOIN pdf USING (term) CROSS JOIN stats GROUP BY cid, pos
     ) p JOIN docs USING (cid, pos)
 ),
 fused AS (
-    SELECT cid, pos, 1 / ({RRF_K} + row_number() OVER (ORDER BY score DESC, cid DESC, pos DESC))
-        AS s
+    SELECT cid, pos, {rrf("score DESC, cid DESC, pos DESC", r.rrf_k)} AS s
     FROM turns
     UNION ALL
-    SELECT cid, pos, 1 / ({RRF_K} + row_number() OVER (
-        ORDER BY passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC
-    )) AS s
+    SELECT cid, pos, {by_passage} AS s
     FROM passages LEFT JOIN turns USING (cid, pos)
 ),
 ranked AS (
@@ -301,132 +522,61 @@ ranked AS (
 )
 SELECT docs.id, ranked.s, ranked.own FROM ranked JOIN docs USING (cid, pos)
 """
-# Then the prior, on the best PRIOR_POOL, read by id ($ids: a filter on the scan, not a join
-# over the log's texts), and their turns, best first.
-_PRIOR_SQL = f"""
+
+
+@functools.cache
+def _prior_sql(ranking: Ranking) -> str:
+    """The prior, on the best PRIOR_POOL, read by id ($ids: a filter on the scan, not a join
+    over the log's texts), and their turns, best first."""
+    return f"""
 {SELECT_TURNS}
 JOIN (SELECT unnest($ids) AS id, unnest($s) AS s, unnest($own) AS own) r ON r.id = m.id
 LEFT JOIN (SELECT * FROM {DOCS_TABLE} WHERE list_contains($ids, message_id)) d
     ON d.message_id = m.id
 WHERE list_contains($ids, m.id)
-ORDER BY r.s + {LENGTH_PRIOR} * ln(1 + coalesce(d.length, 0))
-        - CASE WHEN regexp_matches(m.text, '[?]\\s*$') THEN {QUESTION_PENALTY} ELSE 0 END
-        + CASE WHEN regexp_matches(m.text, $holds) THEN {ANSWER_BONUS} ELSE 0 END
-        + CASE WHEN len(regexp_extract_all(m.text, '{_FIRST_PERSON}'))
-            > len(regexp_extract_all(m.text, '{_SECOND_PERSON}')) THEN {SELF_BONUS} ELSE 0 END
-    DESC, r.own DESC, m.conversation_id DESC, m.seq DESC
+ORDER BY r.s + {ranking.prior()} DESC, r.own DESC, m.conversation_id DESC, m.seq DESC
 LIMIT $limit
 """
-
-
-@functools.cache
-def _search_sql(day_ranges: int, longer: int) -> str:
-    """_SEARCH_SQL with `named_day`, one test per range the message names (none: false, free),
-    and `longer`, one prefix test per query term that the log's longer words may begin with."""
-    tests = [f"(m.created_at >= $from{i} AND m.created_at < $until{i})" for i in range(day_ranges)]
-    prefixes = "".join(f" OR starts_with(t.term, $longer{i})" for i in range(longer))
-    matches = f"list_contains($terms, t.term) OR list_contains($shorter, t.term){prefixes}"
-    return _SEARCH_SQL.replace("{named_day}", " OR ".join(tests) or "false").replace(
-        "{matches}", matches
-    )
-
-
-def asks_for(text: str) -> str | None:
-    """What a question asks for: "when", "number", "name", or None (what, how, why...). Read
-    in each question (up to its "?"; the whole text if none), in its last clause that starts
-    with a question word: "When I was a kid, what did I eat?" asks what."""
-    for question in _QUESTION_RE.findall(text) or [text]:
-        clauses = re.split(r"[,;]", question)
-        asked = next((c for c in reversed(clauses) if _WH_CLAUSE_RE.match(c)), question)
-        for kind, (pattern, _) in _ASKS.items():
-            if re.search(pattern, asked.strip(), re.IGNORECASE):
-                return kind
-    return None
-
-
-def query_terms(text: str, today: date | None = None) -> list[str]:
-    """The terms of `text` worth searching for: lowercased, no stopwords, stemmed, each once.
-    If the message says who is who and then names one of the speakers, the name becomes a
-    request for that speaker's turns ("@user" or "@assistant"); the days it names become
-    requests for the turns of those days ("#2023-05-27/2023-06-11"), and with `today` (the
-    local day it is written) so do the days it names from there ("last week"); last, what
-    the question asks for ("?when", see asks_for)."""
-    speakers = {}
-    for match in _WHO_IS_WHO_RE.finditer(text):
-        for name in words_of(match.group(2)):
-            speakers[name] = "assistant" if match.group(1) else "user"
-    found = list(dict.fromkeys(words_of(_WHO_IS_WHO_RE.sub(" ", text))))
-    named = {speakers[w] for w in found if w in speakers}
-    found = [w for w in found if w not in speakers]
-    if len(found) > MAX_QUERY_TERMS:  # a pasted text: what was typed comes first or last
-        half = MAX_QUERY_TERMS // 2
-        found = found[:half] + found[-half:]
-    if len(named) == 1:
-        found.append(_ROLE_PREFIX + named.pop())
-    for first, until in named_days(text, today)[:MAX_DAY_RANGES]:
-        found.append(f"{_DAYS_PREFIX}{first.isoformat()}/{until.isoformat()}")
-    if (kind := asks_for(text)) is not None:
-        found.append(_ASKS_PREFIX + kind)
-    return found
-
-
-def _day_range(term: str) -> DayRange | None:
-    try:
-        first, until = term.removeprefix(_DAYS_PREFIX).split("/")
-        return date.fromisoformat(first), date.fromisoformat(until)
-    except ValueError:
-        return None  # not a range query_terms wrote: searched for nothing
-
-
-def refers_to_past(text: str) -> bool:
-    """Might this message refer to something said before? A question, or a cue like
-    'remember' or 'last week'. Cheap and generous: BM25 decides what, if anything, matches."""
-    return "?" in text or bool(_PAST_RE.search(text))
 
 
 def search_before(
     con: duckdb.DuckDBPyConnection,
     conversation: str,
     last_seq: int,
-    terms: Sequence[str],
+    query: RecallQuery | Sequence[str],
     limit: int = RECALL_TURNS,
+    ranking: Ranking = RANKING,
 ) -> list[Turn]:
-    """The turns of the log that best match `terms`, best first: those of `conversation` up to
-    `last_seq` (0: none of them) and those of every other conversation not kept private. BM25
-    over turns and over passages, fused (see _SEARCH_SQL); the speaker asked for by a term
-    "@user" or "@assistant", and the days asked for by terms "#first/until", are boosted."""
-    roles = [t.removeprefix(_ROLE_PREFIX) for t in terms if t.startswith(_ROLE_PREFIX)]
-    days = [_day_range(t) for t in terms if t.startswith(_DAYS_PREFIX)]
-    days = [d for d in days if d is not None][:MAX_DAY_RANGES]
-    asks = [t.removeprefix(_ASKS_PREFIX) for t in terms if t.startswith(_ASKS_PREFIX)]
-    terms = [t for t in terms if t and t[0] not in (_ROLE_PREFIX, _DAYS_PREFIX, _ASKS_PREFIX)]
-    if not terms or limit < 1:
+    """The turns of the log that best match `query`, best first: those of `conversation` up to
+    `last_seq` (0: none of them) and those of every other conversation not kept private,
+    ranked by `ranking`'s terms. A sequence of strings is a query of those stems alone."""
+    if not isinstance(query, RecallQuery):
+        query = RecallQuery(terms=tuple(t for t in query if t))
+    if not query.terms or limit < 1:
         return []
-    role = roles[0] if len(roles) == 1 else None
-    related = [t for t in terms if MIN_RELATED_CHARS <= len(t) <= MAX_RELATED_CHARS]
+    days = query.days[:MAX_DAY_RANGES]
+    related = [t for t in query.terms if MIN_RELATED_CHARS <= len(t) <= MAX_RELATED_CHARS]
     related = related[:RELATED_TERMS]
     params = {
         "conversation": conversation,
         "last_seq": last_seq,
-        "terms": list(terms),
+        "terms": list(query.terms),
         # the words a query term begins with, and (below) those that begin with it
         "shorter": [t[:n] for t in related for n in range(MIN_RELATED_CHARS, len(t))],
-        "role": role,
-        "holds": _ASKS[asks[0]][1] if asks and asks[0] in _ASKS else None,  # None: no bonus
-        "limit": limit,
+        "role": query.speaker,
     }
     for i, (first, until) in enumerate(days):
         params[f"from{i}"] = local_midnight_utc(first)
         params[f"until{i}"] = local_midnight_utc(until)
     for i, term in enumerate(related):
         params[f"longer{i}"] = term
-    holds, limit = params.pop("holds"), params.pop("limit")
-    ranked = con.execute(_search_sql(len(days), len(related)), params).fetchall()
+    ranked = con.execute(_search_sql(ranking, len(days), len(related)), params).fetchall()
     if not ranked:
         return []
     ids, s, own = (list(column) for column in zip(*ranked, strict=True))
+    holds = _ASKS[query.asks][1] if query.asks in _ASKS else None  # None: no bonus
     rows = con.execute(
-        _PRIOR_SQL, {"ids": ids, "s": s, "own": own, "holds": holds, "limit": limit}
+        _prior_sql(ranking), {"ids": ids, "s": s, "own": own, "holds": holds, "limit": limit}
     ).fetchall()
     return [turn_of(row) for row in rows]
 
