@@ -16,7 +16,7 @@ from conftest import cli, files_containing
 from mlxmem import paths
 from mlxmem.cli import history as cli_history
 from mlxmem.cli import memory as cli_memory
-from mlxmem.memory import db
+from mlxmem.memory import db, forget
 from mlxmem.memory.records import Tombstone
 from mlxmem.memory.store import Store
 from mlxmem.memory.turns import insert_turn
@@ -176,7 +176,9 @@ def forked_killed_at(args: list[str], n: int) -> bool:
             steps = itertools.count(1)
             db.fault_hook = lambda name: os._exit(137) if next(steps) == n else None
             if args[0] == "tombstone":  # as a sync merges it
-                Store().apply_tombstones([Tombstone(args[1], "message", utc_now(), "elsewhere")])
+                forget.apply_tombstones(
+                    Store(), [Tombstone(args[1], "message", utc_now(), "elsewhere")]
+                )
             else:
                 group = {"memory": cli_memory.app, "history": cli_history.app}[args[0]]
                 group(args[1:], prog_name="mlxmem", standalone_mode=False)

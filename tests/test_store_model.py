@@ -33,6 +33,7 @@ from mlxmem.errors import InputError
 from mlxmem.memory import db, records
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
@@ -114,6 +115,12 @@ class StoreModel(RuleBasedStateMachine):
         os.environ["MLXMEM_HOME"] = str(self.homes[device])
         with skewed(self.skew[device]):
             yield Store(self.homes[device] / "mlxmem.duckdb")
+
+    @contextmanager
+    def sync_log_on(self, device: int) -> Iterator[SyncLog]:
+        """The sync's view of the device's file, as `on` gives the Store."""
+        with self.on(device) as store:
+            yield SyncLog(store.path)
 
     def marker(self, kind: str) -> str:
         text = f"{kind}-{next(self.markers):05d}-MODEL"
@@ -243,8 +250,8 @@ class StoreModel(RuleBasedStateMachine):
     def export(self, device):
         self.step()
         path = self.exports / f"backup-{len(self.backups)}.json"
-        with self.on(device) as store:
-            export_to(store, path)
+        with self.sync_log_on(device) as log:
+            export_to(log, path)
         self.backups.append(path)
 
     @rule(device=device_ids, pick=picks)
@@ -252,8 +259,8 @@ class StoreModel(RuleBasedStateMachine):
         self.step()
         if not self.backups:
             return
-        with self.on(device) as store:
-            import_from(store, self.backups[pick % len(self.backups)])
+        with self.sync_log_on(device) as log:
+            import_from(log, self.backups[pick % len(self.backups)])
 
     @rule(device=device_ids)
     def import_a_turn_at_the_time_limit(self, device):
@@ -261,23 +268,23 @@ class StoreModel(RuleBasedStateMachine):
         turn after it: that turn must still export, import and sync."""
         self.step()
         latest = getattr(records, "latest_time", lambda: records.LATEST)()
-        with self.on(device) as store:
+        with self.sync_log_on(device) as log:
             sync_uid = f"00000000-0000-4000-8000-{next(self.markers):012d}"
             record = {
                 "kind": "message", "uid": sync_uid, "conversation": "limit",
                 "conversation_uid": records.conversation_uid("limit"), "role": "user",
                 "text": self.marker("T") + " at the limit",
-                "created_at": latest.isoformat() + "+00:00", "device": store.device()[0],
+                "created_at": latest.isoformat() + "+00:00", "device": log.device()[0],
                 "interrupted": False,
             }  # fmt: skip
-            store.merge([records.check_record(record)])
+            log.merge([records.check_record(record)])
         self.send_turn(device, "limit")  # the person goes on in that conversation
 
     @rule(device=device_ids)
     def sync_device(self, device):
         self.step()
-        with self.on(device) as store:
-            sync(store, self.folder)
+        with self.sync_log_on(device) as log:
+            sync(log, self.folder)
         self.synced[device] = True
 
     @rule(device=device_ids, pick=picks, kill_at=st.integers(1, 12))
@@ -318,8 +325,8 @@ class StoreModel(RuleBasedStateMachine):
         self.step()
         for _ in range(3):
             for device in range(DEVICES):
-                with self.on(device) as store:
-                    sync(store, self.folder)
+                with self.sync_log_on(device) as log:
+                    sync(log, self.folder)
         texts = [sorted(t for _, _, t in self.facts(d)) for d in range(DEVICES)]
         turns = [[(c, t) for c, _, t in self.turns(d)] for d in range(DEVICES)]
         assert texts[1:] == texts[:-1], "the devices' facts differ after a sync round"

@@ -21,6 +21,7 @@ from mlxmem import paths
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-SYNC-4711"
@@ -309,9 +310,9 @@ SYNC_SCRIPT = (
     "import os, sys; from pathlib import Path; from mlxmem.memory import db; "
     "step = os.environ.get('MLXMEM_CRASH_AT'); "  # die there, as kill -9 would
     "db.fault_hook = lambda name: os._exit(137) if name == step else None; "
-    "from mlxmem.memory.store import Store; "
+    "from mlxmem.memory.synclog import SyncLog; "
     "from mlxmem.sync.run import sync; print('started', flush=True); "
-    "sync(Store(), Path(sys.argv[1]))"
+    "sync(SyncLog(), Path(sys.argv[1]))"
 )
 
 
@@ -728,7 +729,7 @@ def test_a_sync_reads_only_files_it_has_not_merged_and_a_lost_cursor_reads_all(d
     # A damaged cursor, or a lost one, reads everything again, and merges nothing twice.
     os.environ["MLXMEM_HOME"] = str(a)
     for damaged in ("{not json", json.dumps({"version": 1, "folder": str(folder)}), "[]"):
-        Store().set_sync_state({"sync_cursor": damaged})
+        SyncLog().set_sync_state(str(folder), {"sync_cursor": damaged})
         assert sync_json(a)["read"] == len(change_files(folder)) - 1  # all of B's
     assert facts(a) == [("second fact", "manual"), ("third fact", "manual")]
 
@@ -820,7 +821,7 @@ def own_records(folder, home):
     from mlxmem.sync.folder import DeviceFolder
 
     os.environ["MLXMEM_HOME"] = str(home)
-    mine = DeviceFolder(folder, Store().device()[0])
+    mine = DeviceFolder(folder, SyncLog().device()[0])
     return [r for f in mine.files() for r in mine.read(f, None).records]
 
 
@@ -862,7 +863,7 @@ def test_a_compaction_cut_short_is_finished_and_duplicates_nothing(devices, monk
     on(a, "memory", "add", "fact 4")
     os.environ["MLXMEM_HOME"] = str(a)
     with pytest.raises(KeyboardInterrupt):
-        run.sync(Store(), folder)
+        run.sync(SyncLog(), folder)
     monkeypatch.setattr(db, "fault_hook", None)
     assert len(own_records(folder, a)) > 5  # the records twice, for now
     on(a, "sync")
@@ -894,7 +895,7 @@ def test_a_sealed_file_written_before_the_frame_is_read_and_rewritten_framed(dev
     on(b, "memory", "add", "sealed fact")
     on(b, "sync", str(folder))
     os.environ["MLXMEM_HOME"] = str(b)
-    stream = DeviceFolder(folder, Store().device()[0])
+    stream = DeviceFolder(folder, SyncLog().device()[0])
     cipher = stream.cipher(passphrase)
     (change,) = stream.files()
     aad = f"{stream.device}/{change.number}"  # what format 1 sealed under, as now

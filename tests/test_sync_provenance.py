@@ -8,6 +8,7 @@ from conftest import files_containing
 
 from mlxmem.memory.records import conversation_uid, fork_uid
 from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 
 OTHER = str(uuid.uuid4())  # another device
 T0 = "2026-11-01T10:00:00+00:00"
@@ -42,10 +43,10 @@ def texts(store: Store) -> list[str]:
 
 
 def test_late_facts_of_a_deleted_turn_and_new_facts_merge_in_one_batch(mlxmem_home):
-    store = Store()
+    store, log = Store(), SyncLog()
     gone = uid()
-    store.merge([message(gone, "I keep bees SECRET-BEES")])
-    store.merge(
+    log.merge([message(gone, "I keep bees SECRET-BEES")])
+    log.merge(
         [
             tombstone(gone, "message"),
             fact(uid(), "The user keeps bees SECRET-BEES.", message_uid=gone),
@@ -57,10 +58,10 @@ def test_late_facts_of_a_deleted_turn_and_new_facts_merge_in_one_batch(mlxmem_ho
 
 
 def test_a_fact_synced_before_its_turn_is_deleted_with_the_turn(mlxmem_home):
-    store = Store()
+    store, log = Store(), SyncLog()
     turn = uid()
-    store.merge([fact(uid(), "The user's PIN is PIN-4242.", message_uid=turn)])
-    store.merge([message(turn, "my PIN is PIN-4242")])  # the turn's file came later
+    log.merge([fact(uid(), "The user's PIN is PIN-4242.", message_uid=turn)])
+    log.merge([message(turn, "my PIN is PIN-4242")])  # the turn's file came later
     (logged,) = store.turns("default")
     assert [f.message_id for f in store.facts()] == [logged.id]
     store.delete_turns([logged.id])
@@ -68,35 +69,35 @@ def test_a_fact_synced_before_its_turn_is_deleted_with_the_turn(mlxmem_home):
 
 
 def test_a_tombstone_for_a_turn_reaches_a_fact_not_yet_linked_to_it(mlxmem_home):
-    store = Store()
+    store, log = Store(), SyncLog()
     turn = uid()
-    store.merge([fact(uid(), "The user's code is CODE-777.", message_uid=turn)])
-    store.merge([tombstone(turn, "message")])
+    log.merge([fact(uid(), "The user's code is CODE-777.", message_uid=turn)])
+    log.merge([tombstone(turn, "message")])
     assert store.facts() == [] and files_containing(mlxmem_home, "CODE-777") == []
 
 
 def test_a_fork_outlives_the_fact_it_came_from(mlxmem_home):
     # A fork keeps the text of a concurrent edit: another text than the fact's, which nobody
     # deleted. Deleting the fact, here or elsewhere, leaves it.
-    store = Store()
+    store, log = Store(), SyncLog()
     original, fork = uid(), uid()
-    store.merge(
+    log.merge(
         [fact(original, "Lives in GONE-TEXT."), fact(fork, "Lives in KEPT-TEXT.", None, original)]
     )
     assert len(store.facts()) == 2
-    store.merge([tombstone(original, "fact")])
+    log.merge([tombstone(original, "fact")])
     assert texts(store) == ["Lives in KEPT-TEXT."]
     assert files_containing(mlxmem_home, "GONE-TEXT") == []
     # A fork arriving after its fact was deleted is kept the same way.
     late = uid()
-    store.merge([fact(late, "Lives in LATE-TEXT.", None, original)])
+    log.merge([fact(late, "Lives in LATE-TEXT.", None, original)])
     assert texts(store) == ["Lives in KEPT-TEXT.", "Lives in LATE-TEXT."]
 
 
 def test_deleting_a_fact_here_keeps_its_forks_and_names_the_fork_of_its_text(mlxmem_home):
-    store = Store()
+    store, log = Store(), SyncLog()
     original, fork = uid(), uid()
-    store.merge(
+    log.merge(
         [
             fact(original, "Drinks GONE-COFFEE.", version=1),  # an edit, which a conflict forks
             fact(fork, "Drinks FORKED-TEA.", None, original),
@@ -108,8 +109,8 @@ def test_deleting_a_fact_here_keeps_its_forks_and_names_the_fork_of_its_text(mlx
     assert texts(store) == ["Drinks FORKED-TEA."]
     assert files_containing(mlxmem_home, "GONE-COFFEE") == []
     # The deleted text, forked on a device that saw a concurrent edit win, stays out.
-    dead = {r["uid"] for r in store.changes() if r["kind"] == "tombstone"}
+    dead = {r["uid"] for r in log.changes() if r["kind"] == "tombstone"}
     assert fork_uid(original, 1, OTHER) in dead
-    store.merge([fact(fork_uid(original, 1, OTHER), "Drinks GONE-COFFEE.", None, original, 1)])
+    log.merge([fact(fork_uid(original, 1, OTHER), "Drinks GONE-COFFEE.", None, original, 1)])
     assert texts(store) == ["Drinks FORKED-TEA."]
     assert files_containing(mlxmem_home, "GONE-COFFEE") == []

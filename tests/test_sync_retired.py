@@ -11,6 +11,7 @@ from conftest import files_containing, on
 
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-RETIRED-6021"
@@ -60,4 +61,4 @@ def test_removing_a_retired_devices_folder_keeps_its_deletions(tmp_path):
 
 def device_id(home):
     os.environ["MLXMEM_HOME"] = str(home)
-    return Store().device()[0]
+    return SyncLog().device()[0]

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from mlxmem.memory.merge import MergeResult
-from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.crypto import PASSPHRASE_ENV
 from mlxmem.sync.run import status, sync
@@ -56,12 +56,12 @@ def sync_command(
     of a fact, deletions), then writes this device's own changes into its own files in DIR.
     Deleted text is erased from DIR too. Run it again at any time: a sync that was cut short is
     finished, and a second sync changes nothing. See README, "Sync"."""
-    store = Store()
+    log = SyncLog()
     passphrase = _passphrase(ask_passphrase)
     if show_status:
-        _print_status(status(store, folder, passphrase), as_json)
+        _print_status(status(log, folder, passphrase), as_json)
         return
-    report = sync(store, folder, passphrase, progress=lambda line: err.print(line, markup=False))
+    report = sync(log, folder, passphrase, progress=lambda line: err.print(line, markup=False))
     if as_json:
         print_json(asdict(report))
         return
@@ -96,7 +96,7 @@ def export_command(
 ) -> None:
     """Write your whole chat log, your facts and the deletions (ids and times, no text) to one
     JSON file, readable by you only: a backup, or your data to take elsewhere."""
-    records = export_to(Store(), file)
+    records = export_to(SyncLog(), file)
     kinds = [r["kind"] for r in records]
     say(
         f"Exported {plural(kinds.count('message'), 'turn')}, {plural(kinds.count('fact'), 'fact')}"
@@ -110,7 +110,7 @@ def import_command(
     """Merge an export file into this data directory, by id, with the rules of a sync: turns
     missing here are added, a fact's newest version wins, and its deletions are applied. A file
     that is damaged or not an export is refused whole, with nothing imported."""
-    merged = import_from(Store(), file)
+    merged = import_from(SyncLog(), file)
     say(f"Imported from {file}: {_merged(merged)}.")
 
 

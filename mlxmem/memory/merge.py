@@ -24,12 +24,11 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
-from typing import TYPE_CHECKING
 
 import duckdb
 
-from mlxmem.memory import summaries
-from mlxmem.memory.db import FactEdit, crash_point
+from mlxmem.memory import forget, summaries
+from mlxmem.memory.db import Database, FactEdit, bump_forget_epoch, crash_point, wipe_caches
 from mlxmem.memory.facts import insert_fact, stored_clock
 from mlxmem.memory.records import (
     Record,
@@ -42,11 +41,9 @@ from mlxmem.memory.records import (
     timestamp,
     turn_key,
 )
+from mlxmem.memory.rows import one_row
 from mlxmem.memory.turns import conversation_id, insert_synced_turns
 from mlxmem.text import to_db, utc_now
-
-if TYPE_CHECKING:  # the Store calls merge_records; merging calls the Store's erase paths back
-    from mlxmem.memory.store import Store
 
 
 @dataclass
@@ -62,21 +59,21 @@ class MergeResult:
     conflicts: list[tuple[int, int, str]] = field(default_factory=list)
 
 
-def merge_records(store: Store, records: list[Record], device: str) -> MergeResult:
-    """Merge `records` into `store`, whose own device id is `device` (`Store.merge` calls
-    this)."""
+def merge_records(db: Database, records: list[Record], device: str) -> MergeResult:
+    """Merge `records` into the database `db`, whose own device id is `device` (`SyncLog.merge`
+    calls this)."""
     result = MergeResult()
-    _merge_tombstones(store, [r for r in records if r["kind"] == "tombstone"], result)
+    _merge_tombstones(db, [r for r in records if r["kind"] == "tombstone"], result)
     crash_point("sync:tombstones-merged")
-    _merge_messages(store, [r for r in records if r["kind"] == "message"], device, result)
+    _merge_messages(db, [r for r in records if r["kind"] == "message"], device, result)
     crash_point("sync:messages-merged")
-    _merge_facts(store, [r for r in records if r["kind"] == "fact"], device, result)
+    _merge_facts(db, [r for r in records if r["kind"] == "fact"], device, result)
     crash_point("sync:facts-merged")
     return result
 
 
-def _merge_tombstones(store: Store, records: list[Record], result: MergeResult) -> None:
-    with store.connect() as con:
+def _merge_tombstones(db: Database, records: list[Record], result: MergeResult) -> None:
+    with db.connect() as con:
         known = dict(con.execute("SELECT uid, deleted_at FROM tombstones").fetchall())
     new = {}
     for r in records:
@@ -84,13 +81,13 @@ def _merge_tombstones(store: Store, records: list[Record], result: MergeResult) 
         if r["uid"] not in known or (r["of"] == "conversation" and at > known[r["uid"]]):
             new[r["uid"]] = Tombstone(r["uid"], r["of"], at, r["device"])
     if new:
-        deletion = store.apply_tombstones(list(new.values()))
+        deletion = forget.apply_tombstones(db, list(new.values()))
         result.deleted_turns += len(deletion.turns)
         result.deleted_facts += len(deletion.facts)
 
 
-def _merge_messages(store: Store, records: list[Record], device: str, result: MergeResult) -> None:
-    with store.connect() as con:
+def _merge_messages(db: Database, records: list[Record], device: str, result: MergeResult) -> None:
+    with db.connect() as con:
         have = _uids(con, "SELECT uid FROM messages UNION ALL SELECT uid FROM tombstones")
         new = {r["uid"]: r for r in records if r["uid"] not in have}
         if not new:
@@ -102,9 +99,9 @@ def _merge_messages(store: Store, records: list[Record], device: str, result: Me
         if result.renumbered:
             # Turns moved under what a running chat read: it must not write a summary or a
             # cache from before; the caches may mirror the old order.
-            store.invalidate(con)
+            _invalidate(db, con)
         result.messages += len(new)
-    with store.connect() as con:  # facts that came before their turn: linked to it now
+    with db.connect() as con:  # facts that came before their turn: linked to it now
         con.execute(
             "UPDATE facts SET message_id = m.id FROM messages m"
             " WHERE facts.message_id IS NULL AND facts.message_uid = m.uid"
@@ -129,7 +126,7 @@ def _merge_turns(
         [((row[2], row[3], row[4]), row) for row in moved] + [(turn_key(r), r) for r in incoming],
         key=lambda pair: pair[0],
     )
-    (last_seq,) = con.execute("SELECT last_seq FROM conversations WHERE id = ?", [cid]).fetchone()
+    (last_seq,) = one_row(con.execute("SELECT last_seq FROM conversations WHERE id = ?", [cid]))
     numbered = list(enumerate((item for _, item in merged), start=last_seq + 1))
     added = [(seq, r) for seq, r in numbered if isinstance(r, dict)]
     renumbered = [(seq, row[0]) for seq, row in numbered if not isinstance(row, dict)]
@@ -162,7 +159,7 @@ def _merge_turns(
     return bool(moved)
 
 
-def _merge_facts(store: Store, records: list[Record], device: str, result: MergeResult) -> None:
+def _merge_facts(db: Database, records: list[Record], device: str, result: MergeResult) -> None:
     newest: dict[str, Record] = {}
     for r in records:
         if r["uid"] not in newest or fact_key(r) > fact_key(newest[r["uid"]]):
@@ -171,7 +168,7 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
         return
     edits = {}
     late = []  # facts of a deleted turn or fact: deleted here too, in the main file
-    with store.connect() as con:
+    with db.connect() as con:
         dead = _uids(con, "SELECT uid FROM tombstones")
         local = {
             row[0]: row[1:]
@@ -232,13 +229,13 @@ def _merge_facts(store: Store, records: list[Record], device: str, result: Merge
     if late:
         # Its own transaction: one transaction writes to one file, and the facts went to the
         # facts file.
-        with store.connect() as con:
+        with db.connect() as con:
             con.execute(
                 "INSERT OR IGNORE INTO tombstones SELECT unnest(?), 'fact', ?, NULL",
                 [late, to_db(utc_now())],
             )
     if edits:
-        store.replace_fact_versions(edits)
+        forget.replace_fact_versions(db, edits)
         result.fact_edits += len(edits)
 
 
@@ -268,7 +265,8 @@ def _fork_fact(
 
 def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None:
     row = con.execute("SELECT id FROM messages WHERE uid = ?", [r["message_uid"]]).fetchone()
-    fact = insert_fact(con, r["text"], r["source"], row and row[0], timestamp(r["created_at"]))
+    message_id = row[0] if row else None
+    fact = insert_fact(con, r["text"], r["source"], message_id, timestamp(r["created_at"]))
     con.execute(
         "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, message_uid = ?,"
         " fork_of = ?, clock = ?, replaced_by = ?, replaced_at = ? WHERE id = ?",
@@ -305,3 +303,11 @@ def _origin(record: Record, device: str) -> str | None:
 
 def _uids(con: duckdb.DuckDBPyConnection, sql: str) -> set[str]:
     return {uid for (uid,) in con.execute(sql).fetchall()}
+
+
+def _invalidate(db: Database, con: duckdb.DuckDBPyConnection) -> None:
+    """What the database held changed under every reader (turns renumbered): bump the forget
+    epoch in `con`'s transaction, so a running chat discards what it derived from before, and
+    wipe the KV caches, which may mirror the old order."""
+    bump_forget_epoch(con)
+    wipe_caches(db.cache_dir)

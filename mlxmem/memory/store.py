@@ -2,125 +2,43 @@
 summaries derived from it, and the facts about the person.
 
 `Store` joins one class per kind of record (`TurnLog`, `SummaryLog`, `FactList`) over the
-`Database` that opens, locks and erases; deleting turns lives here because it reaches into
-all three kinds.
+`Database` that opens, locks and erases, and reads the snapshot a turn is written from in one
+open of the file. Deleting, which reaches into all three kinds, is mlxmem.memory.forget.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import duckdb
 
-from mlxmem.errors import InputError, NotFoundError
-from mlxmem.memory import summaries
+from mlxmem.memory import forget, summaries
 from mlxmem.memory.dates import Span
-from mlxmem.memory.db import (
-    Erasure,
-    FactEdit,
-    bump_forget_epoch,
-    device_of,
-    forget_epoch,
-    wipe_caches,
-)
-from mlxmem.memory.facts import (
-    SELECT_FACTS,
-    Fact,
-    FactList,
-    all_facts,
-    check_fact_text,
-    check_source,
-    edited_clock,
-    fact_of,
-    get_fact,
-    refuse_duplicate,
-    stored_clock,
-    version_of,
-)
-from mlxmem.memory.merge import MergeResult, merge_records
-from mlxmem.memory.recall import RECALL_TURNS, search_before
-from mlxmem.memory.records import Record, Tombstone, fork_uid, local_records
-from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary, summary_of
-from mlxmem.memory.turns import (
-    SEARCH_LIMIT,
-    SELECT_TURNS,
-    Conversation,
-    Turn,
-    TurnLog,
-    conversation_id,
-    conversation_uid,
-    delete_messages,
-    get_turn,
-    insert_turn,
-    turn_of,
-    turns_after,
-)
-from mlxmem.text import as_record, as_utc, plural, to_db, utc_now
+from mlxmem.memory.db import forget_epoch
+from mlxmem.memory.facts import Fact, FactList, all_facts
+from mlxmem.memory.forget import LAST_SEQ, Deletion
+from mlxmem.memory.recall import RECALL_TURNS, RecallQuery, search_before
+from mlxmem.memory.records import Tombstone
+from mlxmem.memory.rows import one_row
+from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary
+from mlxmem.memory.turns import Conversation, Turn, TurnLog, insert_turn, turns_after
+from mlxmem.text import as_utc
 
-SYNC_DIR_KEY = "sync_dir"
-LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
+NO_QUERY = RecallQuery()  # nothing to recall
 
-__all__ = ["Conversation", "Deletion", "Fact", "Snapshot", "Store", "Summary", "Tombstone", "Turn"]
-
-
-@dataclass(frozen=True)
-class Deletion:
-    """What a delete removed: the turns and facts asked for, the automatic facts taken from
-    those turns, and the summaries that saw any of them (rebuilt from the remaining log before
-    the next reply). `mentions`: turns left in the log that still quote a deleted fact."""
-
-    turns: list[Turn]
-    summaries: list[Summary]
-    conversations: list[str]
-    facts: list[Fact] = field(default_factory=list)
-    mentions: list[Turn] = field(default_factory=list)
-    # Facts a deleted fact had replaced: with it gone, they are current (in the prompt) again.
-    current_again: list[Fact] = field(default_factory=list)
-
-    def describe(self) -> str:
-        """What was removed, in a sentence the person can check (every front end prints it)."""
-        parts = []
-        if self.turns:
-            parts.append(plural(len(self.turns), "turn"))
-        if self.facts:
-            auto = [f for f in self.facts if self.turns and f.source == "automatic"]
-            asked = len(self.facts) - len(auto)
-            if asked:
-                parts.append(plural(asked, "fact"))
-            if auto:
-                quoted = "; ".join(f"[{f.id}] {f.text}" for f in auto)
-                parts.append(f"{plural(len(auto), 'automatic fact')} taken from them ({quoted})")
-        if self.summaries:
-            parts.append(plural(len(self.summaries), "summary", "summaries") + " that saw them")
-        if not parts:
-            return "Nothing to delete."
-        text = "Deleted " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
-        if self.summaries:
-            text += "; the older turns are summarized again, without it, before the next reply"
-        text += "."
-        for fact in self.current_again:
-            text += (
-                f" Fact {fact.id} is current again, as the fact that replaced it is deleted:"
-                f" {fact.text!r} (`mlxmem memory rm {fact.id}` deletes it too)."
-            )
-        return text
-
-    def to_record(self) -> dict:
-        """The deletion as JSON-ready data: ids and facts removed, the sentence, what still
-        quotes a deleted fact."""
-        return {
-            "object": "mlxmem.deletion",
-            "message": self.describe(),
-            "turns": [t.id for t in self.turns],
-            "facts": [as_record(f) for f in self.facts],
-            "summaries": len(self.summaries),
-            "conversations": self.conversations,
-            "mentions": [as_record(t) for t in self.mentions],
-            "current_again": [as_record(f) for f in self.current_again],
-        }
+__all__ = [
+    "LAST_SEQ",
+    "Conversation",
+    "Deletion",
+    "Fact",
+    "Snapshot",
+    "Store",
+    "Summary",
+    "Tombstone",
+    "Turn",
+]
 
 
 @dataclass(frozen=True)
@@ -129,7 +47,7 @@ class Snapshot:
     summary: Summary | None
     turns: list[Turn]  # the verbatim window: turns after the summary's range
     forget_epoch: int
-    recalled: list[Turn] = field(default_factory=list)  # older turns matching `recall_terms`
+    recalled: list[Turn] = field(default_factory=list)  # older turns matching `query`
     # When the summary's first and last turns were written: the days it covers, and the turn
     # before the window, whose day decides whether the window's first turn shows its date.
     summary_span: Span | None = None
@@ -140,78 +58,18 @@ class Snapshot:
 
 class Store(TurnLog, SummaryLog, FactList):
     """The chat log, summaries and facts in the DuckDB file at `path` (default:
-    paths.db_path()), with the KV cache folder its deletions wipe."""
-
-    _device: tuple[str, str] | None = None
-
-    def device(self) -> tuple[str, str]:
-        """This data directory's device id and name (fixed when the file was created)."""
-        if self._device is None:
-            with self.connect() as con:
-                self._device = device_of(con)
-        return self._device
-
-    def changes(self) -> list[Record]:
-        """Everything the store holds as sync records: every turn, every fact's current version
-        and every tombstone, the rows written here named as this device's."""
-        device, _ = self.device()
-        with self.connect() as con:
-            return local_records(con, device)
-
-    def merge(self, records: list[Record]) -> MergeResult:
-        """Merge another device's records (or an export's) by uid: see mlxmem.memory.merge."""
-        return merge_records(self, records, self.device()[0])
-
-    def invalidate(self, con: duckdb.DuckDBPyConnection) -> None:
-        """What the store held changed under every reader (turns renumbered): bump the forget
-        epoch in `con`'s transaction, so a running chat discards what it derived from before,
-        and wipe the KV caches, which may mirror the old order."""
-        bump_forget_epoch(con)
-        wipe_caches(self.cache_dir)
-
-    def sync_dir(self) -> str | None:
-        """The sync folder the last sync used, if any."""
-        with self.connect() as con:
-            row = con.execute("SELECT value FROM state WHERE key = ?", [SYNC_DIR_KEY]).fetchone()
-        return row and row[0]
-
-    def set_sync_dir(self, folder: str) -> None:
-        with self.connect() as con:
-            con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [SYNC_DIR_KEY, folder])
-
-    def sync_state(self, others: Collection[str]) -> tuple[dict[str, str], str]:
-        """In one open: the sync's small values kept in `state` (keys starting with "sync_":
-        the folder, read cursors), and changes_digest(others) as of now."""
-        with self.connect() as con:
-            rows = con.execute("SELECT key, value FROM state WHERE starts_with(key, 'sync_')")
-            return dict(rows.fetchall()), _changes_digest(con, list(others))
-
-    def set_sync_state(self, values: dict[str, str]) -> None:
-        """Keep the sync's small values (keys starting with "sync_") in one transaction."""
-        if any(not key.startswith("sync_") for key in values):
-            raise ValueError("sync state keys start with 'sync_'")
-        with self.connect() as con:
-            for key, value in values.items():
-                con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
-
-    def changes_digest(self, others: Collection[str]) -> str:
-        """A fingerprint of what decides this device's own sync stream: the turns it writes
-        (its own, and those of devices not in `others`), every fact as stored and every
-        tombstone. While it is unchanged, the stream has nothing to gain or lose: a turn of a
-        device in `others` merged in leaves it as it was, and every deletion or fact edit
-        changes it (a deletion adds a tombstone). Whether a fact or tombstone's device is in
-        `others` is part of it, so the same digest under other `others` means the same stream."""
-        with self.connect() as con:
-            return _changes_digest(con, list(others))
+    paths.db_path()), with the KV cache folder its deletions wipe: what a chat, history,
+    memory and serve read and write. Deleting goes through mlxmem.memory.forget; a sync goes
+    through mlxmem.memory.synclog.SyncLog over the same file."""
 
     def snapshot(
-        self, conversation: str, recall_terms: Sequence[str] = (), recall_limit: int = RECALL_TURNS
+        self, conversation: str, query: RecallQuery = NO_QUERY, recall_limit: int = RECALL_TURNS
     ) -> Snapshot:
         """Everything a turn reads, in one open of the file: the facts, the newest summary,
-        the turns after it, the forget epoch, and (given `recall_terms`) the turns before the
+        the turns after it, the forget epoch, and (given `query`) the turns before the
         window that match them best."""
         with self.connect() as con:
-            return _snapshot(con, conversation, recall_terms, recall_limit)
+            return _snapshot(con, conversation, query, recall_limit)
 
     def append_and_snapshot(
         self,
@@ -219,14 +77,14 @@ class Store(TurnLog, SummaryLog, FactList):
         text: str,
         token_ids: Sequence[int],
         encoded_by: str,
-        recall_terms: Sequence[str] = (),
+        query: RecallQuery = NO_QUERY,
         at: datetime | None = None,
         previous: Snapshot | None = None,
         mark: tuple[int, int] | None = None,
     ) -> tuple[Turn, Snapshot]:
         """Log the person's message with the token ids `encoded_by` (a model identity) encoded
         it as, and read the snapshot the reply is written from (with the turns recalled for
-        `recall_terms`): one open of the file, where opening one costs more than the rest of
+        `query`): one open of the file, where opening one costs more than the rest of
         the turn's bookkeeping. `at`: when it was written, if not now (a chat log replayed).
         `previous`: the conversation's snapshot when this store's mark() was `mark`; if the
         mark has not moved (the store stayed held and nothing ran through it since, so nothing
@@ -237,216 +95,79 @@ class Store(TurnLog, SummaryLog, FactList):
             turn = insert_turn(
                 con, conversation, "user", text, len(ids), False, ids, encoded_by, at=at
             )
-            if unchanged:
-                return turn, _extended(con, previous, turn, recall_terms)
-            return turn, _snapshot(con, conversation, recall_terms)
+            if unchanged and previous is not None:
+                return turn, _extended(con, previous, turn, query)
+            return turn, _snapshot(con, conversation, query)
 
     def add_summaries_and_snapshot(
         self,
         conversation: str,
         made: Sequence[Summary],
         epoch: int,
-        recall_terms: Sequence[str] = (),
+        query: RecallQuery = NO_QUERY,
     ) -> Snapshot:
         """Store the summaries folds `made` (in order) from what the store held at forget
         epoch `epoch` (StaleError, and nothing written, if anything was deleted since), and
         read the snapshot as the prompt is assembled from it, with the turns recalled for
-        `recall_terms`: one open of the file."""
+        `query`: one open of the file."""
         with self.guarded(epoch) as con:
             for summary in made:
                 summaries.insert_summary(con, summary)
-            return _snapshot(con, conversation, recall_terms)
+            return _snapshot(con, conversation, query)
 
     def delete_facts(self, ids: list[int], with_mentions: bool = False) -> Deletion:
-        """Delete facts by id (all or none: an unknown id raises NotFoundError), and the
-        summaries that had them in their prompt; their bytes are erased from the files and
-        every KV cache. Turns of the log that quote a fact (a reply that repeated it) are
-        deleted in the same operation `with_mentions`, else listed as the `mentions`."""
-        with self.forgetting() as erasure:  # one open: the facts, their quotes, the erase
-            con = erasure.con
-            facts = [get_fact(con, fid) for fid in dict.fromkeys(ids)]
-            quoting = list({t.id: t for f in facts for t in quoting_turns(con, f.text)}.values())
-            deleted = _delete_facts(erasure, facts)
-            if not with_mentions:
-                return replace(deleted, mentions=quoting)
-            turns = _delete_turns(erasure, [get_turn(con, t.id) for t in quoting])
-            hit = deleted.summaries + turns.summaries
-            return Deletion(
-                turns.turns,
-                hit,
-                turns.conversations,
-                deleted.facts + turns.facts,
-                current_again=_still_here(deleted, turns),
-            )
+        """forget.delete_facts: the facts, the summaries that saw them, and (`with_mentions`)
+        the turns that quote them."""
+        return forget.delete_facts(self, ids, with_mentions)
 
     def clear_facts(self, source: str | None = None) -> Deletion:
         """Delete every fact (or every fact from `source`), as delete_facts does."""
-        if source is not None:
-            check_source(source)
-        with self.forgetting() as erasure:
-            facts = all_facts(erasure.con, replaced=True)
-            victims = [f for f in facts if source is None or f.source == source]
-            return _delete_facts(erasure, victims)
+        return forget.clear_facts(self, source)
 
     def edit_fact(self, fact_id: int, text: str) -> Fact:
-        """Replace a fact's text; the old text is erased from disk and caches, with the
-        summaries that saw it."""
-        text = check_fact_text(text)
-        now = utc_now()
-        with self.forgetting() as erasure:
-            old = get_fact(erasure.con, fact_id)
-            refuse_duplicate(erasure.con, text, other_than=fact_id)
-            _summaries_that_saw(erasure.con, [fact_id])
-            version, clock, *replaced = version_of(erasure.con, fact_id)
-            device, _ = device_of(erasure.con)
-            clock = edited_clock(stored_clock(clock, version), device)
-            erasure.edit_fact(fact_id, text, to_db(now), clock=clock, replaced=tuple(replaced))
-        return replace(old, text=text, updated_at=now)
-
-    def apply_tombstones(self, tombstones: Sequence[Tombstone]) -> Deletion:
-        """Delete what another device deleted, by uid, as the local deletes do (rows, derived
-        summaries and automatic facts, caches, old bytes), and keep the tombstones, so that
-        nothing with those uids comes back. A conversation's tombstone removes it only if no
-        turn is left in it (one written elsewhere meanwhile keeps it)."""
-        with self.forgetting() as erasure:
-            con = erasure.con
-            for t in tombstones:
-                con.execute(
-                    "INSERT INTO tombstones VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
-                    " deleted_at = greatest(deleted_at, excluded.deleted_at)",
-                    [t.uid, t.kind, to_db(t.deleted_at), t.device_uid],
-                )
-            uids = [t.uid for t in tombstones]
-            rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
-            turns = _delete_turns(erasure, [turn_of(row) for row in rows], name_forks=False)
-            # Facts by uid, and those taken from a tombstoned turn not (yet) linked to it here.
-            rows = con.execute(
-                f"{SELECT_FACTS} WHERE list_contains(?, uid) OR list_contains(?, message_uid)",
-                [uids, uids],
-            ).fetchall()
-            gone = {f.id for f in turns.facts}
-            keep = [f for f in map(fact_of, rows) if f.id not in gone]
-            facts = _delete_facts(erasure, keep, name_forks=False)
-            names = [
-                name
-                for (name,) in con.execute("SELECT name FROM conversations").fetchall()
-                if conversation_uid(name) in uids
-            ]
-            emptied = [n for n in names if not turns_after(con, n, None)]
-            for name in emptied:
-                _drop_conversation(con, conversation_id(con, name))
-        return Deletion(
-            turns.turns,
-            turns.summaries + facts.summaries,
-            emptied,
-            turns.facts + facts.facts,
-            current_again=_still_here(turns, facts),
-        )
-
-    def replace_fact_versions(self, edits: dict[int, FactEdit]) -> None:
-        """Give facts the newer versions another device wrote; the old text is erased from disk
-        and caches, with the summaries that saw it, as edit_fact does."""
-        with self.forgetting() as erasure:
-            _summaries_that_saw(erasure.con, list(edits))
-            for fact_id, edit in edits.items():
-                erasure.edit_fact(
-                    fact_id,
-                    edit.text,
-                    to_db(edit.updated_at),
-                    edit.device_uid,
-                    edit.version,
-                    edit.clock,
-                    (edit.replaced_by, edit.replaced_at),
-                )
+        """Replace a fact's text; the old text is erased (forget.edit_fact)."""
+        return forget.edit_fact(self, fact_id, text)
 
     def mentions(self, fact: Fact) -> list[Turn]:
         """Turns of the log that still contain a fact's text (a reply that quoted it)."""
-        with self.connect() as con:
-            return quoting_turns(con, fact.text)
+        return forget.mentions(self, fact)
 
     def delete_turns(self, ids: list[int], with_mentions: bool = False) -> Deletion:
-        """Delete turns by id, and every summary whose range covers one of them. Turns left
-        in the log may repeat a deleted user turn (its reply, a turn that contains its whole
-        text): they are deleted in the same operation `with_mentions`, else listed as the
-        `mentions`."""
-        with self.forgetting() as erasure:
-            victims = [get_turn(erasure.con, tid) for tid in dict.fromkeys(ids)]
-            quoting = _turn_mentions(erasure.con, victims)
-            if with_mentions:
-                return _delete_turns(erasure, victims + quoting)
-            return replace(_delete_turns(erasure, victims), mentions=quoting)
+        """forget.delete_turns: the turns, the summaries and automatic facts derived from
+        them, and (`with_mentions`) the turns that repeat them."""
+        return forget.delete_turns(self, ids, with_mentions)
 
     def delete_turn_range(self, conversation: str, first_seq: int, last_seq: int) -> Deletion:
         """Delete the turns first_seq..last_seq (inclusive) of `conversation`."""
-        if first_seq > last_seq:
-            raise InputError(f"empty range: {first_seq} is after {last_seq}")
-        with self.forgetting() as erasure:
-            con = erasure.con
-            conversation_id(con, conversation)
-            rows = con.execute(
-                f"{SELECT_TURNS} WHERE c.name = ? AND m.seq BETWEEN ? AND ? ORDER BY m.seq",
-                [conversation, first_seq, last_seq],
-            ).fetchall()
-            if not rows:
-                span = f"{first_seq}..{'' if last_seq == LAST_SEQ else last_seq}"
-                raise NotFoundError(f"no turns {span} in conversation {conversation!r}")
-            return _delete_turns(erasure, [turn_of(row) for row in rows])
+        return forget.delete_turn_range(self, conversation, first_seq, last_seq)
 
     def delete_conversation(self, name: str) -> Deletion:
         """Delete a conversation with all its turns and summaries."""
-        with self.forgetting() as erasure:
-            con = erasure.con
-            cid = conversation_id(con, name)
-            rows = con.execute(f"{SELECT_TURNS} WHERE c.id = ? ORDER BY m.seq", [cid]).fetchall()
-            deletion = _delete_turns(erasure, [turn_of(row) for row in rows])
-            rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
-            _drop_conversation(con, cid)
-            con.execute(
-                "INSERT OR REPLACE INTO tombstones VALUES (?, 'conversation', ?, NULL)",
-                [conversation_uid(name), to_db(utc_now())],
-            )
-        hit = deletion.summaries + [summary_of(r) for r in rest]
-        return Deletion(
-            deletion.turns, hit, [name], deletion.facts, current_again=deletion.current_again
-        )
-
-
-def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
-    # list_contains(list, NULL) is NULL for a list with items and false for an empty one: a
-    # row written here (device NULL) must hash alike under both.
-    (digest,) = con.execute(
-        "SELECT concat_ws(':',"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, device_uid)), 0) FROM messages"
-        "  WHERE device_uid IS NULL OR NOT list_contains($1::VARCHAR[], device_uid)),"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, coalesce(list_contains("
-        "  $1::VARCHAR[], device_uid), false))), 0) FROM facts f),"
-        " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t, coalesce(list_contains("
-        "  $1::VARCHAR[], device_uid), false))), 0) FROM tombstones t))",
-        [others],
-    ).fetchone()
-    return digest
+        return forget.delete_conversation(self, name)
 
 
 def _snapshot(
     con: duckdb.DuckDBPyConnection,
     conversation: str,
-    recall_terms: Sequence[str] = (),
+    query: RecallQuery = NO_QUERY,
     recall_limit: int = RECALL_TURNS,
 ) -> Snapshot:
     summary = latest_summary(con, conversation)
     recalled = []
-    if recall_terms:
+    if query:
         last_seq = summary.last_seq if summary is not None else 0
-        recalled = search_before(con, conversation, last_seq, recall_terms, recall_limit)
+        recalled = search_before(con, conversation, last_seq, query, recall_limit)
     facts = all_facts(con, replaced=True)
     return Snapshot(
         facts=[f for f in facts if f.replaced_by is None],
         replaced=[f for f in facts if f.replaced_by is not None],
         summary=summary,
-        turns=turns_after(con, conversation, summary and summary.last_seq),
+        turns=turns_after(con, conversation, summary.last_seq if summary else None),
         forget_epoch=forget_epoch(con),
         recalled=recalled,
-        summary_span=summary and _span(con, conversation, summary.first_seq, summary.last_seq),
+        summary_span=_span(con, conversation, summary.first_seq, summary.last_seq)
+        if summary
+        else None,
     )
 
 
@@ -455,11 +176,13 @@ def _span(
 ) -> Span | None:
     """When the turns first_seq..last_seq were written, first and last (a conversation's turns
     are in time order)."""
-    first, last = con.execute(
-        "SELECT min(m.created_at), max(m.created_at) FROM messages m JOIN conversations c"
-        " ON c.id = m.conversation_id WHERE c.name = ? AND m.seq BETWEEN ? AND ?",
-        [conversation, first_seq, last_seq],
-    ).fetchone()
+    first, last = one_row(
+        con.execute(
+            "SELECT min(m.created_at), max(m.created_at) FROM messages m JOIN conversations c"
+            " ON c.id = m.conversation_id WHERE c.name = ? AND m.seq BETWEEN ? AND ?",
+            [conversation, first_seq, last_seq],
+        )
+    )
     return None if first is None else (as_utc(first), as_utc(last))
 
 
@@ -467,16 +190,16 @@ def _extended(
     con: duckdb.DuckDBPyConnection,
     previous: Snapshot,
     turn: Turn,
-    recall_terms: Sequence[str] = (),
+    query: RecallQuery = NO_QUERY,
     recall_limit: int = RECALL_TURNS,
 ) -> Snapshot:
     """`previous` with `turn` appended to its window, and the turns recalled for
-    `recall_terms` searched afresh: what _snapshot would read if nothing else changed."""
+    `query` searched afresh: what _snapshot would read if nothing else changed."""
     snap, summary = with_turn(previous, turn), previous.summary
-    if not recall_terms:
+    if not query:
         return snap
     last_seq = summary.last_seq if summary is not None else 0
-    recalled = search_before(con, turn.conversation, last_seq, recall_terms, recall_limit)
+    recalled = search_before(con, turn.conversation, last_seq, query, recall_limit)
     return replace(snap, recalled=recalled)
 
 
@@ -515,132 +238,3 @@ def with_fact(snap: Snapshot, fact: Fact, replaces: int | None = None) -> Snapsh
     ]
     facts = [f for f in snap.facts if f.id != replaces]
     return replace(snap, facts=[*facts, fact], replaced=snap.replaced + gone, recalled=[])
-
-
-# A text shorter than this ("hi", "Tea") is no quote: as a substring it is in many unrelated
-# turns, and `--with-mentions` would delete them.
-MIN_QUOTE_WORDS = 3
-
-
-def quoting_turns(con: duckdb.DuckDBPyConnection, text: str) -> list[Turn]:
-    """Turns that contain `text` whole, as words (case-insensitive), oldest first; none for a
-    text of fewer than MIN_QUOTE_WORDS words."""
-    text = " ".join(text.split())
-    if len(re.findall(r"\w+", text)) < MIN_QUOTE_WORDS:
-        return []
-    words = r"\s+".join(re.escape(w) for w in text.split(" "))
-    pattern = rf"(^|\W){words}(\W|$)"
-    rows = con.execute(
-        f"{SELECT_TURNS} WHERE regexp_matches(m.text, ?, 'i') ORDER BY m.id LIMIT ?",
-        [pattern, SEARCH_LIMIT],
-    ).fetchall()
-    return [turn_of(row) for row in rows]
-
-
-def _turn_mentions(con: duckdb.DuckDBPyConnection, victims: list[Turn]) -> list[Turn]:
-    """The turns left in the log that may repeat a deleted user turn: its reply (the
-    assistant turns after it, up to the next user turn), and any turn containing its whole
-    text, as a fact's mentions are found."""
-    gone = {t.id for t in victims}
-    found: dict[int, Turn] = {}
-    for victim in (t for t in victims if t.role == "user"):
-        after = con.execute(
-            f"{SELECT_TURNS} WHERE c.name = ? AND m.seq > ? ORDER BY m.seq LIMIT 16",
-            [victim.conversation, victim.seq],
-        ).fetchall()
-        for turn in map(turn_of, after):
-            if turn.role != "assistant":
-                break
-            found.setdefault(turn.id, turn)
-        for turn in quoting_turns(con, victim.text):
-            found.setdefault(turn.id, turn)
-    return sorted((t for t in found.values() if t.id not in gone), key=lambda t: t.id)
-
-
-def _delete_turns(erasure: Erasure, victims: list[Turn], name_forks: bool = True) -> Deletion:
-    """Delete turns, the automatic facts extracted from them, and every summary that saw
-    either (`name_forks`: see _delete_facts)."""
-    con = erasure.con
-    ids = [t.id for t in victims]
-    rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, message_id)", [ids]).fetchall()
-    taken = [fact_of(row) for row in rows]
-    names = list(dict.fromkeys(t.conversation for t in victims))
-    hit: list[Summary] = []
-    for name in names:
-        seqs = [t.seq for t in victims if t.conversation == name]
-        hit += summaries.delete_derived(con, name, seqs=seqs)
-    deletion = _delete_facts(erasure, taken, name_forks)
-    add_tombstones(con, "message", "messages", ids)
-    delete_messages(con, ids)  # with their rows in recall's index
-    return Deletion(
-        victims, hit + deletion.summaries, names, taken, current_again=deletion.current_again
-    )
-
-
-def _still_here(*deletions: Deletion) -> list[Fact]:
-    """The facts current again after these deletions, less those one of them deleted."""
-    gone = {f.id for d in deletions for f in d.facts}
-    again = {f.id: f for d in deletions for f in d.current_again if f.id not in gone}
-    return sorted(again.values(), key=lambda f: f.id)
-
-
-def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True) -> Deletion:
-    """Delete facts (from the facts file, once the main file has committed), and in every
-    conversation the summaries that had them in their prompt.
-
-    A deletion made here (`name_forks`) also tombstones the fork its current text would become
-    on a device that saw a concurrent edit win (records.fork_uid), so that the deleted text
-    cannot come back as a fork. A deletion that arrives from another device does not: the
-    device that deleted named the fork of the text it deleted, and the text held here may be an
-    older one that lost and lives on as a fork elsewhere. Forks that hold another text are
-    facts of their own: they stay."""
-    ids = [f.id for f in victims]
-    con = erasure.con
-    device, _ = device_of(con)
-    # Version 0 is the text the fact was added with, the same on every device: never a fork.
-    rows = con.execute(
-        "SELECT uid, version, coalesce(device_uid, ?) FROM facts"
-        " WHERE list_contains(?, id) AND coalesce(version, 0) > 0",
-        [device, ids if name_forks else []],
-    ).fetchall()
-    hit = _summaries_that_saw(con, ids)
-    replaced = con.execute(
-        f"{SELECT_FACTS} WHERE list_contains((SELECT list(uid) FROM facts WHERE"
-        " list_contains(?, id)), replaced_by) AND NOT list_contains(?, id) ORDER BY id",
-        [ids, ids],
-    ).fetchall()
-    current_again = [replace(fact_of(r), replaced_by=None, replaced_at=None) for r in replaced]
-    add_tombstones(con, "fact", "facts", ids)
-    if rows:
-        con.execute(
-            "INSERT OR IGNORE INTO tombstones SELECT unnest(?), 'fact', ?, NULL",
-            [[fork_uid(*row) for row in rows], to_db(utc_now())],
-        )
-    erasure.delete_facts(ids)
-    return Deletion([], hit, [], victims, current_again=current_again)
-
-
-def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: list[int]) -> None:
-    """Record that the rows `ids` of `table` (messages or facts) were deleted here and now: their
-    uids and the time, never their text, so that the deletion can travel to other devices."""
-    con.execute(
-        f"INSERT OR IGNORE INTO tombstones SELECT uid, ?, ?, NULL FROM {table}"
-        " WHERE list_contains(?, id)",
-        [kind, to_db(utc_now()), ids],
-    )
-
-
-def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> list[Summary]:
-    """Delete, in every conversation, the summaries written with one of these facts in their
-    prompt (and the later ones built on them)."""
-    hit: list[Summary] = []
-    if fact_ids:
-        for (name,) in con.execute("SELECT name FROM conversations ORDER BY id").fetchall():
-            hit += summaries.delete_derived(con, name, fact_ids=fact_ids)
-    return hit
-
-
-def _drop_conversation(con: duckdb.DuckDBPyConnection, cid: int) -> None:
-    """The conversation's row and its summaries (its turns are deleted first, by the caller)."""
-    con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
-    con.execute("DELETE FROM conversations WHERE id = ?", [cid])

@@ -10,7 +10,7 @@ from pathlib import Path
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.merge import MergeResult
 from mlxmem.memory.records import Record, check_record, iso
-from mlxmem.memory.store import Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.sync.folder import write_private
 from mlxmem.text import to_db, utc_now
 
@@ -18,11 +18,11 @@ EXPORT_FORMAT = "mlxmem-export"
 EXPORT_VERSION = 1
 
 
-def export_to(store: Store, path: Path) -> list[Record]:
+def export_to(log: SyncLog, path: Path) -> list[Record]:
     """Write every turn, every fact and every tombstone (ids and times) to `path`, readable by
     its owner only; return the records written."""
-    device, name = store.device()
-    records = store.changes()
+    device, name = log.device()
+    records = log.changes()
     document = {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
@@ -72,6 +72,6 @@ def read_export(path: Path) -> list[Record]:
     return records
 
 
-def import_from(store: Store, path: Path) -> MergeResult:
+def import_from(log: SyncLog, path: Path) -> MergeResult:
     """Merge an export file into the store by uid, as a sync merges another device's changes."""
-    return store.merge(read_export(path))
+    return log.merge(read_export(path))

@@ -10,7 +10,7 @@ A sync, in order (each step can be cut short; the next sync finishes it):
 3. erase in the folder: rewrite this device's files without the records that are no longer
    live here (a deleted turn or fact, a fact's superseded version);
 4. write what the folder lacks of this device's changes into one new file;
-5. record the sync time in this device's device.json, and the cursor in the store.
+5. record the sync time in this device's device.json, and the cursor in the database.
 Only step 4's file adds anything, and it holds only what no file held, so a second sync finds
 nothing to merge and nothing to write. Steps 3 and 4 read the whole store and this device's
 files, unless the cursor shows that neither changed since the last sync (mlxmem.sync.cursor).
@@ -31,7 +31,7 @@ from mlxmem.errors import InputError, StoreError
 from mlxmem.memory.db import crash_point, open_lock_file
 from mlxmem.memory.merge import MergeResult
 from mlxmem.memory.records import Record, iso, timestamp, version
-from mlxmem.memory.store import SYNC_DIR_KEY, Store
+from mlxmem.memory.synclog import SyncLog
 from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import Cipher
 from mlxmem.sync.cursor import (
@@ -99,19 +99,19 @@ class Reading:
 
 
 def sync(
-    store: Store,
+    log: SyncLog,
     root: Path | None = None,
     passphrase: str | None = None,
     progress: Progress = lambda _: None,
 ) -> SyncReport:
     """One sync of `store` with the folder `root` (default: the last one used)."""
-    root = sync_root(store, root)
-    device, name = store.device()
-    with _sync_lock(store):
+    root = sync_root(log, root)
+    device, name = log.device()
+    with _sync_lock(log):
         mine = DeviceFolder(root, device)
         others = [f for f in device_folders(root) if f.device != device]
         names = {f.device for f in others}
-        state, digest = store.sync_state(names)
+        state, digest = log.sync_state(names)
         cursor = Cursor.load(state.get(CURSOR_KEY), str(root))
         sequences = Sequences.load(state.get(SEQUENCES_KEY))
         progress(f"Reading {len(others)} other device(s) in {root}")
@@ -127,13 +127,13 @@ def sync(
         merged = MergeResult()
         if reading.records:
             progress(f"Merging {len(reading.records)} record(s)")
-            merged = store.merge(reading.records)
-            digest = store.changes_digest(names)  # before plan_writes reads the changes
+            merged = log.merge(reading.records)
+            digest = log.changes_digest(names)  # before plan_writes reads the changes
         encrypted = cipher is not None
         if cursor.own_unchanged(digest, encrypted, _identities(mine)):
             plan = Plan({}, [])
         else:
-            plan = plan_writes(store, mine, cipher, names)
+            plan = plan_writes(log, mine, cipher, names)
         sequence = max(plan.sequence, sequences.written(device))
         for file, keep in plan.rewrites.values():
             sequence = next_sequence(sequence)
@@ -152,12 +152,8 @@ def sync(
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
         cursor.streams = reading.streams
         cursor.own = own_state(digest, encrypted, _identities(mine))
-        store.set_sync_state(
-            {
-                SYNC_DIR_KEY: str(root),
-                CURSOR_KEY: cursor.dumps(),
-                SEQUENCES_KEY: sequences.dumps(),
-            }
+        log.set_sync_state(
+            str(root), {CURSOR_KEY: cursor.dumps(), SEQUENCES_KEY: sequences.dumps()}
         )
     return SyncReport(
         str(root),
@@ -174,16 +170,16 @@ def sync(
     )
 
 
-def status(store: Store, root: Path | None = None, passphrase: str | None = None) -> dict:
+def status(log: SyncLog, root: Path | None = None, passphrase: str | None = None) -> dict:
     """The devices seen in the folder, their last sync, and this device's pending changes."""
-    root = sync_root(store, root, create=False)
-    device, name = store.device()
+    root = sync_root(log, root, create=False)
+    device, name = log.device()
     mine = DeviceFolder(root, device)
     folders = device_folders(root)
     if mine.path.is_dir() and device not in [f.device for f in folders]:
         folders.append(mine)
     plan = plan_writes(
-        store, mine, mine.cipher(passphrase), {f.device for f in folders if f.device != device}
+        log, mine, mine.cipher(passphrase), {f.device for f in folders if f.device != device}
     )
     devices = []
     for folder in folders:
@@ -285,14 +281,14 @@ def read_streams(
     return reading
 
 
-def plan_writes(store: Store, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
-    """Compare this device's files with the store. A record stays in a file while it is live
+def plan_writes(log: SyncLog, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
+    """Compare this device's files with the database. A record stays in a file while it is live
     here (the turn is still in the log, the fact still has that version, or it is a
     tombstone); the store's records that no file holds yet, and that are this device's to
     write, are new. A device writes its own changes, and those whose device has no stream in
     the folder (imported from an export, or from a device whose folder was removed)."""
-    device, _ = store.device()
-    local = store.changes()
+    device, _ = log.device()
+    local = log.changes()
     live = {version(r): r for r in local}
     held: set = set()
     rewrites = {}
@@ -335,15 +331,15 @@ def _version(record: object) -> tuple | None:
         return None
 
 
-def sync_root(store: Store, root: Path | None, create: bool = True) -> Path:
+def sync_root(log: SyncLog, root: Path | None, create: bool = True) -> Path:
     """The sync folder given, else the one the last sync used. A new folder named for the
     first time is created if its parent exists; one used before is never created again (a
     drive not mounted would otherwise get an empty folder on the disk beneath it)."""
-    used = store.sync_dir()
+    used = log.sync_dir()
     if root is None:
-        root = used
-        if root is None:
+        if used is None:
             raise InputError("no sync folder yet: name one, e.g. `mlxmem sync ~/Dropbox/mlxmem`")
+        root = Path(used)
     root = Path(root).expanduser().resolve()
     if root.is_dir():
         return root
@@ -435,9 +431,9 @@ def _next_number(mine: DeviceFolder) -> int:
 
 
 @contextmanager
-def _sync_lock(store: Store) -> Iterator[None]:
+def _sync_lock(log: SyncLog) -> Iterator[None]:
     """One sync at a time per data directory (its own-file numbering depends on it)."""
-    fd = open_lock_file(Path(f"{store.path}.sync-lock"))
+    fd = open_lock_file(Path(f"{log.path}.sync-lock"))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
