@@ -23,9 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
-from mlxmem import paths
 from mlxmem.bench.common import BenchModel, machine_info, prepare_model, versions
 from mlxmem.bench.restart import RestartResult, run_restart
 from mlxmem.bench.scale import ScaleResult, run_scale
@@ -39,8 +36,8 @@ from mlxmem.bench.turns import (
     synthetic_transcript,
 )
 from mlxmem.engine import MLXEngine
-from mlxmem.errors import InputError, StoreError
-from mlxmem.memory.migrations import migrate
+from mlxmem.errors import InputError
+from mlxmem.memory.runs import insert_run, select_runs
 
 __all__ = [
     "BenchModel",
@@ -120,20 +117,18 @@ def bench_engine(model: BenchModel, persist: bool = True) -> Iterator[MLXEngine]
 def record_run(run: BenchRun, db: str | Path | None = None) -> BenchRun:
     """Store `run` in the benchmark database (default: bench_db_path()); return it with its id."""
     run.created_at = datetime.now(timezone.utc)
-    with _connect(db) as con:
-        (run.id,) = con.execute(
-            "INSERT INTO bench_runs (kind, created_at, model, machine, versions, settings,"
-            " results) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            [
-                run.kind,
-                run.created_at.replace(tzinfo=None),
-                run.model.get("label", ""),
-                _dumps(run.machine),
-                _dumps(run.versions),
-                _dumps({**run.settings, "model": run.model}),
-                _dumps(run.results),
-            ],
-        ).fetchone()
+    run.id = insert_run(
+        db,
+        run.kind,
+        run.created_at.replace(tzinfo=None),
+        run.model.get("label", ""),
+        (
+            _dumps(run.machine),
+            _dumps(run.versions),
+            _dumps({**run.settings, "model": run.model}),
+            _dumps(run.results),
+        ),
+    )
     return run
 
 
@@ -146,69 +141,7 @@ def history(
     """Stored runs, newest first (of one `kind`, or just run `run_id`, if given)."""
     if kind is not None and kind not in KINDS:
         raise InputError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    sql = "SELECT id, kind, created_at, machine, versions, settings, results FROM bench_runs"
-    where, params = [], []
-    if kind is not None:
-        where.append("kind = ?")
-        params.append(kind)
-    if run_id is not None:
-        where.append("id = ?")
-        params.append(run_id)
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    with _connect(db) as con:
-        rows = con.execute(f"{sql} ORDER BY id DESC LIMIT ?", [*params, limit]).fetchall()
-    return [_run(row) for row in rows]
-
-
-BENCH_DB_FILENAME = "bench.duckdb"
-
-
-def bench_db_path() -> Path:
-    """Where runs are kept by default: their own file in the data directory, apart from the
-    person's chats."""
-    return paths.data_dir() / BENCH_DB_FILENAME
-
-
-@contextlib.contextmanager
-def _connect(db: str | Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
-    path = Path(db).expanduser() if db is not None else bench_db_path()
-    try:
-        con = duckdb.connect(str(path))
-    except duckdb.Error as exc:
-        raise StoreError(f"cannot open the benchmark database {path}: {exc}") from None
-    try:
-        migrate(con, RUN_MIGRATIONS)
-        con.begin()
-        yield con
-        con.commit()
-    except duckdb.Error as exc:
-        raise StoreError(f"cannot use the benchmark database {path}: {exc}") from None
-    finally:
-        con.close()
-        if db is None:
-            paths.make_private(path)
-
-
-def b001_runs(con: duckdb.DuckDBPyConnection) -> None:
-    # IF NOT EXISTS: the chat database's m004 may have created this table already, when it
-    # moved runs recorded before the split into this file.
-    con.execute("CREATE SEQUENCE IF NOT EXISTS bench_runs_id_seq START 1")
-    con.execute(
-        """CREATE TABLE IF NOT EXISTS bench_runs (
-            id BIGINT PRIMARY KEY DEFAULT nextval('bench_runs_id_seq'),
-            kind VARCHAR NOT NULL,
-            created_at TIMESTAMP NOT NULL,
-            model VARCHAR NOT NULL,
-            machine VARCHAR NOT NULL,
-            versions VARCHAR NOT NULL,
-            settings VARCHAR NOT NULL,
-            results VARCHAR NOT NULL
-        )"""
-    )
-
-
-RUN_MIGRATIONS = [b001_runs]
+    return [_run(row) for row in select_runs(db, kind, run_id, limit)]
 
 
 def _run(row: tuple) -> BenchRun:

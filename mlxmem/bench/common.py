@@ -11,7 +11,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 from mlxmem import __version__, paths
 from mlxmem.bench import synth
 from mlxmem.defaults import CHAT_SLOT, DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
-from mlxmem.engine import Chunk, Engine, GenerationStats, Message
+from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import Companion, TurnResult
 
@@ -352,9 +352,11 @@ class RecordingEngine(Engine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
+        """The inner engine's stream, each call recorded when its last chunk (with the stats)
+        passes; a StopGeneration thrown in is passed on, as the chat stops a reply."""
         start = time.perf_counter()
-        first = None
+        first: float | None = None
         chunks = self.inner.stream(
             prompt,
             slot=slot,
@@ -364,15 +366,23 @@ class RecordingEngine(Engine):
             seed=seed,
             ignore_eos=ignore_eos,
         )
-        for chunk in chunks:
-            first = first or time.perf_counter()
-            if chunk.stats is not None:
-                seconds = time.perf_counter() - start
-                call = Call(
-                    slot, list(prompt), max_tokens, chunk.stats, first - start, seconds, first
-                )
-                self.calls.append(call)
-            yield chunk
+        try:
+            chunk = next(chunks, None)
+            while chunk is not None:
+                first = first or time.perf_counter()
+                if chunk.stats is not None:
+                    seconds = time.perf_counter() - start
+                    call = Call(
+                        slot, list(prompt), max_tokens, chunk.stats, first - start, seconds, first
+                    )
+                    self.calls.append(call)
+                try:
+                    yield chunk
+                    chunk = next(chunks, None)
+                except StopGeneration as stop:
+                    chunk = chunks.throw(stop)
+        finally:
+            chunks.close()
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         return self.inner.prefill(prompt, slot=slot)

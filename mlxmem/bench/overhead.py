@@ -7,8 +7,7 @@ Turns are measured as the interactive chat runs them, with the store held betwee
 operation (`unheld`); beside them, the floor of an open: DuckDB opening and closing the same
 file, nothing else, and one store operation that opens it (lock, open, attach, migrations).
 
-The phases are timed by wrapping the methods a turn calls on its store, budget and engine
-objects, so the core carries nothing for the benchmark.
+The phases are those every turn reports (`TurnResult.timings`, also in `chat --json`).
 """
 
 from __future__ import annotations
@@ -37,54 +36,6 @@ OVERHEAD_CONVERSATION = "bench-overhead"
 # and its tokenization; engine_entry: the slot lookup before the engine's clock starts;
 # other: the rest (checks, encoding the new message).
 PHASES = ("store", "assembly", "engine_entry", "other")
-STORE_METHODS = ("append_turn", "snapshot", "append_and_snapshot", "add_summaries_and_snapshot")
-
-
-@dataclass
-class PhaseClock:
-    """Calls timed per phase in the current turn, and the engine's figures."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-    calls: list[tuple[str, float, float]] = field(default_factory=list)
-
-    def wrap(self, phase: str, func: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self.calls.append((phase, start, time.perf_counter()))
-
-        return timed
-
-    def before(self, moment: float) -> dict[str, float]:
-        """Seconds per phase in the calls that ended before `moment` (the first token)."""
-        totals = dict.fromkeys(PHASES[:2], 0.0)
-        for phase, start, end in self.calls:
-            if end <= moment:
-                totals[phase] += end - start
-        return totals
-
-    def wrap_stream(
-        self, func: Callable[..., Iterator[Any]], store: Store
-    ) -> Callable[..., Iterator[Any]]:
-        """The engine's stream: from the call to its first chunk, less the engine's own
-        time to first token (which starts at the cache trim), is the slot lookup."""
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            first = None
-            for chunk in func(*args, **kwargs):
-                if first is None:
-                    first = time.perf_counter()
-                    self.seconds["opens_at_first"] = store.opens
-                if chunk.stats is not None:
-                    self.seconds["engine_ttft"] = chunk.stats.ttft_s
-                    self.seconds["engine_entry"] = max(0.0, first - start - chunk.stats.ttft_s)
-                    self.seconds["first_chunk_at"] = first
-                yield chunk
-
-        return timed
 
 
 @dataclass
@@ -157,8 +108,8 @@ def _timed(func: Callable[[], Any]) -> float:
 
 
 def _select_one(store: Store) -> None:
-    with store.connect() as con:
-        con.execute("SELECT 1").fetchall()
+    """One operation that reads: the lock, the open, a transaction, the close."""
+    store.latest_summary("")
 
 
 def _fill(store: Store, engine: Engine, exchanges, window_tokens: int, facts: int) -> int:
@@ -179,29 +130,19 @@ def _fill(store: Store, engine: Engine, exchanges, window_tokens: int, facts: in
 
 
 def _one_turn(companion: Companion, text: str) -> dict[str, float]:
-    clock = PhaseClock()
-    store, budget, engine = companion.store, companion.budget, companion.engine
-    wrapped = [(store, name, "store") for name in STORE_METHODS] + [
-        (budget, "assemble", "assembly")
-    ]
-    for obj, name, phase in wrapped:
-        setattr(obj, name, clock.wrap(phase, getattr(obj, name)))
-    engine.stream = clock.wrap_stream(engine.stream, store)
-    opens = store.opens
-    start = time.perf_counter()
-    try:
-        companion.send(text)
-    finally:
-        for obj, name, _ in [*wrapped, (engine, "stream", "")]:
-            del obj.__dict__[name]  # back to the class's method
-    s = clock.seconds
-    s["opens_before_first"] = s.pop("opens_at_first") - opens
-    s["opens"] = store.opens - opens
-    # The first chunk's arrival, less the engine's own clock: everything else before it.
-    s["overhead"] = s["first_chunk_at"] - start - s["engine_ttft"]
-    s.update(clock.before(s["first_chunk_at"]))
-    s["other"] = s["overhead"] - sum(s[p] for p in PHASES[:-1])
-    return s
+    """One turn's figures, as the Companion times them (TurnResult.timings)."""
+    result = companion.send(text)
+    t = result.timings
+    return {
+        "overhead": t.overhead_s,
+        "store": t.store_s,
+        "assembly": t.assembly_s,
+        "engine_entry": t.engine_entry_s,
+        "other": t.overhead_s - t.store_s - t.assembly_s - t.engine_entry_s,
+        "engine_ttft": result.stats.ttft_s,
+        "opens_before_first": t.store_opens_before_first_token,
+        "opens": t.store_opens,
+    }
 
 
 def _median_ms(rows: Sequence[dict[str, float]], key: str) -> float:

@@ -91,14 +91,19 @@ class RestartResult:
     def auto_policy(self, loading_won: bool) -> dict:
         """What the engine's rule decides from the speeds measured in the trials: the read
         bandwidth of the restored ones, the prefill speed of the rebuilt ones."""
-        read = [t.profile for t in self.restored if t.profile.read_bytes_per_s]
-        prefill = [t.profile for t in self.rebuilt if t.profile.prefill_tokens_per_s]
-        if not (read and prefill):
+        read = [
+            (p.read_bytes_per_s, p.kv_bytes_per_token)
+            for p in (t.profile for t in self.restored)
+            if p.read_bytes_per_s and p.kv_bytes_per_token is not None
+        ]
+        prefill = [t.profile.prefill_tokens_per_s for t in self.rebuilt]
+        speeds = [s for s in prefill if s]
+        if not (read and speeds):
             return {"decision": None, "why": "a trial measured nothing"}
         profile = RestartProfile(
-            Spread.of([p.read_bytes_per_s for p in read]).median,
-            Spread.of([p.kv_bytes_per_token for p in read]).median,
-            Spread.of([p.prefill_tokens_per_s for p in prefill]).median,
+            Spread.of([r for r, _ in read]).median,
+            Spread.of([k for _, k in read]).median,
+            Spread.of(speeds).median,
         )
         return {
             "decision": "load" if profile.loads else "recompute",
@@ -132,7 +137,8 @@ def run_restart(
         (base / PROFILE_FILENAME).unlink(missing_ok=True)  # each trial measures afresh
         # The slot files and their blocks (kv/*.blocks/).
         cache_bytes = sum(f.stat().st_size for f in (base / "kv").rglob("*.safetensors"))
-        restored, rebuilt = [], []
+        restored: list[RestartTrial] = []
+        rebuilt: list[RestartTrial] = []
         done = 1
         for i in range(trials):
             # Alternate the order, so neither side always finds a warmer machine.

@@ -29,13 +29,14 @@ No model runs: the figures are the store's, which a ten-year log must not slow d
 
 from __future__ import annotations
 
+import random
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,10 @@ from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, no_progress
 from mlxmem.bench.synth import ACTIVITIES, FEELINGS, PEOPLE, PLACES
 from mlxmem.engine import GenerationStats
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.recall import query_terms
+from mlxmem.memory.recall import recall_query
 from mlxmem.memory.store import Store
-from mlxmem.memory.terms import index_missing
+from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.turns import DatedTurn
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
 
@@ -131,7 +133,7 @@ def _measure(home: Path, size: int, trials: int, seed: int, conversations: int) 
     store = build_log(home / "mlxmem.duckdb", size, seed, conversations)
     build_s = time.perf_counter() - start
     layout = log_layout(size, conversations)
-    recall_terms = query_terms(RECALL_QUESTION)
+    recall_terms = recall_query(RECALL_QUESTION)
     times: dict[str, list[float]] = {}
     engine = FakeEngine()
     settings = ChatSettings(extract_facts=False, recall=False)
@@ -169,17 +171,18 @@ def _measure_sync(home: Path, store: Store, trials: int, times: dict[str, list[f
     shared.mkdir()
     aside.mkdir()
     other = Store(home / "other" / "mlxmem.duckdb")
-    other_device, _ = other.device()
-    _time(times, "sync_first_s", lambda: sync(store, shared))
+    mine, theirs = SyncLog(store.path, cache_dir=store.cache_dir), SyncLog(other.path)
+    other_device, _ = theirs.device()
+    _time(times, "sync_first_s", lambda: sync(mine, shared))
     for i in range(trials):
-        _time(times, "sync_noop_s", lambda: sync(store, shared))
+        _time(times, "sync_noop_s", lambda: sync(mine, shared))
         other.append_turn(SCALE_CONVERSATION, "user", f"From the other device: {i}.", 8)
-        sync(other, aside)
+        sync(theirs, aside)
         stream = Path("mlxmem", "devices", other_device)
         shutil.copytree(aside / stream, shared / stream, dirs_exist_ok=True)
-        _time(times, "sync_one_new_s", lambda: sync(store, shared))
+        _time(times, "sync_one_new_s", lambda: sync(mine, shared))
         store.append_turn(SCALE_CONVERSATION, "user", f"A new turn here: {i}.", 6)
-        _time(times, "sync_own_new_s", lambda: sync(store, shared))
+        _time(times, "sync_own_new_s", lambda: sync(mine, shared))
     return sum(p.stat().st_size for p in shared.rglob("*") if p.is_file())
 
 
@@ -220,79 +223,28 @@ def build_log(
     """A store with `messages` turns over ten years (in each conversation alternating user and
     assistant), laid out in conversations as log_layout says, the newest being
     SCALE_CONVERSATION, with a summary covering all but its newest SCALE_WINDOW_TURNS; and
-    SCALE_FACTS facts; written with a few bulk SQL statements. Message ids follow time, and
-    message `NEEDLE_ID` (in the oldest conversation) alone holds NEEDLE."""
+    SCALE_FACTS facts; loaded as a dated log is imported (one statement per table). Message
+    ids follow time, and message `NEEDLE_ID` (in the oldest conversation) alone holds NEEDLE."""
     store = Store(path)
-    first_day = datetime(2016, 1, 1)
+    first_day = datetime(2016, 1, 1, tzinfo=timezone.utc)
     step_s = YEARS * 365 * 86400 / max(1, messages)
     words = [*PEOPLE, *PLACES, *ACTIVITIES, *FEELINGS]
+    pick = random.Random(seed).choices
     layout = log_layout(messages, conversations)
-    names = [name for name, _ in layout]
-    counts = [count for _, count in layout]
-    firsts = [sum(counts[:j]) for j in range(len(counts))]  # messages before each
-    rest, others = messages - counts[-1], len(layout) - 1
-    with store.connect() as con:
-        con.execute(
-            "INSERT INTO conversations (name, created_at, last_seq)"
-            " SELECT unnest($names), unnest($created), unnest($counts)",
-            {
-                "names": names,
-                "created": [first_day + timedelta(seconds=f * step_s) for f in firsts],
-                "counts": counts,
-            },
-        )
-        ids = dict(con.execute("SELECT name, id FROM conversations").fetchall())
-        # Message i (from 0) is in conversation j: one of the others' blocks, or the newest.
-        block = f"(x * {others}) // {max(1, rest)}" if others else "0"
-        start = f"(j * {rest} + {max(1, others)} - 1) // {max(1, others)}"
-        # Each message: six phrases picked by hashing its number with the seed.
-        picks = " || ' ' || ".join(
-            f"list_extract($words, 1 + (hash(i * 7 + {k} + $seed) % {len(words)})::INTEGER)"
-            for k in range(6)
-        )
-        con.execute(
-            f"""INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count)
-            SELECT list_extract($cids, j + 1), seq,
-                CASE WHEN seq % 2 = 1 THEN 'user' ELSE 'assistant' END,
-                'Day ' || (i // 6) || ': ' || {picks}
-                    || CASE WHEN i = {NEEDLE_ID} THEN ' {NEEDLE}' ELSE '' END,
-                $first + to_seconds(CAST(i * $step AS DOUBLE)), 40
-            FROM (
-                SELECT i, j, CASE WHEN j < {others} THEN x - {start} ELSE x - {rest} END + 1 AS seq
-                FROM (
-                    SELECT i, x, CASE WHEN x < {rest} THEN {block} ELSE {others} END AS j
-                    FROM (SELECT i, i - 1 AS x FROM range(1, $n + 1) t(i))
-                )
-            ) ORDER BY i""",
-            {
-                "cids": [ids[name] for name in names],
-                "words": words,
-                "seed": seed,
-                "first": first_day,
-                "step": step_s,
-                "n": messages,
-            },
-        )
-        index_missing(con)  # a bulk load bypasses the store's insert, which indexes each turn
-        last_folded = max(0, counts[-1] - SCALE_WINDOW_TURNS)
-        if last_folded:
-            con.execute(
-                "INSERT INTO summaries (conversation_id, text, first_seq, last_seq, token_count,"
-                " created_at, fact_ids) VALUES (?, ?, 1, ?, 20, ?, [])",
-                [
-                    ids[SCALE_CONVERSATION],
-                    "Ten years of evenings: walks, work, family.",
-                    last_folded,
-                    first_day,
-                ],
-            )
-    now = first_day + timedelta(days=YEARS * 365)
-    with store.connect() as con:  # the facts file: a transaction writes to one file
-        con.execute(
-            """INSERT INTO facts (id, text, source, created_at, updated_at)
-            SELECT i, 'Fact ' || i || ': ' || list_extract($words, 1 + (i % $k)::INTEGER)
-                || ' matters to the person.', 'manual', $now, $now FROM range(1, $n + 1) t(i)""",
-            {"words": words, "k": len(words), "now": now, "n": SCALE_FACTS},
-        )
-        con.execute("UPDATE fact_counter SET last_id = ?", [SCALE_FACTS])
+    turns, i = [], 0
+    for name, count in layout:
+        for seq in range(1, count + 1):
+            i += 1  # message i, from 1: six phrases, and NEEDLE in message NEEDLE_ID
+            text = f"Day {i // 6}: " + " ".join(pick(words, k=6))
+            text += f" {NEEDLE}" if i == NEEDLE_ID else ""
+            role = "user" if seq % 2 else "assistant"
+            at = first_day + timedelta(seconds=(i - 1) * step_s)
+            turns.append(DatedTurn(name, role, text, at, 40))
+    store.import_log(turns)
+    last_folded = max(0, layout[-1][1] - SCALE_WINDOW_TURNS)
+    if last_folded:
+        summary = "Ten years of evenings: walks, work, family."
+        store.add_summary(SCALE_CONVERSATION, summary, 1, last_folded, 20)
+    for n in range(1, SCALE_FACTS + 1):
+        store.add_fact(f"Fact {n}: {words[n % len(words)]} matters to the person.")
     return store

@@ -21,9 +21,10 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from mlxmem.bench.common import (
     DEFAULT_BENCH_SEED,
@@ -42,6 +43,8 @@ from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store, Summary, Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow
+
+N = TypeVar("N", int, float)
 
 CONVERSATION = "bench"
 REBUILD_SLOT = "bench/rebuild"
@@ -92,7 +95,8 @@ def read_transcript(path: str | Path, replay: bool = True) -> list[Exchange]:
 
 
 def synthetic_transcript(turns: int = DEFAULT_SYNTHETIC_TURNS, seed: int = 0) -> list[Exchange]:
-    return synthetic_exchanges(turns, seed)
+    exchanges: list[Exchange] = list(synthetic_exchanges(turns, seed))
+    return exchanges
 
 
 # -- what one turn cost ----------------------------------------------------------------------------
@@ -184,14 +188,14 @@ class TurnsResult:
             "ttft_s_median": _median([r.ttft_s for r in recs]),
             "wait_s_median": _median([r.wait_s for r in recs]),
             "rebuild_turns": len(measured),
-            "rebuild_ttft_s_median": _median([r.rebuild_ttft_s for r in measured]),
+            "rebuild_ttft_s_median": _median(_known(r.rebuild_ttft_s for r in measured)),
             "ttft_ratio_vs_rebuild": ratio(
-                sum(r.rebuild_ttft_s for r in measured), sum(r.wait_s for r in measured)
+                sum(_known(r.rebuild_ttft_s for r in measured)), sum(r.wait_s for r in measured)
             )
             if measured
             else None,
             "ttft_ratio_vs_rebuild_non_collapse": ratio(
-                sum(r.rebuild_ttft_s for r in measured_steady),
+                sum(_known(r.rebuild_ttft_s for r in measured_steady)),
                 sum(r.wait_s for r in measured_steady),
             )
             if measured_steady
@@ -206,22 +210,23 @@ class TurnsResult:
             # Prefill work against rebuilding, the cache warming after collapses included.
             "prefill_ratio_vs_rebuild": ratio(
                 sum(r.prefilled_tokens + r.warm_prefilled_tokens for r in measured),
-                sum(r.rebuild_prefilled_tokens for r in measured),
+                sum(_known(r.rebuild_prefilled_tokens for r in measured)),
             )
             if measured
             else None,
             "collapse_prefill_ratio": ratio(
-                sum(c.prefilled_tokens for c in fresh), sum(c.fresh_prefilled_tokens for c in fresh)
+                sum(c.prefilled_tokens for c in fresh),
+                sum(_known(c.fresh_prefilled_tokens for c in fresh)),
             )
             if fresh
             else None,
             "collapse_seconds_ratio": ratio(
-                sum(c.seconds for c in fresh), sum(c.fresh_seconds for c in fresh)
+                sum(c.seconds for c in fresh), sum(_known(c.fresh_seconds for c in fresh))
             )
             if fresh
             else None,
             "collapse_prefilled_mean": _mean([c.prefilled_tokens for c in collapses]),
-            "fresh_summary_prefilled_mean": _mean([c.fresh_prefilled_tokens for c in fresh]),
+            "fresh_summary_prefilled_mean": _mean(_known(c.fresh_prefilled_tokens for c in fresh)),
             "facts_added": sum(r.fact_added for r in recs),
             "seconds": sum(r.seconds for r in recs),
         }
@@ -246,6 +251,11 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def _known(values: Iterable[N | None]) -> list[N]:
+    """The values measured (a baseline measures some turns only)."""
+    return [v for v in values if v is not None]
 
 
 # -- the replay -----------------------------------------------------------------------------------
@@ -274,7 +284,7 @@ def run_turns(
     benchmarks/README measure the window and summary; a recalled block sits in one message
     only, so the turn after it prefills that message and its reply again."""
     reply_in_cache = reply_in_cache and not generate
-    settings = {
+    settings: dict[str, Any] = {
         "context_tokens": context_tokens,
         "response_reserve": response_reserve,
         "mode": "generate" if generate else "replay",
@@ -302,7 +312,10 @@ def run_turns(
         for i, (user, reply) in enumerate(exchanges):
             progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
             start = time.perf_counter()
-            result = companion.send(user) if generate else replay_turn(companion, user, reply)
+            if generate or reply is None:  # a transcript read for a replay has every reply
+                result = companion.send(user)
+            else:
+                result = replay_turn(companion, user, reply)
             seconds = time.perf_counter() - start
             record = _record(i, result, recorder.take_calls(), companion, seconds)
             record.kv_bytes_written, record.kv_bytes_new = disk.since_last()
@@ -445,7 +458,7 @@ def _fresh_summary_baseline(
     for collapse, new in zip(collapses, summaries[-len(collapses) :], strict=True):
         before = [s for s in summaries if s.id < new.id]
         previous = before[-1] if before else None
-        turns = store.turns(CONVERSATION, after_seq=previous and previous.last_seq)
+        turns = store.turns(CONVERSATION, after_seq=previous.last_seq if previous else None)
         evicted = [t for t in turns if t.seq <= new.last_seq]
         prompt = fresh_summary_prompt(window, previous, evicted)
         engine.drop_slot(FRESH_SUMMARY_SLOT)

@@ -4,8 +4,10 @@ fold the window if it is over budget, then extract at most one fact."""
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -26,7 +28,13 @@ from mlxmem.memory.dates import dated, local_day, same_day
 from mlxmem.memory.db import crash_point
 from mlxmem.memory.extraction import FactExtractor, should_extract
 from mlxmem.memory.facts import check_fact_text, duplicate_of, insert_fact, mark_replaced
-from mlxmem.memory.recall import RECALL_SHARE, query_terms, recall_line, refers_to_past
+from mlxmem.memory.recall import (
+    RECALL_SHARE,
+    RecallQuery,
+    recall_line,
+    recall_query,
+    refers_to_past,
+)
 from mlxmem.memory.store import (
     Deletion,
     Fact,
@@ -94,15 +102,47 @@ class ChatSettings:
     context_tokens: int | None = None  # the prompt's budget; None: the model's (models.toml)
 
 
+@dataclass
+class TurnTimings:
+    """Where a turn's time before its first token went, in seconds, as the Companion measures
+    it: `store_s` in the store's operations (log the message, read the window, store a fold's
+    summaries), `assembly_s` assembling and tokenizing the prompt, `engine_entry_s` from the
+    engine call to its first chunk less the engine's own time to first token (the slot
+    lookup), and `overhead_s` all the time from the turn's start to the first token that is not
+    the engine's. `store_opens`: opens of the database file before the first token and in the
+    whole turn (none while the store is held)."""
+
+    store_s: float = 0.0
+    assembly_s: float = 0.0
+    engine_entry_s: float = 0.0
+    overhead_s: float = 0.0
+    store_opens_before_first_token: int = 0
+    store_opens: int = 0
+    started: float = field(default_factory=time.perf_counter, repr=False)
+    opens_at_start: int = field(default=0, repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "store_ms": 1e3 * self.store_s,
+            "assembly_ms": 1e3 * self.assembly_s,
+            "engine_entry_ms": 1e3 * self.engine_entry_s,
+            "overhead_ms": 1e3 * self.overhead_s,
+            "store_opens_before_first_token": self.store_opens_before_first_token,
+            "store_opens": self.store_opens,
+        }
+
+
 @dataclass(frozen=True)
 class PendingTurn:
     """A turn between `Companion.begin` and `Companion.finish`: the logged message, the store
-    as the prompt was assembled from it, the prompt, and the collapses it took."""
+    as the prompt was assembled from it, the prompt, the collapses it took, and its timings
+    so far."""
 
     user: Turn
     snapshot: Snapshot
     prompt: AssembledPrompt
     collapses: list[CollapseEvent]
+    timings: TurnTimings = field(default_factory=TurnTimings)
 
 
 @dataclass
@@ -116,6 +156,7 @@ class TurnResult:
     fact_replaced: int | None = None  # the id of the fact the added one replaced
     warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
     discarded: bool = False  # a deletion raced the reply, which was shown but not logged
+    timings: TurnTimings = field(default_factory=TurnTimings)
 
     def to_dict(self) -> dict:
         return {
@@ -136,6 +177,7 @@ class TurnResult:
                 "replaces": self.fact_replaced,
             },
             "warm_prefilled_tokens": self.warm_prefilled_tokens,
+            "timings": self.timings.to_dict(),
             "facts_left_out": self.prompt.facts_left_out,
             "shortened_messages": self.prompt.shortened,
             "recalled": self.prompt.recalled,
@@ -170,6 +212,7 @@ class Companion:
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)
         self._epoch: int | None = None  # the forget epoch of the last turn
+        self._timings: TurnTimings | None = None  # the turn being begun, timed
         # The store as the last turn left it, and the store's mark() then (see _keep).
         self._kept: tuple[Snapshot, tuple[int, int]] | None = None
 
@@ -238,13 +281,12 @@ class Companion:
             if previous is not None and not same_day(previous, draft_at):
                 draft = dated(draft, draft_at)
             messages.append(Message("user", draft))
-        prompt = self.budget.assemble(
-            self.settings.instructions,
-            [f.text for f in self.prompt_facts(snap)],
-            snap.summary and snap.summary.text,
-            messages,
-            snap.summary_span,
-        )
+        facts = [f.text for f in self.prompt_facts(snap)]
+        summary = snap.summary.text if snap.summary else None
+        with self._timed("assembly"):
+            prompt = self.budget.assemble(
+                self.settings.instructions, facts, summary, messages, snap.summary_span
+            )
         if not snap.recalled:
             return prompt
         return self.budget.add_recall(
@@ -257,12 +299,12 @@ class Companion:
         them free, so a recalled turn never waits for the next collapse to fit."""
         return int(self.budget.budget * RECALL_SHARE) if self.settings.recall else 0
 
-    def recall_terms(self, text: str, at: datetime | None = None) -> list[str]:
+    def recall_terms(self, text: str, at: datetime | None = None) -> RecallQuery:
         """What to search the log for, if recall is on and `text` (written at `at`, default
-        now) may refer to the past."""
+        now) may refer to the past: an empty query otherwise."""
         if not (self.settings.recall and refers_to_past(text)):
-            return []
-        return query_terms(text, local_day(at or utc_now()).date())
+            return RecallQuery()
+        return recall_query(text, local_day(at or utc_now()).date())
 
     # -- a turn -----------------------------------------------------------------------------
 
@@ -289,7 +331,7 @@ class Companion:
     ) -> TurnResult:
         """The rest of a turn after `begin`: stream the reply, then `finish` it. `on_written`
         is called once the whole reply is out and logged, before the memory work after it."""
-        written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop)
+        written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop, turn.timings)
         interrupted = stats.finish_reason == "interrupted"
         return self.finish(
             turn, written, stats, None if interrupted else ids, on_status, on_logged=on_written
@@ -315,26 +357,42 @@ class Companion:
         # One open of the store before the model starts (none while it is held): log the
         # message (with its token ids, so that no later turn encodes it again) and read what
         # the prompt is built from, unless the store is as this Companion's last turn left it.
+        timings = TurnTimings(opens_at_start=self.store.opens)
+        self._timings = timings
+        try:
+            return self._begin(text, on_status, at, timings)
+        finally:
+            self._timings = None
+
+    def _begin(
+        self,
+        text: str,
+        on_status: Callable[[str], None] | None,
+        at: datetime | None,
+        timings: TurnTimings,
+    ) -> PendingTurn:
         terms = self.recall_terms(text, at)
         previous, mark = self._kept or (None, None)
         self._kept = None
-        user, first = self.store.append_and_snapshot(
-            self.conversation,
-            text,
-            self.engine.encode_text(text),
-            self.engine.model_id,
-            terms,
-            at=at,
-            previous=previous,
-            mark=mark,
-        )
+        with self._timed("store"):
+            user, first = self.store.append_and_snapshot(
+                self.conversation,
+                text,
+                self.engine.encode_text(text),
+                self.engine.model_id,
+                terms,
+                at=at,
+                previous=previous,
+                mark=mark,
+            )
         collapses: list[CollapseEvent] = []
         snap, prompt = self._fold_while_over_budget(on_status, 0, first, collapses)
         if collapses:  # rare: finish folds ahead. Stored now, and recall searches anew.
             made = [e.summary for e in collapses if e.summary is not None]
-            snap = self.store.add_summaries_and_snapshot(
-                self.conversation, made, first.forget_epoch, terms
-            )
+            with self._timed("store"):
+                snap = self.store.add_summaries_and_snapshot(
+                    self.conversation, made, first.forget_epoch, terms
+                )
             prompt = self._assemble(snap)
         if user.id not in {t.id for t in snap.turns}:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
@@ -345,7 +403,20 @@ class Companion:
             snap = replace(snap, turns=[t for t in snap.turns if t.seq <= user.seq])
             prompt = self._assemble(snap)
         self._after_deletions(snap.forget_epoch)
-        return PendingTurn(user, snap, prompt, collapses)
+        return PendingTurn(user, snap, prompt, collapses, timings)
+
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the block's time to the timings of the turn being begun, if any, under
+        `phase` ("store" or "assembly")."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._timings is not None:
+                name = f"{phase}_s"
+                elapsed = time.perf_counter() - start
+                setattr(self._timings, name, getattr(self._timings, name) + elapsed)
 
     def _after_deletions(self, epoch: int) -> None:
         """A deletion since this Companion's last turn (through any front end) moved the
@@ -372,6 +443,7 @@ class Companion:
         and a fact are stored together afterwards, with the cache, in one more."""
         interrupted = stats.finish_reason == "interrupted"
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
+        result.timings = turn.timings
         snap, epoch = turn.snapshot, turn.snapshot.forget_epoch
         room = self._next_message_room(snap)
         extract = not interrupted and self.settings.extract_facts and should_extract(turn.user.text)
@@ -411,12 +483,12 @@ class Companion:
             result.discarded = True
             if on_logged is not None:
                 on_logged()
-            return result
+            return self._counted(result)
         if on_logged is not None:
             on_logged()
         if not more:
             self._keep(logged)
-            return result
+            return self._counted(result)
         events: list[CollapseEvent] = []
         fact: str | None = None
         replaces: int | None = None
@@ -436,6 +508,11 @@ class Companion:
             pass  # best effort: the folds done are kept; the next turn folds first if need be
         result.collapses += events
         self._keep(self._store_derived(logged, events, fact, turn.user, result, replaces))
+        return self._counted(result)
+
+    def _counted(self, result: TurnResult) -> TurnResult:
+        """`result` with the turn's opens of the database file counted to its end."""
+        result.timings.store_opens = self.store.opens - result.timings.opens_at_start
         return result
 
     def _store_derived(
@@ -486,9 +563,16 @@ class Companion:
         mark = self.store.mark()
         self._kept = None if snap is None or mark is None else (snap, mark)
 
-    def _stream_reply(self, prompt: AssembledPrompt, on_text, should_stop=None):
+    def _stream_reply(
+        self,
+        prompt: AssembledPrompt,
+        on_text: Callable[[str], None] | None,
+        should_stop: Callable[[], bool] | None = None,
+        timings: TurnTimings | None = None,
+    ) -> tuple[str, list[int], GenerationStats]:
         parts: list[str] = []
         ids: list[int] = []
+        called, first = time.perf_counter(), None
         stream = self.engine.stream(
             prompt.tokens,
             slot=self.slot,
@@ -499,6 +583,15 @@ class Companion:
         )
         try:
             for chunk in stream:
+                if first is None:
+                    first = time.perf_counter()
+                    if timings is not None:
+                        opens = self.store.opens - timings.opens_at_start
+                        timings.store_opens_before_first_token = opens
+                if chunk.stats is not None and timings is not None:
+                    ttft = chunk.stats.ttft_s
+                    timings.engine_entry_s = max(0.0, first - called - ttft)
+                    timings.overhead_s = first - timings.started - ttft
                 parts.append(chunk.text)
                 if chunk.token is not None:
                     ids.append(chunk.token)
@@ -512,7 +605,8 @@ class Companion:
             pass
         try:  # stopped early: stop the stream, and take its final chunk with the stats
             final = stream.throw(StopGeneration())
-            return "".join(parts), ids, final.stats
+            if final.stats is not None:  # the engine's last chunk carries them
+                return "".join(parts), ids, final.stats
         except (StopGeneration, StopIteration, KeyboardInterrupt):
             pass  # the interrupt hit inside the engine, which has already wound down
         finally:
@@ -601,7 +695,7 @@ class Companion:
         """The prompt as it would be assembled now, for an unsent `draft` message if given
         (with what recall would add to it, and its date if it were sent at `at`, default now,
         on a new day); nothing is logged."""
-        terms = self.recall_terms(draft, at) if draft else []
+        terms = self.recall_terms(draft, at) if draft else RecallQuery()
         return self._assemble(self.store.snapshot(self.conversation, terms), draft, at)
 
     def remember(self, text: str) -> Fact:
