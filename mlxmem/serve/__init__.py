@@ -4,7 +4,8 @@ served; each conversation keeps its own KV slot."""
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 
-from .http import App, Server, check_binding
+from .app import App
+from .http import Server, check_binding
 from .service import ChatService, ServeConfig
 from .worker import ModelWorker
 

@@ -3,8 +3,6 @@ as mlx_lm.server), a route table, bearer-token auth, OpenAI-shaped errors, and t
 
 from __future__ import annotations
 
-import base64
-import hmac
 import ipaddress
 import json
 import re
@@ -21,10 +19,10 @@ from mlxmem import __version__
 from mlxmem.errors import InputError
 
 from . import memory_api
+from .app import App
 from .chat import chat_completions, list_models
 from .request import Request
 from .schema import ApiError, api_error, log_failure
-from .service import ChatService
 
 # A connection idle this long (no request, or a client that stops sending) is closed.
 IDLE_TIMEOUT_S = 60
@@ -54,7 +52,7 @@ PAGE_HEADERS = {
 def page(req: Request, name: str = "index.html") -> None:
     if name not in PAGE_FILES:
         raise ApiError(404, f"no page file {name!r}", "not_found")
-    data = resources.files("mlxmem.serve").joinpath("static", name).read_bytes()
+    data = resources.files("mlxmem.serve").joinpath("static").joinpath(name).read_bytes()
     req.handler.send_body(200, data, PAGE_FILES[name], PAGE_HEADERS)
 
 
@@ -95,57 +93,6 @@ def route(method: str, path: str) -> tuple[Handler, list[str]]:
     raise ApiError(404, f"no endpoint {path}", "not_found")
 
 
-class App:
-    """What every request shares: the chat service, the served model's name, the token."""
-
-    def __init__(
-        self,
-        service: ChatService,
-        default_conversation: str,
-        token: str | None = None,
-        log_requests: bool = False,
-        allow_remote: bool = False,
-    ):
-        self.service = service
-        self.model = service.config.model
-        self.default_conversation = default_conversation
-        self.token = token
-        self.log_requests = log_requests
-        self.allow_remote = allow_remote
-        self.started = int(time.time())
-
-    def check_origin(self, host: str | None, origin: str | None) -> None:
-        """Keep other web sites out of a loopback server. A page elsewhere could send
-        requests here from the person's browser, or rebind its own host name to 127.0.0.1
-        and read the answers: so the Host must name loopback (unless --allow-remote, where
-        the token guards), and a browser's Origin, when sent, must be this server's."""
-        if not host:
-            raise ApiError(400, "the request has no Host header", "invalid_header")
-        if not self.allow_remote and _host_name(host) not in LOOPBACK_NAMES:
-            raise ApiError(403, f"Host {host!r} is not this loopback server", "forbidden_host")
-        if origin is not None and origin != f"http://{host}":
-            raise ApiError(403, f"requests from {origin} are not allowed", "forbidden_origin")
-
-    def check_auth(self, header: str | None) -> None:
-        """With a token, every request carries it: `Authorization: Bearer TOKEN`, or (for a
-        browser opening the page) HTTP Basic with the token as the password."""
-        if self.token is None:
-            return
-        scheme, _, value = (header or "").partition(" ")
-        given = value.strip()
-        if scheme.lower() == "basic":
-            try:
-                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
-            except ValueError:
-                given = ""
-        elif scheme.lower() != "bearer":
-            given = ""
-        if not (given and hmac.compare_digest(given.encode(), self.token.encode())):
-            raise ApiError(
-                401, "this server needs `Authorization: Bearer TOKEN`", "invalid_api_key"
-            )
-
-
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -156,8 +103,16 @@ class Server(ThreadingHTTPServer):
         self.app = app  # set before serving
 
     @property
+    def serving(self) -> App:
+        """The app requests go to: make_server sets it before any request is served."""
+        if self.app is None:
+            raise RuntimeError("the server has no app yet")
+        return self.app
+
+    @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET or AF_INET6 address names its host as text
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self) -> threading.Thread:
@@ -169,7 +124,7 @@ class Server(ThreadingHTTPServer):
     def close(self) -> None:
         self.shutdown()
         self.server_close()
-        self.app.service.close()
+        self.serving.service.close()
 
 
 class RequestHandler(BaseHTTPRequestHandler):
@@ -215,9 +170,9 @@ class RequestHandler(BaseHTTPRequestHandler):
     do_POST = do_PATCH = do_DELETE = do_PUT = do_HEAD = do_OPTIONS = do_GET
 
     def dispatch(self) -> None:
-        app = self.server.app
         req = None
         try:
+            app = self.server.serving
             url = urlsplit(self.path)
             is_page = url.path == "/" or url.path.startswith("/static/")
             if self.command == "HEAD":
@@ -229,7 +184,7 @@ class RequestHandler(BaseHTTPRequestHandler):
                 challenge = 'Basic realm="mlxmem"' if is_page else "Bearer"
                 self.fail(exc, None, {"WWW-Authenticate": challenge})
                 return
-            req = Request(self, self.command, url.path, url.query)
+            req = Request(self, app, self.command, url.path, url.query)
             if not req.unread_body:
                 self.request_read()  # no body: the request is all here
             handler, args = route(self.command, url.path)
@@ -333,17 +288,6 @@ def check_binding(host: str, allow_remote: bool, token: str | None) -> None:
         raise InputError(
             "listening beyond this machine needs a token: --token or MLXMEM_SERVE_TOKEN"
         )
-
-
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-
-
-def _host_name(host: str) -> str:
-    """The name in a Host header, without its port: "127.0.0.1:8080", "[::1]:8080"."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _is_loopback(host: str) -> bool:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-from http.server import BaseHTTPRequestHandler
+from email.message import Message
+from io import BufferedIOBase
+from typing import Protocol
 from urllib.parse import parse_qsl
 
+from .app import App
 from .schema import ApiError
 
 # The largest request body read. A message is at most 100,000 characters (400 KB of UTF-8);
@@ -16,10 +19,29 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(), which takes "²"
 
 
+class Connection(Protocol):
+    """What an endpoint may do with the connection a request came on (serve.http's
+    RequestHandler): read the body, answer, stream, and see whether the client left."""
+
+    headers: Message
+    rfile: BufferedIOBase
+    wfile: BufferedIOBase
+    close_connection: bool
+
+    def request_read(self) -> None: ...
+    def client_gone(self) -> bool: ...
+    def send_response(self, code: int, message: str | None = None) -> None: ...
+    def send_header(self, keyword: str, value: str) -> None: ...
+    def end_headers(self) -> None: ...
+    def send_body(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None: ...
+
+
 class Request:
-    def __init__(self, handler: BaseHTTPRequestHandler, method: str, path: str, query: str):
+    def __init__(self, handler: Connection, app: App, method: str, path: str, query: str):
         self.handler = handler
-        self.app = handler.server.app  # the serve.http.App every request shares
+        self.app = app  # what every request shares
         self.method = method
         self.path = path
         self.query = dict(parse_qsl(query))

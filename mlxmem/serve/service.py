@@ -143,13 +143,14 @@ class ChatService:
 
     def _settings(self, request: ChatRequest) -> ChatSettings:
         """The server's settings with the sampling options this request set."""
-        wanted = {
-            "temp": request.temperature,
-            "top_p": request.top_p,
-            "max_tokens": request.max_tokens,
-            "seed": request.seed,
-        }
-        return replace(self.config.settings, **{k: v for k, v in wanted.items() if v is not None})
+        settings = self.config.settings
+        return replace(
+            settings,
+            temp=settings.temp if request.temperature is None else request.temperature,
+            top_p=settings.top_p if request.top_p is None else request.top_p,
+            max_tokens=settings.max_tokens if request.max_tokens is None else request.max_tokens,
+            seed=settings.seed if request.seed is None else request.seed,
+        )
 
 
 def check_history(store: Store, conversation: str, history: list[tuple[str, str]]) -> None:
