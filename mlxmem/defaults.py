@@ -21,6 +21,6 @@ DEFAULT_SLOT_MEMORY_BYTES = 2 * 1024**3
 # Recall old turns from the log into a message that may refer to the past. Decided by
 # `mlxmem eval locomo` (configuration `recall` against `window` and `mlxmem`), not by taste:
 # with Qwen2.5-Coder-1.5B, on 77 questions of the five development conversations, recall -
-# window was +0.161 F1 [+0.09, +0.23] and recall - mlxmem +0.14 [+0.08, +0.21] (README,
-# "Does it remember?").
+# window was +0.161 F1 [+0.09, +0.23] and recall - mlxmem +0.14 [+0.08, +0.21]
+# (docs/memory-quality.md, "In one conversation").
 DEFAULT_RECALL = True
