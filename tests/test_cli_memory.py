@@ -241,6 +241,26 @@ def test_a_fact_that_replaces_another_leaves_it_listed_out_of_the_prompt():
     assert [p for p in home.rglob("*") if p.is_file() and b"Lisbon" in p.read_bytes()] == []
 
 
+def test_a_replacement_made_in_error_is_undone_by_restore():
+    mlxmem("memory", "add", "I live in Lisbon")
+    mlxmem("memory", "add", "I moved to Porto", "--replaces", "1")
+    said = mlxmem("memory", "restore", "1").stdout
+    assert "Fact 1 is current again" in said and "'I live in Lisbon'" in said
+    assert [(f["id"], f["replaced_by"]) for f in as_json("memory", "list", "--all")] == [
+        (1, None),
+        (2, None),
+    ]
+    assert [f.text for f in Store().snapshot("default").facts] == [
+        "I live in Lisbon",
+        "I moved to Porto",
+    ]
+    assert "fact 1 is not replaced" in error("memory", "restore", "1")
+    assert "no fact with id 9" in error("memory", "restore", "9")
+    # Replaced again after the restore: the same fact can be replaced anew.
+    mlxmem("memory", "add", "I moved to Faro", "--replaces", "1")
+    assert [f["text"] for f in as_json("memory", "list")] == ["I moved to Porto", "I moved to Faro"]
+
+
 def test_deleting_the_replacing_fact_says_the_old_one_is_current_again():
     mlxmem("memory", "add", "I live in Lisbon")
     mlxmem("memory", "add", "I moved to Porto", "--replaces", "1")

@@ -375,6 +375,13 @@ def test_memory_api_facts_round_trip_into_the_next_prompt_and_gone_for_good():
         )
         bad = request(server, "POST", "/v1/memory/facts", {"text": "x y", "replaces": "1"})
         assert_error(bad, 400, "invalid_value")
+        # A replacement made in error: the old fact is current again, the new one stays.
+        restored = request(server, "POST", f"/v1/memory/facts/{bees}/restore", {})
+        assert restored[0] == 200 and restored[1]["replaced_by"] is None
+        current = [f["text"] for f in request(server, "GET", "/v1/memory/facts")[1]["data"]]
+        assert current == ["I keep bees", "I keep wasps"]
+        assert_error(request(server, "POST", f"/v1/memory/facts/{bees}/restore", {}), 400)
+        assert_error(request(server, "POST", "/v1/memory/facts/999/restore", {}), 404)
         Store().delete_facts([f.id for f in Store().facts(replaced=True)])
     assert Store().facts(replaced=True) == []
     home = Store().path.parent

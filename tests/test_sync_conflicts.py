@@ -185,6 +185,21 @@ def test_a_replacement_travels_and_its_deletion_brings_the_old_fact_back_everywh
     assert files_containing(folder.parent, "Porto") == []
 
 
+def test_a_restore_travels_as_a_newer_version(devices):
+    a, b, folder = devices
+    on(a, "memory", "add", "I live in Lisbon")
+    on(a, "memory", "add", "I moved to Porto", "--replaces", "1")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    assert facts(b) == ["I moved to Porto"]
+    lisbon = next(f for f in json.loads(on(b, "memory", "list", "--all", "--json").stdout)
+                  if f["text"] == "I live in Lisbon")  # fmt: skip
+    on(b, "memory", "restore", str(lisbon["id"]))
+    for home in (b, a):
+        on(home, "sync")
+    assert facts(a) == facts(b) == ["I live in Lisbon", "I moved to Porto"]
+
+
 def test_version_vectors_order_edits_by_what_each_saw():
     a, b = "6c1d3b0e-9a3f-4f43-8b8e-2f1c4d5e6a7b", "0b5c0a52-8e7b-4a39-9d3c-6f4a0f3f8f11"
     assert clock_order({a: 1}, {a: 1}) == "same"

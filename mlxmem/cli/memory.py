@@ -13,7 +13,7 @@ from .common import JSON, as_record, confirm, out, plain_typer, plural, print_js
 
 app = plain_typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
-    "you) or automatic (extracted from a chat); list, add, edit and delete them.",
+    "you) or automatic (extracted from a chat); list, add, edit, restore and delete them.",
     no_args_is_help=True,
 )
 
@@ -80,6 +80,19 @@ def edit_fact(
     """Replace a fact's text; the old text is erased from disk."""
     Store().edit_fact(fact_id, text)
     say(f"Updated fact {fact_id}.")
+
+
+@app.command("restore")
+def restore_fact(
+    fact_id: int = typer.Argument(
+        ..., metavar="ID", help="The replaced fact's id (see `memory list --all`)."
+    ),
+) -> None:
+    """Make a replaced fact current again, when it was replaced in error (an automatic
+    replacement can be wrong). It returns to the prompt; the fact that replaced it stays:
+    delete it with `memory rm` if it is wrong."""
+    fact = Store().restore_fact(fact_id)
+    say(f"Fact {fact.id} is current again: '{fact.text}'.")
 
 
 # Module-level, as ruff's B008 asks for a default typed as a (mutable) list.

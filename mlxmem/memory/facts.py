@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import duckdb
@@ -83,6 +83,19 @@ class FactList(Database):
             if replaces is not None:
                 mark_replaced(con, replaces, fact.id, now)
             return fact
+
+    def restore_fact(self, fact_id: int) -> Fact:
+        """Make a replaced fact current again (a replacement made in error): it returns to the
+        prompt from the next reply; the fact that replaced it stays, current too. A new
+        version of the fact, so that the restore travels to other devices as an edit does.
+        InputError if the fact is not replaced."""
+        with self.connect() as con:
+            fact = get_fact(con, fact_id)
+            if fact.replaced_by is None:
+                raise InputError(f"fact {fact_id} is not replaced; nothing to restore")
+            now = utc_now()
+            _set_replaced(con, fact_id, None, now)
+            return replace(fact, updated_at=now, replaced_by=None, replaced_at=None)
 
 
 def insert_fact(
@@ -193,21 +206,29 @@ def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: da
     stored = version_of(con, fact_id)
     if stored is None or stored.replaced_by is not None:
         return False
-    version, clock = stored.version, stored.clock
+    _set_replaced(con, fact_id, by, now)
+    return True
+
+
+def _set_replaced(
+    con: duckdb.DuckDBPyConnection, fact_id: int, by: int | None, now: datetime
+) -> None:
+    """A new version of a stored fact, replaced by fact `by` (None: current again)."""
+    stored = version_of(con, fact_id)
+    assert stored is not None
     device, _ = device_of(con)
     con.execute(
         "UPDATE facts SET replaced_by = (SELECT uid FROM facts WHERE id = ?), replaced_at = ?,"
         " updated_at = ?, device_uid = NULL, version = ?, clock = ? WHERE id = ?",
         [
             by,
+            None if by is None else to_db(now),
             to_db(now),
-            to_db(now),
-            version + 1,
-            edited_clock(stored_clock(clock, version), device),
+            stored.version + 1,
+            edited_clock(stored_clock(stored.clock, stored.version), device),
             fact_id,
         ],
     )
-    return True
 
 
 def fact_of(row: tuple) -> Fact:

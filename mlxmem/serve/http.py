@@ -66,6 +66,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", r"/v1/memory/facts", memory_api.add_fact),
     ("PATCH", r"/v1/memory/facts/(\d{1,18})", memory_api.edit_fact),
     ("DELETE", r"/v1/memory/facts/(\d{1,18})", memory_api.delete_fact),
+    ("POST", r"/v1/memory/facts/(\d{1,18})/restore", memory_api.restore_fact),
     ("GET", r"/v1/memory/conversations", memory_api.list_conversations),
     ("GET", r"/v1/memory/conversations/([^/]+)", memory_api.show_conversation),
     ("PATCH", r"/v1/memory/conversations/([^/]+)", memory_api.set_conversation),

@@ -34,6 +34,13 @@ def edit_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     return 200, as_record(fact)
 
 
+def restore_fact(req: Request, fact_id: str) -> tuple[int, dict]:
+    """Make a replaced fact current again (as `memory restore`). The body is `{}`: asking for
+    a JSON body keeps other sites' pages out, which may POST text/plain without asking."""
+    req.json()
+    return 200, as_record(_store(req).restore_fact(int(fact_id)))
+
+
 def delete_fact(req: Request, fact_id: str) -> tuple[int, dict]:
     """`?with_mentions=true` also deletes the turns that quote the fact (as `memory rm
     --with-mentions`); without it they are listed under `mentions`."""

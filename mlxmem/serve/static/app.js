@@ -234,8 +234,23 @@ function factItem(fact) {
     ...replaced);
   const edit = el("button", { class: "edit", onclick: () => startEdit(item, fact) }, "edit");
   const remove = el("button", { class: "delete", onclick: () => deleteFact(fact.id) }, "delete");
+  if (fact.replaced_by !== null) {
+    item.append(el("button", { class: "restore", onclick: () => restoreFact(fact.id) },
+      "restore"));
+  }
   item.append(edit, remove);
   return item;
+}
+
+// A replacement made in error (an automatic one can be): the old fact is current again.
+async function restoreFact(id) {
+  try {
+    await api("POST", `/v1/memory/facts/${id}/restore`, {});
+    say("fact restored: current again, back in the prompt");
+  } catch (error) {
+    say(error.message, true);
+  }
+  await refresh();
 }
 
 function startEdit(item, fact) {
