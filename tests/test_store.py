@@ -29,6 +29,9 @@ SCHEMA = {
         ("created_at", "TIMESTAMP"),
         ("last_seq", "INTEGER"),
         ("private", "BOOLEAN"),
+        ("private_version", "INTEGER"),
+        ("private_at", "TIMESTAMP"),
+        ("private_device", "VARCHAR"),
     ],
     "messages": [
         ("id", "BIGINT"),
@@ -132,6 +135,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m013_private_conversations",),
             ("m014_fact_clocks",),
             ("m015_fact_replacements",),
+            ("m016_private_versions",),
         ]
     assert store.path == paths.db_path()
 

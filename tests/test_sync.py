@@ -18,10 +18,14 @@ import pytest
 from conftest import cli, files_containing, on
 
 from mlxmem import paths
+from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
+from mlxmem.memory.recall import recall_query
+from mlxmem.memory.records import check_record
 from mlxmem.memory.store import Store
 from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.turns import conversation_uid
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-SYNC-4711"
@@ -450,12 +454,18 @@ def test_status_shows_devices_last_sync_and_pending_changes(devices):
     on(a, "memory", "add", "pending fact")
     chat(a, "default", "pending turn")
     found = json.loads(on(a, "sync", "--status", "--json").stdout)
-    assert found["pending"] == {"messages": 2, "facts": 1, "tombstones": 0, "files_to_rewrite": 0}
+    assert found["pending"] == {
+        "messages": 2,
+        "facts": 1,
+        "tombstones": 0,
+        "conversations": 0,
+        "files_to_rewrite": 0,
+    }
     assert sorted(d["this_device"] for d in found["devices"]) == [False, True]
     assert all(d["last_sync"] and d["name"] for d in found["devices"])
     on(a, "sync")
     found = json.loads(on(a, "sync", "--status", "--json").stdout)
-    assert found["pending"] == {"messages": 0, "facts": 0, "tombstones": 0, "files_to_rewrite": 0}
+    assert set(found["pending"].values()) == {0}
     text = on(a, "sync", "--status").output
     assert "this device" in text and "Pending here: 0 turns" in text
 
@@ -590,6 +600,82 @@ def test_a_deleted_conversation_goes_on_the_other_device_too(devices):
         on(home, "sync")
     assert conversations(a) == conversations(b) == [("default", 2)]
     assert files_containing(folder.parent, MARKER) == []
+
+
+def private(home):
+    return {
+        c["name"]: c["private"] for c in json.loads(on(home, "history", "list", "--json").stdout)
+    }
+
+
+def test_a_private_flag_travels_and_keeps_the_turns_out_of_recall_on_every_device(devices):
+    a, b, folder = devices
+    chat(a, "diary", f"Kohlrabi stew recipe {MARKER}")
+    on(a, "history", "private", "diary")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    assert private(b) == {"diary": True}
+    os.environ["MLXMEM_HOME"] = str(b)
+    query = recall_query("What about the kohlrabi stew?")
+    assert Store().snapshot("default", query).recalled == []
+    # Let back in on B: A follows, and the turn is recalled there.
+    on(b, "history", "private", "diary", "--off")
+    for home in (b, a):
+        on(home, "sync")
+    assert private(a) == {"diary": False}
+    os.environ["MLXMEM_HOME"] = str(a)
+    assert MARKER in " ".join(t.text for t in Store().snapshot("other", query).recalled)
+    # Deleted: the flag's record goes with the conversation, and no file names it.
+    on(a, "history", "rm", "-c", "diary", "--all", "--yes")
+    for home in (a, b):
+        on(home, "sync")
+    assert private(a) == private(b) == {}
+    assert files_containing(folder.parent, "diary") == []
+
+
+def test_a_conversation_made_private_before_its_turns_arrive_is_private_from_the_first(devices):
+    a, b, folder = devices
+    os.environ["MLXMEM_HOME"] = str(a)
+    Store().set_private("default", create=True)  # as `chat --private` does, before a turn
+    chat(a, "default", f"Kohlrabi stew recipe {MARKER}")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    assert private(b) == {"default": True}
+    os.environ["MLXMEM_HOME"] = str(b)
+    query = recall_query("What about the kohlrabi stew?")
+    assert Store().snapshot("elsewhere", query).recalled == []
+
+
+def flag(version, private_, at="2026-01-02T03:04:05", name="diary"):
+    return {
+        "kind": "conversation",
+        "uid": conversation_uid(name),
+        "name": name,
+        "private": private_,
+        "version": version,
+        "updated_at": at,
+        "device": "0b5c0a52-8e7b-4a39-9d3c-6f4a0f3f8f11",
+    }
+
+
+def test_the_higher_flag_version_wins_and_private_wins_a_tie(mlxmem_home):
+    log = SyncLog()
+    log.merge([flag(2, True)])
+    assert Store().conversation("diary").private
+    log.merge([flag(1, False)])  # older: ignored
+    assert Store().conversation("diary").private
+    log.merge([flag(2, False)])  # made beside the other: private wins
+    assert Store().conversation("diary").private
+    assert log.merge([flag(3, False)]).private_changes == 1
+    assert not Store().conversation("diary").private
+    # A conversation deleted after the change is not made again by it.
+    Store().delete_conversation("diary")
+    assert log.merge([flag(9, True)]).private_changes == 0
+    assert [c.name for c in Store().conversations()] == []
+    with pytest.raises(InputError, match="does not match its name"):
+        check_record({**flag(1, True), "name": "other"})
+    with pytest.raises(InputError, match="bad 'private'"):
+        check_record(flag(1, "yes"))
 
 
 def test_a_half_copied_file_is_skipped_whole_and_read_at_the_next_sync(devices):

@@ -129,6 +129,8 @@ def _merged(merged: MergeResult) -> str:
             f"{plural(merged.deleted_turns, 'turn')} and {plural(merged.deleted_facts, 'fact')}"
         )
         parts.append(deleted + " deleted")
+    if merged.private_changes:
+        parts.append(f"{plural(merged.private_changes, 'conversation')} made private or shared")
     if merged.renumbered:
         parts.append("older turns merged in; summaries are rebuilt before the next reply")
     if merged.conflicts:
@@ -168,7 +170,8 @@ def _print_status(found: dict, as_json: bool) -> None:
     p = found["pending"]
     say(
         f"Pending here: {plural(p['messages'], 'turn')}, {plural(p['facts'], 'fact version')}, "
-        f"{plural(p['tombstones'], 'deletion')} to write"
+        f"{plural(p['tombstones'], 'deletion')}, "
+        f"{plural(p['conversations'], 'private flag')} to write"
         + (f"; {plural(p['files_to_rewrite'], 'file')} to rewrite" if p["files_to_rewrite"] else "")
         + "."
     )

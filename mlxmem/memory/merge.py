@@ -14,6 +14,7 @@ the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is
   device), picks the text the fact keeps (a slow clock cannot undo a later edit), and the other
   text becomes a fact of its own (reported in MergeResult.conflicts), so neither edit is lost.
   Between versions from before vectors, the counters alone decide.
+- A conversation's private flag: the higher version wins, private wins a tie.
 Each step is one transaction and can be repeated: a merge cut short anywhere is finished by the
 next one, and a merge that finds nothing new changes nothing.
 """
@@ -54,6 +55,7 @@ class MergeResult:
     deleted_turns: int = 0
     deleted_facts: int = 0
     renumbered: list[str] = field(default_factory=list)  # conversations whose turns moved
+    private_changes: int = 0  # conversations whose private flag changed
     # Facts two devices edited before they met: (the fact, which took the winning text; the
     # fact added to keep this side's text; the device that wrote that text).
     conflicts: list[tuple[int, int, str]] = field(default_factory=list)
@@ -65,11 +67,61 @@ def merge_records(db: Database, records: list[Record], device: str) -> MergeResu
     result = MergeResult()
     _merge_tombstones(db, [r for r in records if r["kind"] == "tombstone"], result)
     crash_point("sync:tombstones-merged")
-    _merge_messages(db, [r for r in records if r["kind"] == "message"], device, result)
+    messages = [r for r in records if r["kind"] == "message"]
+    # Before the turns: a private conversation's turns must never be recallable here, not even
+    # between two steps of a merge cut short.
+    _merge_private(
+        db, [r for r in records if r["kind"] == "conversation"], messages, device, result
+    )
+    _merge_messages(db, messages, device, result)
     crash_point("sync:messages-merged")
     _merge_facts(db, [r for r in records if r["kind"] == "fact"], device, result)
     crash_point("sync:facts-merged")
     return result
+
+
+def _merge_private(
+    db: Database, records: list[Record], messages: list[Record], device: str, result: MergeResult
+) -> None:
+    """A conversation's private flag: the higher version wins, private wins a tie (two changes
+    made beside each other keep it out of recall). A conversation not here yet is created (at
+    its first turn among `messages`, else at the change), so that its turns are private from
+    the first, unless it was deleted after the change."""
+    if not records:
+        return
+    first: dict[str, datetime] = {}
+    for m in messages:
+        at = timestamp(m["created_at"])
+        first[m["conversation"]] = min(at, first.get(m["conversation"], at))
+    with db.connect() as con:
+        for r in records:
+            at = timestamp(r["updated_at"])
+            gone = con.execute(
+                "SELECT max(deleted_at) FROM tombstones WHERE uid = ?", [r["uid"]]
+            ).fetchone()
+            if gone and gone[0] is not None and gone[0] >= at:
+                continue
+            cid = conversation_id(con, r["name"], create=min(at, first.get(r["name"], at)))
+            private, version = one_row(
+                con.execute(
+                    "SELECT private, private_version FROM conversations WHERE id = ?", [cid]
+                )
+            )
+            incoming = r["version"], r["private"]
+            if incoming <= (version, private):  # (n, True) beats (n, False)
+                continue
+            con.execute(
+                "UPDATE conversations SET private = ?, private_version = ?, private_at = ?,"
+                " private_device = ? WHERE id = ?",
+                [
+                    r["private"],
+                    r["version"],
+                    to_db(at),
+                    None if r["device"] == device else r["device"],
+                    cid,
+                ],
+            )
+            result.private_changes += 1
 
 
 def _merge_tombstones(db: Database, records: list[Record], result: MergeResult) -> None:

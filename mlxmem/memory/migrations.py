@@ -376,6 +376,21 @@ def m015_fact_replacements(con: duckdb.DuckDBPyConnection) -> None:
     con.begin()
 
 
+# The private flag travels by sync as a record of its own (kind "conversation"): each change
+# adds one to its version (the higher version wins on every device, whatever the clocks say;
+# between two changes made beside each other, private wins), and says when and on which device
+# (NULL: this one). A conversation made private before this counts as changed once, at its
+# creation, so that it travels too.
+@migration
+def m016_private_versions(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE conversations ADD COLUMN private_version INTEGER NOT NULL DEFAULT 0")
+    con.execute("ALTER TABLE conversations ADD COLUMN private_at TIMESTAMP")
+    con.execute("ALTER TABLE conversations ADD COLUMN private_device VARCHAR")
+    con.execute(
+        "UPDATE conversations SET private_version = 1, private_at = created_at WHERE private"
+    )
+
+
 FACTS_DB = "facts_db"
 
 

@@ -1,12 +1,17 @@
 """Changes as records: what a sync folder's change files and an export file hold.
 
-Three kinds, one JSON object each, every one naming the device that wrote it:
+Four kinds, one JSON object each, every one naming the device that wrote it:
 - message: a turn, immutable, by uid, with its conversation's name (and uid, derived from it);
 - fact: one version of a fact: its version vector (`clock`: how many of the fact's edits each
   device made, this one included) tells whether it descends from the version a device holds
   or was made beside it; between two made beside each other, its version counter (each edit
   adds one), then (updated_at, device), decide which text the fact keeps;
-- tombstone: a deletion: a uid, what it was, and when; never the deleted text.
+- tombstone: a deletion: a uid, what it was, and when; never the deleted text;
+- conversation: whether a conversation is private (kept out of recall in the others), with the
+  version of that flag (each change adds one; the higher wins, and private wins a tie, so two
+  changes made beside each other keep it out of recall). Only for a conversation whose flag
+  was ever set. An mlxmem from before this kind skips a file that holds one, and reads it
+  once upgraded (a skipped file is read again at the next sync).
 """
 
 from __future__ import annotations
@@ -85,10 +90,16 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
         " ORDER BY deleted_at, uid",
         [device],
     ).fetchall()
+    conversations = con.execute(
+        "SELECT name, private, private_version, private_at, coalesce(private_device, ?)"
+        " FROM conversations WHERE private_version > 0 ORDER BY id",
+        [device],
+    ).fetchall()
     return (
         [message_record(*row) for row in messages]
         + [fact_record(*row) for row in facts]
         + [tombstone_record(*row) for row in tombstones]
+        + [conversation_record(*row) for row in conversations]
     )
 
 
@@ -147,6 +158,18 @@ def tombstone_record(uid, of, deleted_at, device) -> Record:
         "uid": uid,
         "of": of,
         "deleted_at": iso(deleted_at),
+        "device": device,
+    }
+
+
+def conversation_record(name, private, version, updated_at, device) -> Record:
+    return {
+        "kind": "conversation",
+        "uid": conversation_uid(name),
+        "name": name,
+        "private": bool(private),
+        "version": version,
+        "updated_at": iso(updated_at),
         "device": device,
     }
 
@@ -264,6 +287,8 @@ def check_record(record: object) -> Record:
         )
     if kind == "message" and record["conversation_uid"] != conversation_uid(record["conversation"]):
         raise InputError("message record whose conversation_uid does not match its name")
+    if kind == "conversation" and record["uid"] != conversation_uid(record["name"]):
+        raise InputError("conversation record whose uid does not match its name")
     return record
 
 
@@ -307,6 +332,14 @@ _FIELDS = {
         "uid": _is_uuid,
         "of": lambda v: v in TOMBSTONE_KINDS,
         "deleted_at": _is_time,
+        "device": _is_uuid,
+    },
+    "conversation": {
+        "uid": _is_uuid,
+        "name": _is_name,
+        "private": lambda v: isinstance(v, bool),
+        "version": lambda v: type(v) is int and 1 <= v <= MAX_VERSION,
+        "updated_at": _is_time,
         "device": _is_uuid,
     },
 }

@@ -31,8 +31,9 @@ class SyncLog(Database):
         return self._device
 
     def changes(self) -> list[Record]:
-        """Everything the file holds as sync records: every turn, every fact's current version
-        and every tombstone, the rows written here named as this device's."""
+        """Everything the file holds as sync records: every turn, every fact's current
+        version, every tombstone and every private flag ever set, the rows written here named
+        as this device's."""
         device, _ = self.device()
         with self.connect() as con:
             return local_records(con, device)
@@ -65,11 +66,12 @@ class SyncLog(Database):
 
     def changes_digest(self, others: Collection[str]) -> str:
         """A fingerprint of what decides this device's own sync stream: the turns it writes
-        (its own, and those of devices not in `others`), every fact as stored and every
-        tombstone. While it is unchanged, the stream has nothing to gain or lose: a turn of a
-        device in `others` merged in leaves it as it was, and every deletion or fact edit
-        changes it (a deletion adds a tombstone). Whether a fact or tombstone's device is in
-        `others` is part of it, so the same digest under other `others` means the same stream."""
+        (its own, and those of devices not in `others`), every fact as stored, every tombstone
+        and every private flag ever set. While it is unchanged, the stream has nothing to gain
+        or lose: a turn of a device in `others` merged in leaves it as it was, and every
+        deletion, fact edit or flag change changes it (a deletion adds a tombstone). Whether a
+        record's device is in `others` is part of it, so the same digest under other `others`
+        means the same stream."""
         with self.connect() as con:
             return _changes_digest(con, list(others))
 
@@ -85,7 +87,10 @@ def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
             " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, coalesce(list_contains("
             "  $1::VARCHAR[], device_uid), false))), 0) FROM facts f),"
             " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t, coalesce(list_contains("
-            "  $1::VARCHAR[], device_uid), false))), 0) FROM tombstones t))",
+            "  $1::VARCHAR[], device_uid), false))), 0) FROM tombstones t),"
+            " (SELECT count(*) || '/' || coalesce(bit_xor(hash(name, private, private_version,"
+            "  private_at, coalesce(list_contains($1::VARCHAR[], private_device), false))), 0)"
+            "  FROM conversations WHERE private_version > 0))",
             [others],
         )
     )

@@ -124,8 +124,15 @@ class TurnLog(Database):
         a conversation not yet written to is created, so that its first turn is private."""
         check_text(name, "conversation name", allow_empty=False)
         with self.connect() as con:
-            cid = conversation_id(con, name, create=utc_now() if create else None)
-            con.execute("UPDATE conversations SET private = ? WHERE id = ?", [private, cid])
+            now = utc_now()
+            cid = conversation_id(con, name, create=now if create else None)
+            # A change is a new version of the flag, which sync carries (records.py); setting
+            # it to what it is changes nothing.
+            con.execute(
+                "UPDATE conversations SET private = $1, private_version = private_version + 1,"
+                " private_at = $2, private_device = NULL WHERE id = $3 AND private <> $1",
+                [private, to_db(now), cid],
+            )
             row = one_row(con.execute(f"{_CONVERSATIONS} WHERE c.id = ? GROUP BY ALL", [cid]))
         return _conversation(row)
 

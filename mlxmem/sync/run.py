@@ -210,6 +210,7 @@ def status(log: SyncLog, root: Path | None = None, passphrase: str | None = None
             "messages": kinds.count("message"),
             "facts": kinds.count("fact"),
             "tombstones": kinds.count("tombstone"),
+            "conversations": kinds.count("conversation"),
             "files_to_rewrite": len(plan.rewrites),
         },
         "storage": storage,
