@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -166,6 +167,38 @@ def test_baselines_can_be_skipped():
     assert result["collapse_prefill_ratio"] is None
 
 
+NOTING_S = 0.25  # how long the fake model takes to note a fact (wide margins: not a speed test)
+
+
+def slow_facts(prompt: str) -> str:
+    if "durable facts" in prompt:
+        time.sleep(NOTING_S)
+        return "NONE"
+    return "A reply written by the model, word for word."
+
+
+def test_memory_work_in_the_background_moves_the_wait_to_while_the_person_types():
+    exchanges = bench.synthetic_transcript(6)
+    common = dict(facts=True, rebuild_every=0, fresh_summaries=False)
+    at_once = run_turns(
+        FakeEngine(slow_facts), exchanges, 1024, 64, compare_foreground=True, **common
+    ).to_dict()
+    check_turns(at_once)
+    # The person may type as soon as the reply is logged; done first, the memory work
+    # (noting a fact, each turn) held the next message back.
+    assert at_once["wait_after_reply_ms_p95"] < NOTING_S * 1e3 * 0.8
+    assert at_once["foreground_wait_after_reply_ms_median"] >= NOTING_S * 1e3
+    # Sent at once, the next message waits for that work instead...
+    assert at_once["wait_before_reply_ms_median"] >= NOTING_S * 1e3
+    # ...unless the person takes longer to read and type than the work takes.
+    typing = run_turns(
+        FakeEngine(slow_facts), exchanges, 1024, 64, think_s=2 * NOTING_S, **common
+    ).to_dict()
+    assert typing["settings"]["think_s"] == 2 * NOTING_S
+    assert typing["wait_before_reply_ms_median"] < NOTING_S * 1e3 * 0.8
+    assert len(typing["per_turn"]) == 6
+
+
 def test_generate_mode_lets_the_model_write_the_replies():
     exchanges = [(text, None) for text, _ in bench.synthetic_transcript(10)]
     engine = FakeEngine(lambda prompt: "A reply written by the model, word for word.")
@@ -235,6 +268,10 @@ def test_bench_turns_end_to_end(tiny_model, transcript, tmp_path):
     check_turns(report)
     assert report["ttft_ratio_vs_rebuild"] > 0
     assert report["kv_bytes_written_per_turn"] > 0 and report["kv_bytes_new_per_turn"] > 0
+    # The person's waits, with the memory work in the background and (second pass) done first.
+    assert report["settings"]["background"] is True
+    assert 0 <= report["wait_after_reply_ms_median"] <= report["wait_after_reply_ms_p95"]
+    assert report["foreground_wait_after_reply_ms_p95"] is not None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     runs = invoke("history", "--db", str(db))

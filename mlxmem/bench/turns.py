@@ -20,9 +20,12 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +36,6 @@ from mlxmem.bench.common import (
     RecordingEngine,
     no_progress,
     ratio,
-    replay_turn,
     synthetic_exchanges,
 )
 from mlxmem.engine import Engine, Message
@@ -43,6 +45,7 @@ from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store, Summary, Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow
+from mlxmem.model_thread import ModelJobs
 
 N = TypeVar("N", int, float)
 
@@ -146,6 +149,10 @@ class TurnRecord:
     # it holds that the previous save did not.
     kv_bytes_written: int = 0
     kv_bytes_new: int = 0
+    # What the person waited, as at the REPL (see _as_a_person): from the reply logged to the
+    # next message accepted, and from Enter to the model starting on this message.
+    wait_after_reply_ms: float = 0.0
+    wait_before_reply_ms: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,6 +162,7 @@ class TurnRecord:
 class TurnsResult:
     records: list[TurnRecord]
     settings: dict
+    foreground: dict[str, float | None] = field(default_factory=dict)  # see run_turns
 
     def summary(self) -> dict:
         """The headline figures, as `bench turns --json` reports them."""
@@ -228,6 +236,8 @@ class TurnsResult:
             "collapse_prefilled_mean": _mean([c.prefilled_tokens for c in collapses]),
             "fresh_summary_prefilled_mean": _mean(_known(c.fresh_prefilled_tokens for c in fresh)),
             "facts_added": sum(r.fact_added for r in recs),
+            **waits([(r.wait_after_reply_ms, r.wait_before_reply_ms) for r in recs]),
+            **self.foreground,
             "seconds": sum(r.seconds for r in recs),
         }
 
@@ -238,6 +248,25 @@ class TurnsResult:
             **self.summary(),
             "per_turn": [r.to_dict() for r in self.records],
         }
+
+
+def waits(pairs: Sequence[tuple[float, float]], prefix: str = "") -> dict[str, float | None]:
+    """Median and 95th percentile of (wait_after_reply_ms, wait_before_reply_ms) pairs."""
+    out: dict[str, float | None] = {}
+    for name, values in (
+        zip(("wait_after_reply_ms", "wait_before_reply_ms"), zip(*pairs, strict=True), strict=True)
+        if pairs
+        else ()
+    ):
+        out[f"{prefix}{name}_median"] = statistics.median(values)
+        out[f"{prefix}{name}_p95"] = _p95(values)
+    return out
+
+
+def _p95(values: Sequence[float]) -> float:
+    """The 95th percentile (nearest rank): the wait 19 turns in 20 stay under."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-95 * len(ordered) // 100) - 1)]
 
 
 def _share(pairs: Sequence[tuple[int, int]]) -> float | None:
@@ -276,13 +305,21 @@ def run_turns(
     recall: bool = False,
     seed: int = DEFAULT_BENCH_SEED,
     progress: Progress = no_progress,
+    background: bool = True,
+    think_s: float = 0.0,
+    compare_foreground: bool = False,
 ) -> TurnsResult:
     """Replay `exchanges` through a Companion on a scratch database and measure every turn.
 
     Baseline (a) runs on every `rebuild_every`-th turn (0: never); baseline (b) after every
     collapse when `fresh_summaries`. Recall is off unless `recall`: the figures recorded in
     benchmarks/README measure the window and summary; a recalled block sits in one message
-    only, so the turn after it prefills that message and its reply again."""
+    only, so the turn after it prefills that message and its reply again.
+
+    The messages are sent as a person at the REPL sends them (see _as_a_person): with
+    `background`, the memory work after a reply runs while they read and type for `think_s`.
+    `compare_foreground` replays the exchanges a second time with the memory work done before
+    the next message is accepted (no baselines), and reports its waits as `foreground_*`."""
     reply_in_cache = reply_in_cache and not generate
     settings: dict[str, Any] = {
         "context_tokens": context_tokens,
@@ -295,6 +332,8 @@ def run_turns(
         "reply_in_cache": reply_in_cache,
         "recall": recall,
         "seed": seed,
+        "background": background,
+        "think_s": think_s,
     }
     settings["tokens_per_word"] = tokens_per_word(engine, exchanges)
     recorder = RecordingEngine(engine)
@@ -307,30 +346,144 @@ def run_turns(
         companion = Companion(recorder, store, CONVERSATION, context_tokens, response_reserve, chat)
         settings["response_reserve"] = companion.budget.reserve
         settings["summary_cap"] = companion.window.summary_cap
-        collapsed_after_reply = False
         disk = SaveMeter(engine, companion.slot)
-        for i, (user, reply) in enumerate(exchanges):
-            progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
+
+        def record(turn: RanTurn, result: TurnResult) -> None:
+            """The turn's figures, then what stands in for decoding and the baselines (on the
+            model's thread, between turns, in no wait)."""
+            rec = _record(turn.index, result, recorder.take_calls(), companion, turn.seconds)
+            rec.wait_after_reply_ms = turn.wait_after_reply_ms
+            rec.wait_before_reply_ms = turn.wait_before_reply_ms
+            rec.kv_bytes_written, rec.kv_bytes_new = disk.since_last()
+            rec.collapse_turn = turn.collapsed_after_previous or bool(rec.collapses)
+            turn.collapsed_after = any(not c.before_reply for c in rec.collapses)
+            if reply_in_cache and not turn.collapsed_after:
+                rec.reply_prefilled_tokens = reply_into_cache(engine, companion, result)
+            if fresh_summaries and rec.collapses:
+                _fresh_summary_baseline(engine, companion, rec.collapses)
+            if rebuild_every and turn.index % rebuild_every == 0:
+                _rebuild_baseline(engine, result, rec)
+            records.append(rec)
+
+        def one_turn(i: int, user: str, reply: str | None) -> TurnResult:
+            """On the model's thread: the turn as a chat runs it, the reply replayed unless
+            `generate`."""
+            turn = ran[i]
             start = time.perf_counter()
-            if generate or reply is None:  # a transcript read for a replay has every reply
-                result = companion.send(user)
+            pending = companion.begin(user)
+            turn.model_started = time.perf_counter()
+
+            def logged() -> None:
+                turn.logged_at = time.perf_counter()
+                turn.logged.set()
+
+            if generate or reply is None:
+                result = companion.reply(pending, on_written=logged)
             else:
-                result = replay_turn(companion, user, reply)
-            seconds = time.perf_counter() - start
-            record = _record(i, result, recorder.take_calls(), companion, seconds)
-            record.kv_bytes_written, record.kv_bytes_new = disk.since_last()
-            record.collapse_turn = collapsed_after_reply or bool(record.collapses)
-            collapsed_after_reply = any(not c.before_reply for c in record.collapses)
-            if reply_in_cache and not collapsed_after_reply:
-                record.reply_prefilled_tokens = reply_into_cache(engine, companion, result)
-            if fresh_summaries and record.collapses:
-                _fresh_summary_baseline(engine, companion, record.collapses)
-            if rebuild_every and i % rebuild_every == 0:
-                _rebuild_baseline(engine, result, record)
-            records.append(record)
+                stats = companion.engine.generate(
+                    pending.prompt.tokens, slot=companion.slot, max_tokens=1, temp=0.0
+                ).stats
+                result = companion.finish(pending, reply, stats, None, on_logged=logged)
+            turn.seconds = time.perf_counter() - start
+            return result
+
+        ran = [RanTurn(i) for i in range(len(exchanges))]
+        _as_a_person(ModelJobs(), exchanges, ran, one_turn, record, background, think_s, progress)
         progress("done", len(exchanges), len(exchanges))
         engine.drop_slot(companion.slot)
-    return TurnsResult(records, settings)
+    result = TurnsResult(records, settings)
+    if compare_foreground:
+        progress("the same turns, memory work before the next message", 0, len(exchanges))
+        again = run_turns(
+            engine, exchanges, context_tokens, response_reserve, generate=generate,
+            facts=facts, max_tokens=max_tokens, rebuild_every=0, fresh_summaries=False,
+            reply_in_cache=reply_in_cache, recall=recall, seed=seed, progress=progress,
+            background=False, think_s=think_s,
+        )  # fmt: skip
+        result.foreground = waits(
+            [(r.wait_after_reply_ms, r.wait_before_reply_ms) for r in again.records],
+            "foreground_",
+        )
+    return result
+
+
+@dataclass
+class RanTurn:
+    """When a replayed turn's moments came, as the person sees them."""
+
+    index: int
+    logged: threading.Event = field(default_factory=threading.Event)
+    model_started: float | None = None  # begin() done: the model starts on the message
+    logged_at: float | None = None  # the reply is in the log
+    seconds: float = 0.0  # the whole turn on the model's thread
+    wait_after_reply_ms: float = 0.0  # reply logged -> the next message accepted
+    wait_before_reply_ms: float = 0.0  # Enter -> the model starts this message
+    collapsed_after: bool = False  # a fold ran after this turn's reply
+    collapsed_after_previous: bool = False
+
+
+def _as_a_person(
+    model: ModelJobs,
+    exchanges: Sequence[Exchange],
+    ran: list[RanTurn],
+    one_turn: Callable[[int, str, str | None], TurnResult],
+    record: Callable[[RanTurn, TurnResult], None],
+    background: bool,
+    think_s: float,
+    progress: Progress,
+) -> None:
+    """Send the exchanges as a person at the REPL does, from a thread of their own, while this
+    thread (the one that loaded the model) runs the model's jobs. With `background`, the next
+    message is accepted once the reply is logged, and the turn's memory work goes on while the
+    person reads and types (`think_s`); the next message waits for what is left of it. Without,
+    the next message is accepted once the whole turn, memory work included, is done."""
+    failure: list[BaseException] = []
+
+    def person() -> None:
+        pending: Future[TurnResult] | None = None
+        try:
+            for i, (user, reply) in enumerate(exchanges):
+                progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
+                time.sleep(think_s)  # reading the reply and typing
+                entered = time.perf_counter()  # Enter
+                waited = 0.0
+                if pending is not None:  # the previous turn's memory work, if still running
+                    result = pending.result()
+                    waited = time.perf_counter() - entered
+                    model.call(partial(record, ran[i - 1], result))
+                    ran[i].collapsed_after_previous = ran[i - 1].collapsed_after
+                submitted = time.perf_counter()
+                pending = model.submit(partial(one_turn, i, user, reply))
+                pending.add_done_callback(partial(_set_when_done, ran[i].logged))
+                if background:
+                    ran[i].logged.wait()
+                else:
+                    pending.exception()  # waits for the whole turn
+                accepted = time.perf_counter()
+                if pending.done() and pending.exception() is not None:
+                    raise pending.exception()  # type: ignore[misc]
+                turn = ran[i]
+                turn.wait_after_reply_ms = 1e3 * max(0.0, accepted - (turn.logged_at or accepted))
+                started = turn.model_started or submitted
+                turn.wait_before_reply_ms = 1e3 * (waited + started - submitted)
+            if pending is not None:
+                result = pending.result()
+                model.call(partial(record, ran[-1], result))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            failure.append(exc)
+        finally:
+            model.close()
+
+    thread = threading.Thread(target=person, name="mlxmem-bench-person", daemon=True)
+    thread.start()
+    model.run()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+def _set_when_done(event: threading.Event, _: Future) -> None:
+    event.set()  # a turn that failed before its reply was logged: the person stops waiting
 
 
 class SaveMeter:

@@ -181,6 +181,27 @@ def turns(
         help="Recall old turns into messages about the past, as a chat does by default (off "
         "here: the recorded figures measure the window and summary).",
     ),
+    background: bool = typer.Option(
+        True,
+        "--background/--no-background",
+        help="Do each turn's memory work (folding ahead, warming the cache, noting a fact) "
+        "after the reply is logged, while the person reads and types, as the interactive chat "
+        "does; --no-background does it before the next message is accepted.",
+    ),
+    think: float = typer.Option(
+        0.0,
+        "--think",
+        min=0.0,
+        metavar="SECONDS",
+        help="How long the person reads and types between a reply and the next message "
+        "(slept): background memory work runs meanwhile. 0 sends the next message at once.",
+    ),
+    foreground: bool = typer.Option(
+        True,
+        "--foreground-pass/--no-foreground-pass",
+        help="Replay the turns a second time with the memory work done before the next "
+        "message (no baselines), and report its waits beside (foreground_*).",
+    ),
     one_shot: bool = typer.Option(
         False,
         "--one-shot",
@@ -219,6 +240,9 @@ def turns(
             recall=recall,
             seed=seed,
             progress=progress,
+            background=background,
+            think_s=think,
+            compare_foreground=foreground and background,
         )
     result.settings["transcript"] = source
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
@@ -272,7 +296,28 @@ def turns(
             f"{_number((s['kv_bytes_new_per_turn'] or 0) / 1e6, 2)} MB",
         ),
         ("tokens per word (tokenizer)", _number(result.settings["tokens_per_word"], 2)),
+        (
+            "wait reply logged -> next message, median / p95",
+            f"{_number(s.get('wait_after_reply_ms_median'), 1)} / "
+            f"{_number(s.get('wait_after_reply_ms_p95'), 1)} ms",
+        ),
+        (
+            "wait Enter -> model starts, median / p95",
+            f"{_number(s.get('wait_before_reply_ms_median'), 1)} / "
+            f"{_number(s.get('wait_before_reply_ms_p95'), 1)} ms",
+        ),
     ]
+    if "foreground_wait_after_reply_ms_p95" in s:
+        rows += [
+            (
+                "  memory work before the next message: logged -> next, p95",
+                f"{_number(s['foreground_wait_after_reply_ms_p95'], 1)} ms",
+            ),
+            (
+                "  memory work before the next message: Enter -> model, p95",
+                f"{_number(s['foreground_wait_before_reply_ms_p95'], 1)} ms",
+            ),
+        ]
     for name, value in rows:
         table.add_row(name, value)
     out().print(table)

@@ -11,7 +11,6 @@ after /new, /clear or /model (within a session, the lines typed stay in memory, 
 
 from __future__ import annotations
 
-import queue
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from rich.table import Table
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import Companion, TurnResult
 from mlxmem.memory.summaries import describe_source
+from mlxmem.model_thread import ModelThread
 
 from .common import err
 from .terminal import Terminal, report_after
@@ -52,38 +52,6 @@ Opener = Callable[[str, str], Companion]
 T = TypeVar("T")
 # A wait for the memory work shorter than this is not worth a line.
 WAIT_SAID_S = 0.1
-
-
-class ModelThread:
-    """The one thread that owns the model in an interactive chat: it loads it, writes each
-    reply, then does the turn's memory work (folding ahead, warming the cache, noting a fact)
-    while the person reads and types. MLX streams belong to the thread that made them, so
-    every call into the model is made here, one job at a time."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="mlxmem-model", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        self._jobs.put((job, future))
-        return future
-
-    def call(self, job: Callable[[], T]) -> T:
-        return self.submit(job).result()
-
-    def close(self) -> None:
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, future = item
-            future.set_running_or_notify_cancel()
-            try:
-                future.set_result(job())
-            except BaseException as exc:  # noqa: BLE001 - the caller's thread raises it
-                future.set_exception(exc)
 
 
 class LineReader:
