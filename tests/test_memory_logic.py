@@ -649,6 +649,6 @@ def test_the_whole_reply_is_out_before_the_memory_work_after_it():
     seen: list[tuple[int, list[str]]] = []
     turn = companion.begin("I have a cat called Miso and she is the most important one to me.")
     logged = lambda: [t.role for t in Store().turns("default")]  # noqa: E731
-    result = companion.reply(turn, on_written=lambda: seen.append((len(engine.calls), logged())))
+    result = companion.reply(turn, on_written=lambda _: seen.append((len(engine.calls), logged())))
     assert result.fact_added is not None  # the extraction ran, after the reply was out
     assert seen == [(1, ["user", "assistant"])] and len(engine.calls) == 2

@@ -4,6 +4,7 @@ FakeEngine: the OpenAI endpoints, the memory API, many clients, disconnects, bad
 import base64
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -91,6 +92,38 @@ def test_streaming_sends_chunks_then_usage_and_logs_the_reply():
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and usage.prompt_tokens_details.cached_tokens > 0
     assert log()[-1] == ("assistant", LONG_REPLY[:60])
+
+
+def test_the_response_ends_before_the_memory_work_and_the_next_tells_the_fact_noted():
+    gate: queue.Queue = queue.Queue()  # the fake model notes each fact once the test lets it
+    facts = iter(["The user keeps bees.", "The user sells honey at the market."])
+
+    def model(prompt: str) -> str:
+        if "durable facts" in prompt:
+            gate.get(timeout=30)
+            return next(facts)
+        return "I hear you."
+
+    long = "I keep three hives of bees in my garden behind the house, {}."
+    with fake_server(FakeEngine(model), extract_facts=True) as server:
+        # The response ends while the fact is still being looked for...
+        first = ask(server, long.format("near the apple trees"))
+        assert first.choices[0].message.content == "I hear you."
+        assert first.model_extra["mlxmem"]["fact_added"] is None
+        assert Store().facts() == []
+        gate.put("go")
+        # ...and so does a stream, [DONE] included; it tells the fact the previous message
+        # gave, noted after the previous response.
+        text, chunks = streamed(server, long.format("and I sell the honey at the market"))
+        assert text == "I hear you." and chunks[-1].usage is not None
+        told = [c.model_extra["mlxmem"] for c in chunks if "mlxmem" in (c.model_extra or {})]
+        assert told[0]["fact_added"] == {"id": 1, "text": "The user keeps bees.", "replaces": None}
+        assert [f.text for f in Store().facts()] == ["The user keeps bees."]
+        gate.put("go")
+        third = ask(server, "Thanks!")
+    told = third.model_extra["mlxmem"]["fact_added"]
+    assert told["text"] == "The user sells honey at the market."
+    assert log()[-2:] == [("user", "Thanks!"), ("assistant", "I hear you.")]
 
 
 def test_the_conversation_comes_from_the_header_or_the_user_field():

@@ -373,7 +373,7 @@ def run_turns(
             pending = companion.begin(user)
             turn.model_started = time.perf_counter()
 
-            def logged() -> None:
+            def logged(_: TurnResult) -> None:
                 turn.logged_at = time.perf_counter()
                 turn.logged.set()
 

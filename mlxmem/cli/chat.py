@@ -174,7 +174,9 @@ def _one_shot(
         return
     # The reply's last line is ended (and flushed) once the reply is logged, before the memory
     # work after it (folding ahead, noting a fact): a script reading it does not wait for that.
-    result = companion.reply(companion.begin(message), on_text=term.write, on_written=term.end_line)
+    result = companion.reply(
+        companion.begin(message), on_text=term.write, on_written=lambda _: term.end_line()
+    )
     report_after(result)
 
 

@@ -149,7 +149,7 @@ class Session:
         engine = self.companion.engine
         progress = engine.on_prefill
 
-        def reply_out() -> None:
+        def reply_out(_: TurnResult) -> None:
             engine.on_prefill = None  # the work after the reply is silent: the person types
             written.set()
 

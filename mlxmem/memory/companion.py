@@ -327,10 +327,11 @@ class Companion:
         on_text: Callable[[str], None] | None = None,
         on_status: Callable[[str], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
-        on_written: Callable[[], None] | None = None,
+        on_written: Callable[[TurnResult], None] | None = None,
     ) -> TurnResult:
         """The rest of a turn after `begin`: stream the reply, then `finish` it. `on_written`
-        is called once the whole reply is out and logged, before the memory work after it."""
+        is called once the whole reply is out and logged, before the memory work after it,
+        with the turn's result so far (see finish)."""
         written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop, turn.timings)
         interrupted = stats.finish_reason == "interrupted"
         return self.finish(
@@ -434,10 +435,11 @@ class Companion:
         sampled_ids: list[int] | None,
         on_status: Callable[[str], None] | None = None,
         at: datetime | None = None,
-        on_logged: Callable[[], None] | None = None,
+        on_logged: Callable[[TurnResult], None] | None = None,
     ) -> TurnResult:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
-        wrote all of it; written at `at`, if not now; then `on_logged()`), fold ahead for the
+        wrote all of it; written at `at`, if not now; then `on_logged(result)`, the result so
+        far: the reply, its stats, whether it was discarded, no fact yet), fold ahead for the
         next message, extract a fact, save the cache. The reply is logged first, in an
         operation of its own, which also saves the cache when nothing else follows; summaries
         and a fact are stored together afterwards, with the cache, in one more."""
@@ -482,10 +484,10 @@ class Companion:
             )
             result.discarded = True
             if on_logged is not None:
-                on_logged()
+                on_logged(result)
             return self._counted(result)
         if on_logged is not None:
-            on_logged()
+            on_logged(result)
         if not more:
             self._keep(logged)
             return self._counted(result)

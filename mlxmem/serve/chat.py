@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from mlxmem.memory.companion import TurnResult
+from mlxmem.memory.facts import Fact
 
 from .request import Request
 from .schema import (
@@ -43,23 +44,26 @@ def chat_completions(req: Request) -> tuple[int, dict] | None:
     for kind, value in turn:
         if kind == "error":
             raise value
-        if kind == "done":
+        if kind == "logged":
+            result, noted = value
             cid = completion_id()
-            body = completion(cid, app.model, value.reply, value.stats)
-            return 200, {**body, "mlxmem": extra(conversation, value)}
+            body = completion(cid, app.model, result.reply, result.stats)
+            return 200, {**body, "mlxmem": extra(conversation, result, noted)}
     return None  # the client went away
 
 
-def extra(conversation: str, result: TurnResult) -> dict:
-    """mlxmem's own fields beside OpenAI's: where the turn went and what it changed."""
-    fact = result.fact_added
+def extra(conversation: str, result: TurnResult, noted: tuple[Fact, int | None] | None) -> dict:
+    """mlxmem's own fields beside OpenAI's: where the turn went and what it changed. The
+    response ends once the reply is logged, before the memory work after it (a fold, a fact
+    noted from the message): `fact_added` is the fact noted from this conversation's previous
+    message, which that work found after the previous response."""
     return {
         "conversation": conversation,
         "interrupted": result.interrupted,
         "discarded": result.discarded,  # a deletion raced the reply: shown, but not logged
         "fact_added": None
-        if fact is None
-        else {"id": fact.id, "text": fact.text, "replaces": result.fact_replaced},
+        if noted is None
+        else {"id": noted[0].id, "text": noted[0].text, "replaces": noted[1]},
     }
 
 
@@ -91,11 +95,12 @@ def _stream(req: Request, turn, events, request: ChatRequest) -> None:
         for kind, value in turn:
             if kind == "text":
                 send(chunk(cid, model, {"content": value}))
-            elif kind == "done":
-                last = chunk(cid, model, {}, finish_reason(value.stats))
-                send({**last, "mlxmem": extra(request.conversation, value)})
+            elif kind == "logged":
+                result, noted = value
+                last = chunk(cid, model, {}, finish_reason(result.stats))
+                send({**last, "mlxmem": extra(request.conversation, result, noted)})
                 if request.include_usage:
-                    send(usage_chunk(cid, model, value.stats))
+                    send(usage_chunk(cid, model, result.stats))
                 send("[DONE]")
             elif kind == "error":
                 error = api_error(value)

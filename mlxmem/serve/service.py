@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxmem.engine import Engine
+from mlxmem.errors import MlxmemError
 from mlxmem.memory.companion import ChatSettings, TurnResult
+from mlxmem.memory.facts import Fact
 from mlxmem.memory.sessions import Sessions
 from mlxmem.memory.store import Store
 
@@ -33,8 +37,12 @@ class ServeConfig:
 
 class TurnEvents:
     """What a turn running on the model's thread tells the request waiting for it, in order:
-    ("begun", None) once the message is logged, ("text", str) as the reply streams, then
-    ("done", TurnResult) or ("error", exception). `stop` asks the reply to end early."""
+    ("begun", None) once the message is logged, ("text", str) as the reply streams,
+    ("logged", (TurnResult, (Fact, replaced id) | None)) once the reply is logged (the result
+    so far, and the fact noted from this conversation's previous message, if one was), then ("done",
+    TurnResult) once the memory work after the reply is done, or ("error", exception) before
+    the reply is logged. The response ends at "logged": the memory work runs while the client
+    reads. `stop` asks the reply to end early."""
 
     def __init__(self) -> None:
         self.queue: queue.Queue = queue.Queue()
@@ -64,7 +72,7 @@ class TurnEvents:
                 return
             if event is not None:
                 yield event
-                if event[0] in ("done", "error"):
+                if event[0] in ("logged", "done", "error"):
                     return
 
 
@@ -82,6 +90,9 @@ class ChatService:
         self.sessions = Sessions(
             self.store, config.context_tokens, config.response_reserve, config.settings
         )
+        # The fact each conversation's last turn noted after its response ended: told with
+        # the next response in that conversation (as the REPL tells it before the next turn).
+        self.noted: dict[str, tuple[Fact, int | None]] = {}  # (fact, the fact it replaced)
 
     def close(self) -> None:
         """Stop the model's thread (the running job finishes), then let the store go."""
@@ -125,6 +136,7 @@ class ChatService:
         return self.worker.call(job)
 
     def _turn(self, engine: Engine, request: ChatRequest, events: TurnEvents) -> None:
+        logged: list[TurnResult] = []
         try:
             companion = self.sessions.get(engine, request.conversation)
             check_history(self.store, request.conversation, request.history)
@@ -133,12 +145,28 @@ class ChatService:
             # Any deletion since the last turn, through this server or the CLI, moved it.
             self.sessions.saw_epoch(engine, companion, turn.snapshot.forget_epoch)
             events.put("begun")
+            earlier = self.noted.pop(request.conversation, None)
+
+            def reply_logged(result: TurnResult) -> None:
+                logged.append(result)
+                events.put("logged", (result, earlier))
+
             result: TurnResult = companion.reply(
-                turn, on_text=lambda text: events.put("text", text), should_stop=events.stop.is_set
+                turn,
+                on_text=lambda text: events.put("text", text),
+                should_stop=events.stop.is_set,
+                on_written=reply_logged,
             )
         except Exception as exc:  # noqa: BLE001 - the request's thread answers it
-            events.put("error", exc)
+            if not logged:
+                events.put("error", exc)
+                return
+            # The response has ended: the turn is in the log, what failed is derived work
+            # (a fold, a fact), which the next turn redoes or goes without.
+            _log_memory_work_failure(exc)
             return
+        if result.fact_added is not None:
+            self.noted[request.conversation] = (result.fact_added, result.fact_replaced)
         events.put("done", result)
 
     def _settings(self, request: ChatRequest) -> ChatSettings:
@@ -151,6 +179,15 @@ class ChatService:
             max_tokens=settings.max_tokens if request.max_tokens is None else request.max_tokens,
             seed=settings.seed if request.seed is None else request.seed,
         )
+
+
+def _log_memory_work_failure(exc: BaseException) -> None:
+    """A failure after the response ended has no client to tell: one line for an expected one
+    (the database held elsewhere), the traceback for a bug."""
+    if isinstance(exc, MlxmemError):
+        print(f"mlxmem serve: memory work after a reply: {exc}", file=sys.stderr)
+    else:
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 def check_history(store: Store, conversation: str, history: list[tuple[str, str]]) -> None:
