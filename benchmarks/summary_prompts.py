@@ -34,7 +34,9 @@ from mlxmem.eval.locomo import (
     named_entities,
 )
 from mlxmem.memory.companion import INSTRUCTIONS
-from mlxmem.memory.summary_check import check_summary, extractive_summary, speaker_names
+from mlxmem.memory.extractive import extractive_summary
+from mlxmem.memory.speakers import speaker_names
+from mlxmem.memory.summary_check import check_summary
 from mlxmem.memory.turns import Turn
 from mlxmem.memory.window import SUMMARY_MAX_TOKENS, summary_request
 

@@ -17,15 +17,10 @@ from datetime import datetime
 from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.dates import Span, dated, same_day
+from mlxmem.memory.extractive import extractive_summary, shorten_to, specifics_left_out
+from mlxmem.memory.speakers import speaker_names
 from mlxmem.memory.store import Fact, Store, Summary, Turn
-from mlxmem.memory.summary_check import (
-    check_summary,
-    extractive_summary,
-    prose_lines,
-    shorten_to,
-    speaker_names,
-    specifics_left_out,
-)
+from mlxmem.memory.summary_check import check_summary, prose_lines
 from mlxmem.text import utc_now
 
 # Keep at least the newest two exchanges verbatim.
@@ -36,7 +31,7 @@ MIN_VERBATIM = 4
 # gold answers' words each time (benchmarks/summary_entities.py, benchmarks/README.md).
 SUMMARY_MAX_TOKENS = 400
 # A model's summary that leaves this much of the cap free is followed by the folded turns'
-# sentences that hold the names, numbers and dates it left out (summary_check.specifics_left_out).
+# sentences that hold the names, numbers and dates it left out (extractive.specifics_left_out).
 MIN_SPECIFICS_ROOM = 24
 UNANSWERED = "(no reply: it was interrupted)"
 _REQUEST = (
@@ -223,7 +218,7 @@ class ConversationWindow:
 
     def _fallback(self, summary: Summary | None, evicted, names: dict[str, str]) -> str:
         """The earlier summary and the evicted turns, extracted within the cap (see
-        mlxmem.memory.summary_check): names, numbers and dates, who said them, and when."""
+        mlxmem.memory.extractive): names, numbers and dates, who said them, and when."""
         text = extractive_summary(
             self.engine,
             self.summary_cap,
