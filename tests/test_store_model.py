@@ -1,13 +1,15 @@
 """The store as a model, in the way of SQLite's test harness and Jepsen's histories: hypothesis
 drives three devices' stores and one sync folder through random histories of adds, edits,
-removals and replacements of facts, turns, history deletions, exports and imports, syncs, kills
-inside an erase and skewed clocks, and checks after every step what must always hold:
+removals and replacements of facts (and restores of replaced ones), turns, private flags,
+history deletions, exports and imports, syncs, kills inside an erase and skewed clocks, and
+checks after every step what must always hold:
 
 - a text the person removed on a device is in no file of that device, ever again; after a
   sync round, in no file of any device or of the folder;
 - nothing accepted is lost: after a sync round every device holds every fact text and turn
   that no device removed (or whose fact some device deleted: a deletion wins over an edit);
-- after a sync round the devices agree: the same facts, the same turns in the same order;
+- after a sync round the devices agree: the same facts, replaced by the same facts, the same
+  turns in the same order, the same private flags;
 - every database opens.
 
 A short run is part of the suite; `MLXMEM_MODEL_EXAMPLES=200 MLXMEM_MODEL_STEPS=60` runs a
@@ -139,6 +141,23 @@ class StoreModel(RuleBasedStateMachine):
                 " ON c.id = m.conversation_id ORDER BY c.name, m.seq"
             ).fetchall()
 
+    def flags(self, device: int) -> list[tuple[str, bool]]:
+        """The private flag of each conversation that has turns or a flag ever set."""
+        with self.on(device) as store, store.connect() as con:
+            return con.execute(
+                "SELECT name, private FROM conversations c WHERE private_version > 0"
+                " OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id)"
+                " ORDER BY name"
+            ).fetchall()
+
+    def replacements(self, device: int) -> list[tuple[str, str | None]]:
+        """Each fact's text, and the text of the fact that replaced it (None: current)."""
+        with self.on(device) as store, store.connect() as con:
+            return con.execute(
+                "SELECT f.text, r.text FROM facts f LEFT JOIN facts r ON r.uid = f.replaced_by"
+                " ORDER BY f.text"
+            ).fetchall()
+
     def step(self) -> None:
         RAN["steps"] += 1
 
@@ -225,6 +244,42 @@ class StoreModel(RuleBasedStateMachine):
             deletion = store.delete_facts([fid])
         assert [f.text for f in deletion.facts] == [text], "removing one fact removed others"
         self.deleted(device, uid, text, present)
+
+    @rule(device=device_ids, pick=picks)
+    def supersede_fact(self, device, pick):
+        """A new fact replaces a current one (`memory add --replaces`): the old one stays."""
+        self.step()
+        with self.on(device) as store:
+            current = store.facts()
+        if not current:
+            return
+        old = current[pick % len(current)]
+        text = self.marker("R")
+        with self.on(device) as store:
+            store.add_fact(text, replaces=old.id)
+        self.origin[text] = next(u for _, u, t in self.facts(device) if t == text)
+
+    @rule(device=device_ids, pick=picks)
+    def restore_fact(self, device, pick):
+        """A replacement undone (`memory restore`)."""
+        self.step()
+        with self.on(device) as store:
+            replaced = [f for f in store.facts(replaced=True) if f.replaced_by is not None]
+        if replaced:
+            with self.on(device) as store:
+                store.restore_fact(replaced[pick % len(replaced)].id)
+
+    @rule(
+        device=device_ids,
+        conversation=st.sampled_from(["default", "travel", "limit"]),
+        private=st.booleans(),
+    )
+    def set_private(self, device, conversation, private):
+        """A conversation kept out of recall, or let back in (made first if need be, as `chat
+        --private` does)."""
+        self.step()
+        with self.on(device) as store:
+            store.set_private(conversation, private, create=True)
 
     @rule(device=device_ids, conversation=st.sampled_from(["default", "travel", "limit"]))
     def send_turn(self, device, conversation):
@@ -334,6 +389,10 @@ class StoreModel(RuleBasedStateMachine):
             uids = [u for _, u, _ in self.facts(d)]
             assert len(uids) == len(set(uids)), f"device {d} holds one fact uid twice: {uids}"
         assert turns[1:] == turns[:-1], "the devices' turns differ after a sync round"
+        flags = [self.flags(d) for d in range(DEVICES)]
+        assert flags[1:] == flags[:-1], f"the devices' private flags differ: {flags}"
+        replaced = [self.replacements(d) for d in range(DEVICES)]
+        assert replaced[1:] == replaced[:-1], f"the devices' replacements differ: {replaced}"
         gone = set().union(*self.removed)
         found = texts_in(self.root, gone, skip=self.exports)
         assert found == {}, f"removed texts still in files: {found}"
