@@ -259,6 +259,19 @@ def test_a_replacement_made_in_error_is_undone_by_restore():
     # Replaced again after the restore: the same fact can be replaced anew.
     mlxmem("memory", "add", "I moved to Faro", "--replaces", "1")
     assert [f["text"] for f in as_json("memory", "list")] == ["I moved to Porto", "I moved to Faro"]
+    # A restore that would say twice what a current fact says is refused.
+    mlxmem("memory", "add", "I live in Lisbon!")  # 1 is replaced: not a duplicate of a current one
+    assert "fact 4 already says that" in error("memory", "restore", "1")
+
+
+def test_a_fact_whose_replacement_was_deleted_can_be_replaced_again():
+    mlxmem("memory", "add", "I live in Lisbon")
+    mlxmem("memory", "add", "I moved to Porto", "--replaces", "1")
+    mlxmem("memory", "rm", "2")  # Lisbon is current again
+    mlxmem("memory", "add", "I moved to Faro", "--replaces", "1")
+    assert [f["text"] for f in as_json("memory", "list")] == ["I moved to Faro"]
+    lisbon = as_json("memory", "list", "--all")[0]
+    assert (lisbon["text"], lisbon["replaced_by"]) == ("I live in Lisbon", 3)
 
 
 def test_deleting_the_replacing_fact_says_the_old_one_is_current_again():

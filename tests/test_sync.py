@@ -646,6 +646,76 @@ def test_a_conversation_made_private_before_its_turns_arrive_is_private_from_the
     assert Store().snapshot("elsewhere", query).recalled == []
 
 
+def recalled(home, question):
+    os.environ["MLXMEM_HOME"] = str(home)
+    return [t.text for t in Store().snapshot("elsewhere", recall_query(question)).recalled]
+
+
+def test_a_conversation_deleted_while_another_device_writes_to_it_stays_out_of_recall(devices):
+    a, b, folder = devices
+    chat(a, "diary", f"Kohlrabi stew recipe {MARKER}")
+    on(a, "history", "private", "diary")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "history", "rm", "-c", "diary", "--all", "--yes")
+    chat(b, "diary", "Kohlrabi soup with my therapist")  # B has not seen the deletion
+    for home in (a, b, a, b):
+        on(home, "sync")
+    # B's turn keeps the conversation alive on both devices, private on both (the device
+    # that deleted no longer knows the flag): recalled in no other conversation.
+    assert private(a) == private(b) == {"diary": True}
+    assert recalled(a, "What about the kohlrabi soup?") == []
+    assert recalled(b, "What about the kohlrabi soup?") == []
+    assert files_containing(folder.parent, MARKER) == []
+
+
+def test_a_conversation_made_anew_after_a_deletion_takes_its_own_flag(devices):
+    a, b, folder = devices
+    chat(a, "work", "first")
+    on(a, "history", "private", "work")
+    on(a, "history", "private", "work", "--off")  # its flag at version 2, shared
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "history", "rm", "-c", "work", "--all", "--yes")
+    chat(b, "work", "B keeps writing")  # before the deletion reaches B
+    on(a, "sync")
+    on(b, "sync")
+    os.environ["MLXMEM_HOME"] = str(a)
+    Store().set_private("work", create=True)  # a new private "work", flag at version 1
+    chat(a, "work", "Kohlrabi salary negotiation details")
+    for home in (a, b, a):
+        on(home, "sync")
+    assert private(a) == private(b) == {"work": True}
+    assert recalled(b, "What about the kohlrabi salary?") == []
+
+
+def test_a_flag_set_before_a_deletion_was_seen_does_not_bring_the_conversation_back(devices):
+    a, b, folder = devices
+    chat(a, "diary", f"Kohlrabi stew recipe {MARKER}")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "history", "rm", "-c", "diary", "--all", "--yes")
+    on(b, "history", "private", "diary")  # after A's deletion, before B saw it
+    for home in (b, a, b, a):
+        on(home, "sync")
+    assert private(a) == private(b) == {}
+    assert files_containing(folder.parent, "diary") == []
+
+
+def test_a_new_conversation_after_a_deletion_is_not_made_private(devices):
+    a, b, folder = devices
+    chat(a, "default", "Hello there, first chat")
+    for home in (a, b):
+        on(home, "sync", str(folder))
+    on(a, "history", "rm", "-c", "default", "--all", "--yes")
+    for home in (a, b):
+        on(home, "sync")
+    chat(b, "default", "A new start after the deletion")
+    for home in (b, a):
+        on(home, "sync")
+    assert private(a) == private(b) == {"default": False}
+
+
 def flag(version, private_, at="2026-01-02T03:04:05", name="diary"):
     return {
         "kind": "conversation",
@@ -676,6 +746,8 @@ def test_the_higher_flag_version_wins_and_private_wins_a_tie(mlxmem_home):
         check_record({**flag(1, True), "name": "other"})
     with pytest.raises(InputError, match="bad 'private'"):
         check_record(flag(1, "yes"))
+    with pytest.raises(InputError, match="bad 'version'"):  # the column holds 32 bits
+        check_record(flag(2**40, True))
 
 
 def test_a_half_copied_file_is_skipped_whole_and_read_at_the_next_sync(devices):

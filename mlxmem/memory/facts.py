@@ -93,6 +93,7 @@ class FactList(Database):
             fact = get_fact(con, fact_id)
             if fact.replaced_by is None:
                 raise InputError(f"fact {fact_id} is not replaced; nothing to restore")
+            refuse_duplicate(con, fact.text, other_than=fact_id)  # current again: once only
             now = utc_now()
             _set_replaced(con, fact_id, None, now)
             return replace(fact, updated_at=now, replaced_by=None, replaced_at=None)
@@ -204,10 +205,18 @@ def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: da
     replacement travels to other devices as an edit does. False (nothing changed) if the fact
     is gone or already replaced (by another process, while a turn decided)."""
     stored = version_of(con, fact_id)
-    if stored is None or stored.replaced_by is not None:
+    if stored is None or _replacing_fact_here(con, stored.replaced_by):
         return False
     _set_replaced(con, fact_id, by, now)
     return True
+
+
+def _replacing_fact_here(con: duckdb.DuckDBPyConnection, uid: str | None) -> bool:
+    """Whether the fact with `uid` (one that replaced another) is stored: once it is deleted,
+    the fact it replaced is current again, and can be replaced anew."""
+    if uid is None:
+        return False
+    return con.execute("SELECT 1 FROM facts WHERE uid = ?", [uid]).fetchone() is not None
 
 
 def _set_replaced(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 import duckdb
 
@@ -43,6 +44,7 @@ from mlxmem.memory.turns import (
     conversation_uid,
     delete_messages,
     get_turn,
+    keep_private_after_deletion,
     turn_of,
     turns_after,
 )
@@ -236,7 +238,7 @@ def apply_tombstones(db: Database, tombstones: Sequence[Tombstone]) -> Deletion:
             con.execute(
                 "INSERT INTO tombstones VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
                 " deleted_at = greatest(deleted_at, excluded.deleted_at)",
-                [t.uid, t.kind, to_db(t.deleted_at), t.device_uid],
+                [t.uid, t.kind, _db_time(t.deleted_at), t.device_uid],
             )
         uids = [t.uid for t in tombstones]
         rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
@@ -257,6 +259,10 @@ def apply_tombstones(db: Database, tombstones: Sequence[Tombstone]) -> Deletion:
         emptied = [n for n in names if not turns_after(con, n, None)]
         for name in emptied:
             _drop_conversation(con, conversation_id(con, name))
+        deleted_at = {t.uid: t.deleted_at for t in tombstones}
+        for name in set(names) - set(emptied):  # turns written here meanwhile keep it
+            at = _db_time(deleted_at[conversation_uid(name)])
+            keep_private_after_deletion(con, conversation_id(con, name), at)
     return Deletion(
         turns.turns,
         turns.summaries + facts.summaries,
@@ -387,6 +393,12 @@ def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> 
         for (name,) in con.execute("SELECT name FROM conversations ORDER BY id").fetchall():
             hit += summaries.delete_derived(con, name, fact_ids=fact_ids)
     return hit
+
+
+def _db_time(value: datetime) -> datetime:
+    """A time as stored (naive UTC): a record's time is naive UTC already (records.timestamp),
+    which to_db would take for local time."""
+    return value if value.tzinfo is None else to_db(value)
 
 
 def _drop_conversation(con: duckdb.DuckDBPyConnection, cid: int) -> None:

@@ -43,7 +43,12 @@ from mlxmem.memory.records import (
     turn_key,
 )
 from mlxmem.memory.rows import one_row
-from mlxmem.memory.turns import conversation_id, insert_synced_turns
+from mlxmem.memory.turns import (
+    conversation_id,
+    conversation_uid,
+    insert_synced_turns,
+    keep_private_after_deletion,
+)
 from mlxmem.text import to_db, utc_now
 
 
@@ -84,9 +89,10 @@ def _merge_private(
     db: Database, records: list[Record], messages: list[Record], device: str, result: MergeResult
 ) -> None:
     """A conversation's private flag: the higher version wins, private wins a tie (two changes
-    made beside each other keep it out of recall). A conversation not here yet is created (at
-    its first turn among `messages`, else at the change), so that its turns are private from
-    the first, unless it was deleted after the change."""
+    made beside each other keep it out of recall). A flag older than the conversation's
+    deletion here is stale. A conversation not here yet is created (at its first turn among
+    `messages`, else at the change), so that its turns are private from the first; but one
+    deleted here is made again only by turns, never by a flag alone (its name would stay)."""
     if not records:
         return
     first: dict[str, datetime] = {}
@@ -99,7 +105,11 @@ def _merge_private(
             gone = con.execute(
                 "SELECT max(deleted_at) FROM tombstones WHERE uid = ?", [r["uid"]]
             ).fetchone()
-            if gone and gone[0] is not None and gone[0] >= at:
+            deleted = gone[0] if gone else None
+            if deleted is not None and deleted >= at:
+                continue
+            here = con.execute("SELECT id FROM conversations WHERE name = ?", [r["name"]])
+            if here.fetchone() is None and deleted is not None and r["name"] not in first:
                 continue
             cid = conversation_id(con, r["name"], create=min(at, first.get(r["name"], at)))
             private, version = one_row(
@@ -165,7 +175,19 @@ def _merge_turns(
 ) -> bool:
     """Insert a conversation's new turns (sorted by turn_key) in order; return whether turns
     already there were renumbered."""
-    cid = conversation_id(con, name, create=timestamp(incoming[0]["created_at"]))
+    deleted = con.execute(
+        "SELECT max(t.deleted_at), count(c.id) FROM tombstones t"
+        " LEFT JOIN conversations c ON c.name = ? WHERE t.uid = ?",
+        [name, conversation_uid(name)],
+    ).fetchone()
+    earliest = timestamp(incoming[0]["created_at"])
+    cid = conversation_id(con, name, create=earliest)
+    if deleted and deleted[0] is not None and not deleted[1] and earliest <= deleted[0]:
+        # Deleted here, and written to elsewhere before that: made again, out of recall (the
+        # device that wrote does the same when the deletion reaches it). Turns written after
+        # the deletion are a new conversation of that name, as the device that wrote them
+        # says with its flag.
+        keep_private_after_deletion(con, cid, deleted[0])
     rows = con.execute(
         "SELECT id, seq, created_at, coalesce(device_uid, ?), uid FROM messages"
         " WHERE conversation_id = ? ORDER BY seq",

@@ -47,6 +47,7 @@ def latest_time() -> datetime:
 
 
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
+MAX_FLAG_VERSION = 2**31 - 1  # a private flag's version counter: an INTEGER column
 MAX_CLOCK_DEVICES = 10_000  # devices in one fact's version vector: far beyond a person's
 # The namespace of the uids given to the losing text of two concurrent edits of a fact.
 FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
@@ -338,7 +339,7 @@ _FIELDS = {
         "uid": _is_uuid,
         "name": _is_name,
         "private": lambda v: isinstance(v, bool),
-        "version": lambda v: type(v) is int and 1 <= v <= MAX_VERSION,
+        "version": lambda v: type(v) is int and 1 <= v <= MAX_FLAG_VERSION,
         "updated_at": _is_time,
         "device": _is_uuid,
     },

@@ -316,6 +316,22 @@ def conversation_id(
     )[0]
 
 
+def keep_private_after_deletion(
+    con: duckdb.DuckDBPyConnection, cid: int, deleted_at: datetime
+) -> None:
+    """Conversation `cid` was deleted on one device while another wrote turns to it, which
+    keep it alive: its turns stay out of recall (private) on every device until the person
+    lets them back in, whatever the flag was (the device that deleted no longer knows it).
+    The flag starts again at version 1, as a conversation made anew does, stamped after the
+    deletion (`deleted_at`, naive UTC), so that the device which deleted takes it."""
+    stamp = max(to_db(utc_now()), deleted_at + timedelta(microseconds=1))
+    con.execute(
+        "UPDATE conversations SET private = true, private_version = 1, private_at = ?,"
+        " private_device = NULL WHERE id = ?",
+        [stamp, cid],
+    )
+
+
 @functools.lru_cache(maxsize=4096)  # a sync names every turn's conversation: 100,000 uuid5s
 def conversation_uid(name: str) -> str:
     """The globally unique id of the conversation named `name`, the same on every device."""

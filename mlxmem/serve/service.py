@@ -145,10 +145,11 @@ class ChatService:
             # Any deletion since the last turn, through this server or the CLI, moved it.
             self.sessions.saw_epoch(engine, companion, turn.snapshot.forget_epoch)
             events.put("begun")
-            earlier = self.noted.pop(request.conversation, None)
 
             def reply_logged(result: TurnResult) -> None:
                 logged.append(result)
+                # Told once the reply is out: a turn that fails before keeps it for the next.
+                earlier = self.noted.pop(request.conversation, None)
                 events.put("logged", (result, earlier))
 
             result: TurnResult = companion.reply(
