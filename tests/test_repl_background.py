@@ -55,6 +55,29 @@ def test_the_prompt_comes_back_before_the_memory_work_and_the_next_message_waits
     assert [f.text for f in Store().facts()] == [FACT]
 
 
+def test_a_message_sent_while_the_memory_work_runs_is_logged_at_once(capsys):
+    session, _, release, extracting = session_with_a_slow_extractor()
+    with session.companion.store.holding():
+        session.send(LONG)
+        assert extracting.wait(30) and not session.pending.done()
+        sending = threading.Thread(target=session.send, args=("And what else?",))
+        sending.start()  # waits for the extraction, which the test holds
+        for _ in range(300):
+            if len(Store().turns("default")) == 3:
+                break
+            sending.join(0.01)
+        # In the log before the work it waits for is done: nothing to lose while it waits.
+        assert [t.text for t in Store().turns("default")][-1] == "And what else?"
+        assert sending.is_alive()  # still waiting for the work
+        release.set()
+        sending.join(30)
+        session.settle()
+    session.model_thread.close()
+    # Logged once, answered once, in order.
+    turns = Store().turns("default")
+    assert [t.text for t in turns] == [LONG, "Noted.", "And what else?", "Noted."]
+
+
 def test_quitting_with_memory_work_running_finishes_it(capsys):
     session, _, release, extracting = session_with_a_slow_extractor()
     with session.companion.store.holding():

@@ -25,6 +25,7 @@ from rich.table import Table
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import Companion, TurnResult
 from mlxmem.memory.summaries import describe_source
+from mlxmem.memory.turns import Turn
 from mlxmem.model_thread import ModelThread
 
 from .common import err
@@ -126,10 +127,18 @@ class Session:
     def send(self, text: str) -> None:
         """Write the reply on the model's thread and come back to the prompt as soon as it
         is out; the turn's memory work goes on there while the person types, and the next
-        message (or command) waits for it, saying so if that takes a while."""
+        message (or command) waits for it, saying so if that takes a while. A message sent
+        while that work runs is logged at once, before the wait."""
+        logged = None
+        if self.pending is not None and not self.pending.done():
+            try:
+                logged = self.companion.log_message(text)
+            except MlxmemError as exc:
+                err.print(f"Error: {exc}", markup=False)
+                return
         self.settle()
         written, stop = threading.Event(), threading.Event()
-        future = self.model_thread.submit(lambda: self._turn(text, written, stop))
+        future = self.model_thread.submit(lambda: self._turn(text, written, stop, logged))
         try:
             while not written.wait(0.05) and not future.done():
                 pass
@@ -144,7 +153,13 @@ class Session:
         if future.done():
             self.settle()
 
-    def _turn(self, text: str, written: threading.Event, stop: threading.Event) -> TurnResult:
+    def _turn(
+        self,
+        text: str,
+        written: threading.Event,
+        stop: threading.Event,
+        logged: Turn | None = None,
+    ) -> TurnResult:
         """One turn, on the model's thread: `written` is set once the reply is out."""
         engine = self.companion.engine
         progress = engine.on_prefill
@@ -154,7 +169,7 @@ class Session:
             written.set()
 
         try:
-            turn = self.companion.begin(text, self.term.status)
+            turn = self.companion.begin(text, self.term.status, logged=logged)
             return self.companion.reply(
                 turn, on_text=self.term.write, should_stop=stop.is_set, on_written=reply_out
             )

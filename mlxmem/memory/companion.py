@@ -343,10 +343,35 @@ class Companion:
         text: str,
         on_status: Callable[[str], None] | None = None,
         at: datetime | None = None,
+        logged: Turn | None = None,
     ) -> PendingTurn:
         """The first half of a turn: log the user's message (written at `at`, if not now: a
-        chat log replayed), fold the window if it does not fit, and assemble the prompt the
-        reply is written from."""
+        chat log replayed; unless `log_message` logged it already, as `logged`), fold the
+        window if it does not fit, and assemble the prompt the reply is written from."""
+        text = self._checked(text)
+        # One open of the store before the model starts (none while it is held): log the
+        # message (with its token ids, so that no later turn encodes it again) and read what
+        # the prompt is built from, unless the store is as this Companion's last turn left it.
+        timings = TurnTimings(opens_at_start=self.store.opens)
+        self._timings = timings
+        try:
+            return self._begin(text, on_status, at, timings, logged)
+        finally:
+            self._timings = None
+
+    def log_message(self, text: str) -> Turn:
+        """Log the person's message now, before its turn can begin (then `begin(text,
+        logged=turn)`): a message sent while the last turn's memory work runs is in the log at
+        once (layer 2 first), whatever happens to the process while it waits. Callable from
+        another thread than the model's: the store runs one operation at a time."""
+        text = self._checked(text)
+        ids = self.engine.encode_text(text)
+        return self.store.append_turn(
+            self.conversation, "user", text, len(ids), sampled_ids=ids,
+            sampled_by=self.engine.model_id,
+        )  # fmt: skip
+
+    def _checked(self, text: str) -> str:
         text = check_text(text).strip()
         if not text:
             raise InputError("empty message")
@@ -355,15 +380,7 @@ class Companion:
                 f"the message has {len(text):,} characters, over the limit of "
                 f"{self.settings.max_message_chars:,} (--max-message-chars); nothing was logged"
             )
-        # One open of the store before the model starts (none while it is held): log the
-        # message (with its token ids, so that no later turn encodes it again) and read what
-        # the prompt is built from, unless the store is as this Companion's last turn left it.
-        timings = TurnTimings(opens_at_start=self.store.opens)
-        self._timings = timings
-        try:
-            return self._begin(text, on_status, at, timings)
-        finally:
-            self._timings = None
+        return text
 
     def _begin(
         self,
@@ -371,21 +388,25 @@ class Companion:
         on_status: Callable[[str], None] | None,
         at: datetime | None,
         timings: TurnTimings,
+        logged: Turn | None = None,
     ) -> PendingTurn:
         terms = self.recall_terms(text, at)
         previous, mark = self._kept or (None, None)
         self._kept = None
         with self._timed("store"):
-            user, first = self.store.append_and_snapshot(
-                self.conversation,
-                text,
-                self.engine.encode_text(text),
-                self.engine.model_id,
-                terms,
-                at=at,
-                previous=previous,
-                mark=mark,
-            )
+            if logged is not None:
+                user, first = logged, self.store.snapshot(self.conversation, terms)
+            else:
+                user, first = self.store.append_and_snapshot(
+                    self.conversation,
+                    text,
+                    self.engine.encode_text(text),
+                    self.engine.model_id,
+                    terms,
+                    at=at,
+                    previous=previous,
+                    mark=mark,
+                )
         collapses: list[CollapseEvent] = []
         snap, prompt = self._fold_while_over_budget(on_status, 0, first, collapses)
         if collapses:  # rare: finish folds ahead. Stored now, and recall searches anew.
