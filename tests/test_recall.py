@@ -306,6 +306,7 @@ def test_turns_are_indexed_at_insert_and_their_terms_erased_with_them(mlxmem_hom
     with store.connect() as con:
         assert ("length",) in index_rows(con, secret.id)
         assert (stem,) in index_rows(con, secret.id)
+        assert vocabulary(con)[stem][0] == 1  # the vocabulary holds the stem too
         assert search_before(con, "c", 42, [stem])[0].id == secret.id
     with store.connect() as con:
         con.execute("CHECKPOINT")
@@ -314,10 +315,75 @@ def test_turns_are_indexed_at_insert_and_their_terms_erased_with_them(mlxmem_hom
     store.delete_turns([secret.id])
     with store.connect() as con:
         assert index_rows(con, secret.id) == []
+        assert stem not in vocabulary(con)
         assert con.execute("SELECT count(*) FROM recall_docs").fetchone() == (41,)
         assert search_before(con, "c", 42, [stem]) == []
     for word in (stem, "Vardø".lower(), "glimmer"):
         assert files_containing(mlxmem_home, word) == [], word
+
+
+def vocabulary(con) -> dict[str, tuple[int, int, int]]:
+    rows = con.execute("SELECT term, df, first_id, last_id FROM recall_vocab").fetchall()
+    return {term: tuple(rest) for term, *rest in rows}
+
+
+def assert_vocabulary_counts_the_index(con) -> None:
+    """Each term's count is its index rows', and its bounds hold their ids."""
+    held = vocabulary(con)
+    counted = con.execute(
+        "SELECT term, count(*), min(message_id), max(message_id) FROM recall_terms GROUP BY term"
+    ).fetchall()
+    assert set(held) == {term for term, *_ in counted}
+    for term, df, first, last in counted:
+        assert held[term][0] == df, term
+        assert held[term][1] <= first and last <= held[term][2], term
+
+
+def test_the_vocabulary_counts_what_the_index_holds_through_every_change(tmp_path):
+    here, there = Store(tmp_path / "a" / "mlxmem.duckdb"), Store(tmp_path / "b" / "mlxmem.duckdb")
+    mine, theirs = SyncLog(here.path), SyncLog(there.path)
+    gone = [here.append_turn("c", "user", f"Alpacas and llamas, day {i}.") for i in range(3)]
+    here.append_turn("d", "user", "A diary of llamas and quinoa.")
+    here.append_turn("c", "assistant", "Alpacas again!")
+    there.append_turn("c", "user", "Quinoa with alpacas near Arequipa.")
+    mine.merge(theirs.changes())
+    here.delete_turns([gone[0].id])
+    here.delete_conversation("d")
+    with here.connect() as con:
+        assert vocabulary(con)["alpaca"][0] == 4
+        assert "quinoa" in vocabulary(con)  # still in the merged turn
+        assert_vocabulary_counts_the_index(con)
+    # One merge that deletes a word's last turn here and brings a new turn holding it.
+    there.delete_turns([1])
+    there.append_turn("c", "user", "Arequipa once more, with quinoa.")
+    mine.merge(theirs.changes())
+    with here.connect() as con:
+        assert_vocabulary_counts_the_index(con)
+        assert vocabulary(con)["quinoa"][0] == 1
+        terms.reindex(con)
+        assert_vocabulary_counts_the_index(con)
+
+
+def test_a_word_said_mostly_long_ago_seeds_with_its_newest_turns(tmp_path):
+    # "bread" in each of the first 3,000 turns and once at the end: its newest SEED_POSTINGS
+    # rows lie mostly far back, beyond the stretch an even spread would put them in.
+    store = Store(tmp_path / "old.duckdb")
+    with store.connect() as con:
+        con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
+        con.execute(
+            "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i,"
+            " 'user', CASE WHEN i <= 3000 THEN 'I had bread number ' ELSE 'Rain number ' END"
+            " || i, now() FROM range(1, 10001) t(i)"
+        )
+        con.execute(
+            "UPDATE messages SET text = 'Bread, bread and more bread, I had bread.'"
+            " WHERE seq IN (5, 2990)"
+        )
+        con.execute("UPDATE messages SET text = 'Rain and rye bread.' WHERE seq = 10000")
+        terms.index_missing(con)
+        found = search_before(con, "big", 10000, recall_query("Which bread was it?"))
+    assert found[0].seq == 2990  # among the newest rows of the word, read in full
+    assert 5 not in {t.seq for t in found}  # beyond the limit
 
 
 def test_a_whole_conversation_leaves_no_index_rows(mlxmem_home):

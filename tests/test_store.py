@@ -60,6 +60,12 @@ SCHEMA = {
     ],
     "recall_docs": [("message_id", "BIGINT"), ("length", "INTEGER")],
     "recall_terms": [("message_id", "BIGINT"), ("term", "VARCHAR"), ("tf", "INTEGER")],
+    "recall_vocab": [
+        ("term", "VARCHAR"),
+        ("df", "BIGINT"),
+        ("first_id", "BIGINT"),
+        ("last_id", "BIGINT"),
+    ],
     "tombstones": [
         ("uid", "VARCHAR"),
         ("kind", "VARCHAR"),
@@ -136,6 +142,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m014_fact_clocks",),
             ("m015_fact_replacements",),
             ("m016_private_versions",),
+            ("m017_recall_vocabulary",),
         ]
     assert store.path == paths.db_path()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from mlxmem.memory.rows import one_row
-from mlxmem.memory.terms import index_missing
+from mlxmem.memory.terms import count_vocabulary, index_missing
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 MIGRATIONS: list[Migration] = []
@@ -389,6 +389,19 @@ def m016_private_versions(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         "UPDATE conversations SET private_version = 1, private_at = created_at WHERE private"
     )
+
+
+# Recall's vocabulary: each term's count of index rows and bounds on their message ids, kept
+# with the index at every insert and delete (mlxmem.memory.terms), so that a search reads a
+# few rows per term instead of counting the whole index (ten million rows at a million
+# messages). The key makes a message's upsert a lookup per term, not a read of every term.
+@migration
+def m017_recall_vocabulary(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "CREATE TABLE recall_vocab (term VARCHAR PRIMARY KEY, df BIGINT NOT NULL,"
+        " first_id BIGINT NOT NULL, last_id BIGINT NOT NULL)"
+    )
+    count_vocabulary(con)
 
 
 FACTS_DB = "facts_db"

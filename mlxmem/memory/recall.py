@@ -33,7 +33,7 @@ from mlxmem.memory.dates import (
     local_midnight_utc,
     named_days,
 )
-from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE
+from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE, VOCAB_TABLE
 from mlxmem.memory.terms import terms as words_of
 from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
 
@@ -392,6 +392,110 @@ SEED_POSTINGS = 1024
 # the last bits of a float sum would otherwise reorder equal scores from one run to the next.
 _DIGITS = 9
 _LAST_POS = 2**31 - 1  # seq is an INTEGER: a conversation searched to its end
+# A turn's seq bucket and its conversation packed into one join key (seq is an INTEGER, so a
+# bucket takes less than 32 bits): one key joins several times faster than two.
+_BUCKET_KEY = 2**32
+
+# The turns a search does not read, by message id: a private conversation's (kept out of the
+# others) and the current conversation's after $last_seq (those left in the verbatim window are
+# in the prompt already).
+_UNSEARCHED = """unsearched AS (
+    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    WHERE c.private AND c.name <> $conversation
+    UNION ALL
+    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    WHERE c.name = $conversation AND NOT coalesce(m.seq <= $last_seq, false)
+)"""
+
+
+def _matches(longer: int) -> str:
+    """Whether index row `t` holds one of the query's terms ($terms), a word one of them
+    begins with ($shorter), or one of `longer` longer words (a prefix test each)."""
+    prefixes = "".join(f" OR starts_with(t.term, $longer{i})" for i in range(longer))
+    return f"list_contains($terms, t.term) OR list_contains($shorter, t.term){prefixes}"
+
+
+@functools.cache
+def _terms_sql(longer: int) -> str:
+    """The query's terms that the log holds, rarest first, read from the vocabulary: each with
+    how many turns searched hold it (its count less the rows of the turns not searched) and
+    bounds on their ids."""
+    return f"""
+WITH {_UNSEARCHED},
+asked AS MATERIALIZED (
+    SELECT t.term, t.df, t.first_id, t.last_id FROM {VOCAB_TABLE} t WHERE {_matches(longer)}
+),
+unsearched_rows AS (
+    SELECT t.term, count(*) AS n FROM {TERMS_TABLE} t SEMI JOIN unsearched u ON u.id = t.message_id
+    WHERE t.term IN (SELECT term FROM asked) GROUP BY t.term
+)
+SELECT term, df - coalesce(n, 0) AS df, first_id, last_id
+FROM asked LEFT JOIN unsearched_rows USING (term)
+WHERE df > coalesce(n, 0) ORDER BY df, term
+"""
+
+
+@functools.cache
+def _newest_sql(terms: int) -> str:
+    """For each of `terms` terms (i), the ids of its $k{i} newest rows among the turns
+    searched, read between ids $lo{i} and $hi{i}: the index is written in id order, so DuckDB's
+    zone maps skip the row groups outside."""
+    newest = "\nUNION ALL\n".join(
+        f"(SELECT {i} AS i, message_id FROM {TERMS_TABLE} WHERE term = $term{i}"
+        f" AND message_id BETWEEN $lo{i} AND $hi{i}"
+        f" AND message_id NOT IN (SELECT id FROM unsearched) ORDER BY message_id DESC LIMIT $k{i})"
+        for i in range(terms)
+    )
+    return f"WITH {_UNSEARCHED}\n{newest}"
+
+
+# A term a search seeds from: the term, how many of its rows, how many it has, its bounds.
+_Wanted = tuple[str, int, int, int, int]
+
+
+def _seeds(
+    con: duckdb.DuckDBPyConnection, conversation: str, last_seq: int, found: list[tuple]
+) -> list[int]:
+    """The ids of the turns that seed a search (SEED_POSTINGS), given the query's terms with
+    their counts and bounds, rarest first (_terms_sql). A term that seeds all its rows reads
+    them between its bounds; the term that crosses the limit reads first the newest stretch
+    its rows would fill twice over at an even spread, and all of its bounds only if that
+    stretch holds too few (a log that mentioned it mostly long ago)."""
+    wanted: list[_Wanted] = []
+    before = 0
+    for term, df, first, last in found:
+        if before >= SEED_POSTINGS:
+            break
+        wanted.append((term, min(df, SEED_POSTINGS - before), df, first, last))
+        before += df
+    stretch = [
+        first if k == df else max(first, last - (last - first + 1) * 2 * k // df)
+        for _, k, df, first, last in wanted
+    ]
+    rows = _newest(con, conversation, last_seq, wanted, stretch)
+    short = [i for i, (_, k, _, _, _) in enumerate(wanted) if len(rows[i]) < k]
+    if short:
+        again = _newest(con, conversation, last_seq, [wanted[i] for i in short])
+        rows.update(zip(short, again.values(), strict=True))
+    return [id_ for ids in rows.values() for id_ in ids]
+
+
+def _newest(
+    con: duckdb.DuckDBPyConnection,
+    conversation: str,
+    last_seq: int,
+    wanted: list[_Wanted],
+    lows: list[int] | None = None,
+) -> dict[int, list[int]]:
+    """Each wanted term's newest ids (_newest_sql), from `lows` (default: its first id)."""
+    params: dict[str, object] = {"conversation": conversation, "last_seq": last_seq}
+    for i, (term, k, _, first, last) in enumerate(wanted):
+        lo = first if lows is None else lows[i]
+        params |= {f"term{i}": term, f"k{i}": k, f"lo{i}": lo, f"hi{i}": last}
+    rows: dict[int, list[int]] = {i: [] for i in range(len(wanted))}
+    for i, message_id in con.execute(_newest_sql(len(wanted)), params).fetchall():
+        rows[i].append(message_id)
+    return rows
 
 
 @functools.cache
@@ -400,22 +504,20 @@ def _search_sql(ranking: Ranking, day_ranges: int, longer: int) -> str:
     is how many ranges of days the query names (in_days), `longer` how many of its terms the
     log's longer words may begin with (a prefix test each).
 
-    The log searched is every conversation's turns but a private one's (kept out of the others),
-    and of the current conversation only those up to $last_seq (those left in the verbatim
-    window are in the prompt already): `searched`. A turn is (cid, pos): its conversation and its
-    seq. Document length is counted in indexed words. The search reads what its terms reach,
-    not the whole log: how many index rows each term has and which of them are newest (`df`),
-    the turns they seed (`seeds`, see SEED_POSTINGS), the turns within a passage of a seed
-    (`docs`: a few seq buckets around each), the index rows of the query's terms in those turns
-    (`hits`), and for BM25's document count and mean length, the index's totals less those of
-    the turns not searched (every message has one row in DOCS_TABLE, written and deleted with
-    it). A passage's document frequency is counted over the turns read (passage_df). A turn's
-    neighbours are found by seq in its conversation; a deleted turn leaves a gap."""
+    The log searched is every conversation's turns but those `unsearched`: `searched`. A turn
+    is (cid, pos): its conversation and its seq. Document length is counted in indexed words.
+    The search reads what its terms reach, not the whole log: the query's terms with their
+    counts in the log searched ($df_terms, $df, $df_before: the rows of the rarer terms, from
+    the vocabulary by _terms_sql), the turns they seed ($seeds, by _seeds), the turns within
+    a passage of a seed (`docs`: a few seq buckets around each), the index rows of the query's
+    terms in those turns (`hits`), and for BM25's document count and mean length, the index's
+    totals less those of the turns not searched (every message has one row in DOCS_TABLE,
+    written and deleted with it). A passage's document frequency is counted over the turns
+    read (passage_df). A turn's neighbours are found by seq in its conversation; a deleted
+    turn leaves a gap."""
     r = ranking
     span = r.passage_turns
     bucket = 2 * span + 2  # neighbours are looked up by seq buckets: a passage spans two at most
-    prefixes = "".join(f" OR starts_with(t.term, $longer{i})" for i in range(longer))
-    matches = f"list_contains($terms, t.term) OR list_contains($shorter, t.term){prefixes}"
     by_passage = rrf(
         "passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC", r.rrf_k
     )
@@ -425,13 +527,7 @@ WITH searched AS (
         CASE WHEN name = $conversation THEN $last_seq ELSE {_LAST_POS} END AS last_pos
     FROM conversations WHERE name = $conversation OR NOT private
 ),
-unsearched AS (
-    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
-    WHERE c.private AND c.name <> $conversation
-    UNION ALL
-    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
-    WHERE c.name = $conversation AND NOT coalesce(m.seq <= $last_seq, false)
-),
+{_UNSEARCHED},
 stats AS (
     SELECT n, greatest(CAST(dl AS DOUBLE) / nullif(n, 0), 1) AS avgdl FROM (
         SELECT (SELECT count(*) FROM messages) - (SELECT count(*) FROM unsearched) AS n,
@@ -441,29 +537,20 @@ stats AS (
     )
 ),
 df AS MATERIALIZED (
-    SELECT term, df, newest,
-        sum(df) OVER (ORDER BY df, term ROWS UNBOUNDED PRECEDING) - df AS before
-    FROM (
-        SELECT t.term, count(*) AS df,
-            max_by(t.message_id, t.message_id, {SEED_POSTINGS}) AS newest
-        FROM {TERMS_TABLE} t
-        WHERE ({matches}) AND t.message_id NOT IN (SELECT id FROM unsearched) GROUP BY t.term
-    )
+    SELECT unnest($df_terms) AS term, unnest($df) AS df, unnest($df_before) AS before
 ),
 seeds AS MATERIALIZED (
-    SELECT m.conversation_id AS cid, m.seq AS pos FROM messages m SEMI JOIN (
-        SELECT unnest(newest[:{SEED_POSTINGS} - before]) AS message_id FROM df
-        WHERE before < {SEED_POSTINGS}
-    ) r ON r.message_id = m.id
+    SELECT m.conversation_id AS cid, m.seq AS pos FROM messages m
+    SEMI JOIN (SELECT unnest($seeds) AS id) r ON r.id = m.id
 ),
 docs AS MATERIALIZED (
     SELECT m.id, m.conversation_id AS cid, m.seq AS pos, m.role,
         {in_days(day_ranges)} AS named_day, s.current
     FROM messages m JOIN searched s ON s.cid = m.conversation_id
     SEMI JOIN (
-        SELECT DISTINCT cid, (pos + o) // {bucket} AS bucket
+        SELECT DISTINCT cid * {_BUCKET_KEY} + (pos + o) // {bucket} AS bucket
         FROM seeds CROSS JOIN (VALUES (-{span}), ({span})) r(o)
-    ) b ON b.cid = m.conversation_id AND b.bucket = m.seq // {bucket}
+    ) b ON b.bucket = m.conversation_id * {_BUCKET_KEY} + m.seq // {bucket}
     WHERE m.seq <= s.last_pos
 ),
 hits AS MATERIALIZED (
@@ -471,7 +558,7 @@ hits AS MATERIALIZED (
         list_position($terms, t.term) AS asked, coalesce(d.length, 0) AS dl
     FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.message_id
     LEFT JOIN {DOCS_TABLE} d ON d.message_id = t.message_id
-    WHERE {matches}
+    WHERE {_matches(longer)}
 ),
 turn_score AS MATERIALIZED (
     SELECT cid, pos, round(sum(
@@ -557,19 +644,29 @@ def search_before(
     days = query.days[:MAX_DAY_RANGES]
     related = [t for t in query.terms if MIN_RELATED_CHARS <= len(t) <= MAX_RELATED_CHARS]
     related = related[:RELATED_TERMS]
-    params = {
+    # The query's terms, the words they begin with, and (longer{i}) those that begin with them.
+    asked: dict[str, object] = {
         "conversation": conversation,
         "last_seq": last_seq,
         "terms": list(query.terms),
-        # the words a query term begins with, and (below) those that begin with it
         "shorter": [t[:n] for t in related for n in range(MIN_RELATED_CHARS, len(t))],
+    }
+    for i, term in enumerate(related):
+        asked[f"longer{i}"] = term
+    found = con.execute(_terms_sql(len(related)), asked).fetchall()
+    if not found:
+        return []
+    counts = [df for _, df, _, _ in found]
+    params = asked | {
         "role": query.speaker,
+        "df_terms": [term for term, _, _, _ in found],
+        "df": counts,
+        "df_before": [sum(counts[:i]) for i in range(len(counts))],
+        "seeds": _seeds(con, conversation, last_seq, found),
     }
     for i, (first, until) in enumerate(days):
         params[f"from{i}"] = local_midnight_utc(first)
         params[f"until{i}"] = local_midnight_utc(until)
-    for i, term in enumerate(related):
-        params[f"longer{i}"] = term
     ranked = con.execute(_search_sql(ranking, len(days), len(related)), params).fetchall()
     if not ranked:
         return []
