@@ -336,6 +336,18 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
     assert judge("The user is named Gina.", (), thanks) == (None, "about_addressee")
     cool = "Cool, Gina! I like all board games, but chess is my favourite. It's so calm."
     assert judge("Gina's favorite game is chess.", (), cool) == (None, "about_addressee")
+    # The same model on LoCoMo conv-26: the person thanked becomes a relative of the user, and
+    # a message that opens with a name speaks to that person.
+    necklace = "Thanks, Gina! This necklace was a gift from my grandma in Sweden."
+    fact = "The user's grandmother is called Gina."
+    assert judge(fact, (), necklace) == (None, "about_addressee")
+    pic = "Gina, that's a great pic! What were they so stoked about?"
+    assert judge("Gina was stoked about the picture.", (), pic) == (None, "about_addressee")
+    asked = "That pic is from our first comp. Gina, you ever been in any dance comps or shows?"
+    fact = "Gina has been in several dance competitions."
+    assert judge(fact, (), asked) == (None, "about_addressee")
+    cheers = "Yeah, Gina, thanks for having my back. Here's to new heights!"
+    assert judge("The user's sister is called Gina.", (), cheers) == (None, "about_addressee")
     # A name the message only mentions or talks about is fine, even next to a comma.
     kept = [
         ("My sister Gina moved to Lisbon last spring and I miss her so much.", "The user's "
@@ -347,9 +359,23 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
         ("We moved to a flat in the city last weekend, Denver!", "The user moved to Denver."),
         ("Thanks, Gina! My brother Tom starts his new job as a nurse on Monday.", "The user's "
          "brother Tom is a nurse."),
+        ("Thanks, Gina! My brother is called Tom and he starts as a nurse on Monday.", "The "
+         "user's brother is called Tom."),
+        ("Lisbon, the city I grew up in, is where I'm moving back next spring.", "The user "
+         "grew up in Lisbon."),
+        ("Yesterday I finished Becoming Nicole by Amy Ellis Nutt, it moved me.", "The user read "
+         "the book Becoming Nicole by Amy Ellis Nutt."),
     ]  # fmt: skip
     for message, fact in kept:
         assert judge(fact, (), message) == (fact, "kept"), message
+
+
+def test_a_fact_that_names_someone_the_message_does_not_is_ungrounded():
+    # Qwen2.5-Coder-1.5B on LoCoMo conv-30: the instructions' example, with a word of the message.
+    message = "Yeah, totally! It's like having a partner to dance with!"
+    assert judge("The user's partner is called Ana.", (), message) == (None, "ungrounded")
+    named = "My partner Ana and I dance every Friday."
+    assert judge("The user's partner is called Ana.", (), named)[1] == "kept"
 
 
 def test_a_fact_from_sentences_that_speak_to_the_other_person_is_not_about_the_user():

@@ -42,20 +42,33 @@ _COMMON_WORDS = {
     "would being called named the and has was are for his her hers him she who not but one "
     "all its also very".split()
 }
-# Strings that only a chat template or a confused model would write.
-# Whom a message speaks to: a greeting ("Hey Gina!", "Thanks, Gina.") or a name called out
-# ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my friend from college,
-# Maria." or "Oh Mark called me" name people the user talks about, whose facts are kept.
+# Whom a message speaks to, at the start of a sentence: a greeting or thanks and a name ("Hey
+# Gina!", "Thanks, Gina."), a word such as "yeah" and a name set off by commas ("Yeah, Gina,
+# thanks"), or a name set off by a comma ("Gina, you ever been in a show?"); or a name called
+# out at the end of one ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my
+# friend from college, Maria." or "Oh Mark called me" name people the user talks about, whose
+# facts are kept.
+_SENTENCE_START = r"(?:^|[.!?]\s+)"
 _ADDRESSED_RE = re.compile(
-    rf"(?:^|[.!?]\s+)(?i:{GREETING_WORDS}|{THANKS_WORDS})"
-    r"[\s,!]+([A-Z][a-z]+)\b|,\s+([A-Z][a-z]+)\s*[!?]"
+    "|".join(
+        [
+            rf"{_SENTENCE_START}(?i:{GREETING_WORDS}|{THANKS_WORDS})[\s,!]+([A-Z][a-z]+)\b",
+            rf"{_SENTENCE_START}(?i:yeah|yes|oh|wow|well|okay|ok|aw),\s+([A-Z][a-z]+),",
+            # a lookahead: "Cool, Gina!" keeps its comma for the name called out
+            rf"{_SENTENCE_START}(?=([A-Z][a-z]+),\s)",
+            r",\s+([A-Z][a-z]+)\s*[!?]",
+        ]
+    )
 )
+# A name in a fact: a capitalized word after its first.
+_NAME_RE = re.compile(r"(?<=\s)[A-Z][a-z]+\b")
 # Sentences a message is read in, and whom each speaks of: the other person or the speaker.
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+")
 _SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you've|you’ve)\b", re.I)
 _FIRST_RE = re.compile(r"\b(I|I'm|I’m|Im|I've|I’ve|my|me|mine|myself|we|we're|our|us)\b", re.I)
 # The instructions ask for nothing about the assistant; a fact that names it is the chat.
 _ASSISTANT_RE = re.compile(r"\bthe assistant\b", re.I)
+# Strings that only a chat template or a confused model would write.
 _MARKUP_RE = re.compile(r"<\|[^|>]*\|>|<s>|</s>|\[INST\]|\[/INST\]|<start_of_turn>|<end_of_turn>")
 
 
@@ -97,7 +110,8 @@ def judge(
     "none" (the model found nothing), "not_one_line" (empty, several lines or too long),
     "markup" (template or special tokens), "no_letters", "example" (the instructions' own
     example), "not_third_person" (I, you: the model chatting instead of noting),
-    "not_one_sentence", "ungrounded" (no word of it is in the `message` it came from), or
+    "not_one_sentence", "ungrounded" (no word of it is in the `message` it came from, or it
+    holds a name the message does not), or
     "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!",
     or every sentence it comes from speaks to the other person, "your store": the other side
     of the chat, whom a small model takes for the user), or "about_assistant" (it names the
@@ -118,7 +132,9 @@ def judge(
         return None, "not_third_person"
     if sentence_count(text) > 1:
         return None, "not_one_sentence"
-    if message is not None and not (content_words(text) & content_words(message)):
+    if message is not None and (
+        not (content_words(text) & content_words(message)) or names_not_in(text, message)
+    ):
         return None, "ungrounded"
     if message is not None and any(_is_about(text, name) for name in addressed(message)):
         return None, "about_addressee"
@@ -127,6 +143,13 @@ def judge(
     if _ASSISTANT_RE.search(text):
         return None, "about_assistant"
     return text, "kept"
+
+
+def names_not_in(fact: str, message: str) -> list[str]:
+    """The names `fact` holds that `message` does not: made up, or the instructions' example
+    ("The user's partner is called Ana." from a message that names no one)."""
+    said = message.casefold()
+    return [n for n in _NAME_RE.findall(fact) if not re.search(rf"\b{n.casefold()}", said)]
 
 
 def said_of_the_addressee(fact: str, message: str) -> bool:
@@ -140,16 +163,18 @@ def said_of_the_addressee(fact: str, message: str) -> bool:
 
 def addressed(message: str) -> set[str]:
     """The names `message` greets or calls out: the other side of the chat."""
-    return {a or b for a, b in _ADDRESSED_RE.findall(message)}
+    return {name for names in _ADDRESSED_RE.findall(message.strip()) for name in names if name}
 
 
 def _is_about(fact: str, name: str) -> bool:
-    """The fact is about `name`: it starts with the name ("Gina's store ...") or makes the
-    user that person ("The user is named Gina.")."""
+    """The fact is about `name`: it starts with the name ("Gina's store ..."), makes the user
+    that person ("The user is Gina."), or gives someone that name ("The user's sister is
+    called Gina.": the person spoken to, taken for someone the user speaks of)."""
     name = re.escape(name)
     return bool(
         re.match(rf"{name}\b", fact)
-        or re.search(rf"\bthe user is (?:named |called )?{name}\b", fact, re.IGNORECASE)
+        or re.search(rf"\bthe user is {name}\b", fact, re.IGNORECASE)
+        or re.search(rf"\b(?:named|called) {name}\b", fact, re.IGNORECASE)
     )
 
 
