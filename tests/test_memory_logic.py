@@ -365,17 +365,32 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
          "grew up in Lisbon."),
         ("Yesterday I finished Becoming Nicole by Amy Ellis Nutt, it moved me.", "The user read "
          "the book Becoming Nicole by Amy Ellis Nutt."),
+        # A name set off by an apposition, or after a greeting's "!", is talked about.
+        ("Max, my golden retriever, turned five today!", "The user's dog is called Max."),
+        ("Sarah, my older sister, just got engaged to Tom!", "The user's sister is called Sarah."),
+        ("Thanks! Bella, our new puppy, chewed through my shoes.", "The user has a puppy named "
+         "Bella."),
+        ("Hi! Emma started first grade today, so proud of her.", "The user's daughter is named "
+         "Emma."),
+        ("Thanks, Anna! My daughter is also called Anna, after my mother.", "The user's "
+         "daughter is called Anna."),
     ]  # fmt: skip
     for message, fact in kept:
         assert judge(fact, (), message) == (fact, "kept"), message
 
 
-def test_a_fact_that_names_someone_the_message_does_not_is_ungrounded():
+def test_the_instructions_example_name_where_the_message_has_none_is_the_example():
     # Qwen2.5-Coder-1.5B on LoCoMo conv-30: the instructions' example, with a word of the message.
     message = "Yeah, totally! It's like having a partner to dance with!"
-    assert judge("The user's partner is called Ana.", (), message) == (None, "ungrounded")
+    assert judge("The user's partner is called Ana.", (), message) == (None, "example")
     named = "My partner Ana and I dance every Friday."
     assert judge("The user's partner is called Ana.", (), named)[1] == "kept"
+    # Other names need not be spelled in the message as in the fact.
+    for message, fact in [
+        ("I moved to NYC last year and I love it.", "The user moved to New York City."),
+        ("I was born and raised in Canada, near the lakes.", "The user is Canadian."),
+    ]:
+        assert judge(fact, (), message) == (fact, "kept"), message
 
 
 def test_a_fact_from_sentences_that_speak_to_the_other_person_is_not_about_the_user():

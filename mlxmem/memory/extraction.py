@@ -44,24 +44,27 @@ _COMMON_WORDS = {
 }
 # Whom a message speaks to, at the start of a sentence: a greeting or thanks and a name ("Hey
 # Gina!", "Thanks, Gina."), a word such as "yeah" and a name set off by commas ("Yeah, Gina,
-# thanks"), or a name set off by a comma ("Gina, you ever been in a show?"); or a name called
-# out at the end of one ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my
-# friend from college, Maria." or "Oh Mark called me" name people the user talks about, whose
-# facts are kept.
+# thanks"), or a name set off by a comma that no apposition follows ("Gina, you ever been in
+# a show?", but not "Max, my golden retriever, ..."); or a name called out at the end of one
+# ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my friend from college,
+# Maria.", "Hi! Emma started school" or "Oh Mark called me" name people the user talks about,
+# whose facts are kept.
 _SENTENCE_START = r"(?:^|[.!?]\s+)"
+_APPOSITION = r"(?:my|our|the|a|an|his|her|their|its|who|which|whose)\b"
 _ADDRESSED_RE = re.compile(
     "|".join(
         [
-            rf"{_SENTENCE_START}(?i:{GREETING_WORDS}|{THANKS_WORDS})[\s,!]+([A-Z][a-z]+)\b",
+            rf"{_SENTENCE_START}(?i:{GREETING_WORDS}|{THANKS_WORDS})[\s,]+([A-Z][a-z]+)\b",
             rf"{_SENTENCE_START}(?i:yeah|yes|oh|wow|well|okay|ok|aw),\s+([A-Z][a-z]+),",
             # a lookahead: "Cool, Gina!" keeps its comma for the name called out
-            rf"{_SENTENCE_START}(?=([A-Z][a-z]+),\s)",
+            rf"{_SENTENCE_START}(?=([A-Z][a-z]+),\s+(?!(?i:{_APPOSITION})))",
             r",\s+([A-Z][a-z]+)\s*[!?]",
         ]
     )
 )
-# A name in a fact: a capitalized word after its first.
-_NAME_RE = re.compile(r"(?<=\s)[A-Z][a-z]+\b")
+# The names in the instructions' example: a fact that has one its message lacks is the example
+# leaking ("The user's partner is called Ana." from a message that names no one).
+_EXAMPLE_NAMES = re.findall(r"(?<=\s)[A-Z][a-z]+\b", EXAMPLE_FACT)
 # Sentences a message is read in, and whom each speaks of: the other person or the speaker.
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+")
 _SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you've|you’ve)\b", re.I)
@@ -109,9 +112,9 @@ def judge(
     """The fact in the model's answer and "kept", or None and the filter that rejected it:
     "none" (the model found nothing), "not_one_line" (empty, several lines or too long),
     "markup" (template or special tokens), "no_letters", "example" (the instructions' own
-    example), "not_third_person" (I, you: the model chatting instead of noting),
-    "not_one_sentence", "ungrounded" (no word of it is in the `message` it came from, or it
-    holds a name the message does not), or
+    example, or its name where the message has none), "not_third_person" (I, you: the model
+    chatting instead of noting), "not_one_sentence", "ungrounded" (no word of it is in the
+    `message` it came from), or
     "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!",
     or every sentence it comes from speaks to the other person, "your store": the other side
     of the chat, whom a small model takes for the user), or "about_assistant" (it names the
@@ -132,24 +135,20 @@ def judge(
         return None, "not_third_person"
     if sentence_count(text) > 1:
         return None, "not_one_sentence"
-    if message is not None and (
-        not (content_words(text) & content_words(message)) or names_not_in(text, message)
-    ):
+    if message is not None and not (content_words(text) & content_words(message)):
         return None, "ungrounded"
-    if message is not None and any(_is_about(text, name) for name in addressed(message)):
+    if message is not None and any(
+        re.search(rf"\b{n}\b", text) and not re.search(rf"\b{n}\b", message, re.I)
+        for n in _EXAMPLE_NAMES
+    ):
+        return None, "example"
+    if message is not None and any(_is_about(text, name, message) for name in addressed(message)):
         return None, "about_addressee"
     if message is not None and said_of_the_addressee(text, message):
         return None, "about_addressee"
     if _ASSISTANT_RE.search(text):
         return None, "about_assistant"
     return text, "kept"
-
-
-def names_not_in(fact: str, message: str) -> list[str]:
-    """The names `fact` holds that `message` does not: made up, or the instructions' example
-    ("The user's partner is called Ana." from a message that names no one)."""
-    said = message.casefold()
-    return [n for n in _NAME_RE.findall(fact) if not re.search(rf"\b{n.casefold()}", said)]
 
 
 def said_of_the_addressee(fact: str, message: str) -> bool:
@@ -166,15 +165,19 @@ def addressed(message: str) -> set[str]:
     return {name for names in _ADDRESSED_RE.findall(message.strip()) for name in names if name}
 
 
-def _is_about(fact: str, name: str) -> bool:
-    """The fact is about `name`: it starts with the name ("Gina's store ..."), makes the user
-    that person ("The user is Gina."), or gives someone that name ("The user's sister is
-    called Gina.": the person spoken to, taken for someone the user speaks of)."""
+def _is_about(fact: str, name: str, message: str) -> bool:
+    """The fact is about `name`, whom `message` speaks to: it starts with the name ("Gina's
+    store ..."), makes the user that person ("The user is Gina."), or gives someone that name
+    when the message names them only to speak to them ("Thanks, Gina! ..." -> "The user's
+    sister is called Gina.": the person spoken to, taken for someone the user speaks of)."""
     name = re.escape(name)
     return bool(
         re.match(rf"{name}\b", fact)
         or re.search(rf"\bthe user is {name}\b", fact, re.IGNORECASE)
-        or re.search(rf"\b(?:named|called) {name}\b", fact, re.IGNORECASE)
+        or (
+            re.search(rf"\b(?:named|called) {name}\b", fact, re.IGNORECASE)
+            and len(re.findall(rf"\b{name}\b", message)) == 1
+        )
     )
 
 

@@ -8,8 +8,7 @@ indexed words, so BM25 (mlxmem.memory.recall) reads counts instead of splitting 
 text in SQL on every query.
 
 A third table, the vocabulary, holds one row per term: how many index rows it has (its
-document frequency) and bounds on the ids of the messages that hold it (the first and last
-at the time each was written; a deletion leaves them wider, never narrower). A search reads
+document frequency) and the ids of the first and last messages that hold it. A search reads
 its terms' counts there instead of counting them over every index row, and reads a term's
 rows between its bounds, which DuckDB's zone maps turn into a read of a few row groups for a
 rare word or a recent one (mlxmem.memory.recall). At 1,000,000 messages the index has 10
@@ -131,17 +130,27 @@ def _count_in(con: duckdb.DuckDBPyConnection, ids: list[int], words: list[str]) 
 
 
 def unindex(con: duckdb.DuckDBPyConnection, message_ids: Sequence[int]) -> None:
-    """Delete messages' index rows, in the transaction that deletes the messages, and their
-    counts in the vocabulary (a term no message holds any more leaves it)."""
-    con.execute(
-        f"UPDATE {VOCAB_TABLE} v SET df = v.df - g.n FROM (SELECT term, count(*) AS n"
-        f" FROM {TERMS_TABLE} WHERE list_contains(?, message_id) GROUP BY term) g"
-        " WHERE v.term = g.term",
-        [list(message_ids)],
-    )
-    con.execute(f"DELETE FROM {VOCAB_TABLE} WHERE df <= 0")
+    """Delete messages' index rows, in the transaction that deletes the messages, and count
+    their terms' vocabulary rows again from the rows left: a term no message holds any more
+    leaves, and no bound keeps a deleted message's id (which would tell that it held the
+    term)."""
+    ids = list(message_ids)
+    held = [
+        term
+        for (term,) in con.execute(
+            f"SELECT DISTINCT term FROM {TERMS_TABLE} WHERE list_contains(?, message_id)", [ids]
+        ).fetchall()
+    ]
     for table in (TERMS_TABLE, DOCS_TABLE):
-        con.execute(f"DELETE FROM {table} WHERE list_contains(?, message_id)", [list(message_ids)])
+        con.execute(f"DELETE FROM {table} WHERE list_contains(?, message_id)", [ids])
+    if not held:
+        return
+    con.execute(f"DELETE FROM {VOCAB_TABLE} WHERE term IN (SELECT unnest(?::VARCHAR[]))", [held])
+    con.execute(
+        f"INSERT INTO {VOCAB_TABLE} SELECT term, count(*), min(message_id), max(message_id)"
+        f" FROM {TERMS_TABLE} WHERE term IN (SELECT unnest(?::VARCHAR[])) GROUP BY term",
+        [held],
+    )
 
 
 def index_missing(con: duckdb.DuckDBPyConnection) -> int:
