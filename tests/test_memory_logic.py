@@ -343,10 +343,10 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
     assert judge(fact, (), necklace) == (None, "about_addressee")
     pic = "Gina, that's a great pic! What were they so stoked about?"
     assert judge("Gina was stoked about the picture.", (), pic) == (None, "about_addressee")
-    asked = "That pic is from our first comp. Gina, you ever been in any dance comps or shows?"
+    asked = "That photo is from our first contest. Gina, have you ever danced on a stage?"
     fact = "Gina has been in several dance competitions."
     assert judge(fact, (), asked) == (None, "about_addressee")
-    cheers = "Yeah, Gina, thanks for having my back. Here's to new heights!"
+    cheers = "Yeah, Gina, thanks for always backing me up. Cheers to us!"
     assert judge("The user's sister is called Gina.", (), cheers) == (None, "about_addressee")
     # A name the message only mentions or talks about is fine, even next to a comma.
     kept = [
@@ -381,7 +381,7 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
 
 def test_the_instructions_example_name_where_the_message_has_none_is_the_example():
     # Qwen2.5-Coder-1.5B on LoCoMo conv-30: the instructions' example, with a word of the message.
-    message = "Yeah, totally! It's like having a partner to dance with!"
+    message = "Sure! It feels like having a partner in all of this!"
     assert judge("The user's partner is called Ana.", (), message) == (None, "example")
     named = "My partner Ana and I dance every Friday."
     assert judge("The user's partner is called Ana.", (), named)[1] == "kept"
