@@ -15,6 +15,8 @@ ROLES = ("user", "assistant")
 # as regular-expression alternations: the summary's check and fact extraction read them alike.
 GREETING_WORDS = r"hey|hi|hello|hiya|dear"
 THANKS_WORDS = r"thanks|thank you|congrats|congratulations"
+# Words a reply may open with before the name it speaks to ("Yeah, Mel, ...", "Wow, Caroline!").
+INTERJECTION_WORDS = r"wow|aw+|oh|yeah|yes|ok|okay"
 
 
 def check_text(text: object, what: str = "message", allow_empty: bool = True) -> str:

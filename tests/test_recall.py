@@ -127,14 +127,21 @@ def test_a_deleted_turn_is_never_recalled():
     assert all("kohlrabi" not in m.content for m in result.prompt.messages)
 
 
+def bulk_log(con, turns: int, text: str = "'I walked the dog and had bread number ' || i"):
+    """Conversation "big": `turns` user turns written in one statement, their text the SQL
+    expression `text` of the turn's number i, not indexed yet (a bulk load)."""
+    con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
+    con.execute(
+        "INSERT INTO messages (conversation_id, seq, role, text, created_at)"
+        f" SELECT 1, i, 'user', {text}, now() FROM range(1, ? + 1) t(i)",
+        [turns],
+    )
+
+
 def test_bm25_ranks_the_rare_word_first(tmp_path):
     store = Store(tmp_path / "big.duckdb")
     with store.connect() as con:
-        con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
-        con.execute(
-            "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i, "
-            "'user', 'I walked the dog and had bread number ' || i, now() FROM range(1, 2001) t(i)"
-        )
+        bulk_log(con, 2000)
         con.execute(  # first person, as the others are: the prior favours neither
             "UPDATE messages SET text = 'my kohlrabi in the greenhouse is purple' WHERE seq = 77"
         )
@@ -151,13 +158,7 @@ def test_a_search_of_common_words_only_scores_their_latest_turns(tmp_path):
     store = Store(tmp_path / "common.duckdb")
     turns = SEED_POSTINGS + 500
     with store.connect() as con:
-        con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
-        con.execute(
-            "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i, "
-            "'user', 'I walked the dog and had bread number ' || i, now() "
-            "FROM range(1, ? + 1) t(i)",
-            [turns],
-        )
+        bulk_log(con, turns)
         con.execute(
             "UPDATE messages SET text = 'Bread, bread and more bread: I walked to get bread.'"
             " WHERE seq IN (5, ?, ?)",
@@ -367,12 +368,8 @@ def test_a_word_said_mostly_long_ago_seeds_with_its_newest_turns(tmp_path):
     # rows lie mostly far back, beyond the stretch an even spread would put them in.
     store = Store(tmp_path / "old.duckdb")
     with store.connect() as con:
-        con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
-        con.execute(
-            "INSERT INTO messages (conversation_id, seq, role, text, created_at) SELECT 1, i,"
-            " 'user', CASE WHEN i <= 3000 THEN 'I had bread number ' ELSE 'Rain number ' END"
-            " || i, now() FROM range(1, 10001) t(i)"
-        )
+        early = "CASE WHEN i <= 3000 THEN 'I had bread number ' ELSE 'Rain number ' END || i"
+        bulk_log(con, 10000, early)
         con.execute(
             "UPDATE messages SET text = 'Bread, bread and more bread, I had bread.'"
             " WHERE seq IN (5, 2990)"

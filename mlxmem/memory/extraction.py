@@ -15,9 +15,10 @@ from mlxmem.engine import Engine, Message
 from mlxmem.memory.budget import shorten
 from mlxmem.memory.facts import normalize
 from mlxmem.memory.terms import terms as stemmed_terms
-from mlxmem.text import GREETING_WORDS, THANKS_WORDS
+from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
-EXAMPLE_FACT = "The user's sister is called Ana."
+EXAMPLE_NAME = "Ana"
+EXAMPLE_FACT = f"The user's sister is called {EXAMPLE_NAME}."
 EXTRACTION_INSTRUCTIONS = (
     "You keep a short list of durable facts about the user: their name, important people, "
     "preferences, habits, plans, work, health, where they live. Read the user's message and "
@@ -55,16 +56,13 @@ _ADDRESSED_RE = re.compile(
     "|".join(
         [
             rf"{_SENTENCE_START}(?i:{GREETING_WORDS}|{THANKS_WORDS})[\s,]+([A-Z][a-z]+)\b",
-            rf"{_SENTENCE_START}(?i:yeah|yes|oh|wow|well|okay|ok|aw),\s+([A-Z][a-z]+),",
+            rf"{_SENTENCE_START}(?i:{INTERJECTION_WORDS}),\s+([A-Z][a-z]+),",
             # a lookahead: "Cool, Gina!" keeps its comma for the name called out
             rf"{_SENTENCE_START}(?=([A-Z][a-z]+),\s+(?!(?i:{_APPOSITION})))",
             r",\s+([A-Z][a-z]+)\s*[!?]",
         ]
     )
 )
-# The names in the instructions' example: a fact that has one its message lacks is the example
-# leaking ("The user's partner is called Ana." from a message that names no one).
-_EXAMPLE_NAMES = re.findall(r"(?<=\s)[A-Z][a-z]+\b", EXAMPLE_FACT)
 # Sentences a message is read in, and whom each speaks of: the other person or the speaker.
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+")
 _SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you've|you’ve)\b", re.I)
@@ -129,7 +127,7 @@ def judge(
         return None, "markup"
     if not any(ch.isalpha() for ch in text):
         return None, "no_letters"
-    if normalize(text) == normalize(EXAMPLE_FACT):
+    if is_example(text, message):
         return None, "example"
     if _PERSON_RE.search(text):
         return None, "not_third_person"
@@ -137,11 +135,6 @@ def judge(
         return None, "not_one_sentence"
     if message is not None and not (content_words(text) & content_words(message)):
         return None, "ungrounded"
-    if message is not None and any(
-        re.search(rf"\b{n}\b", text) and not re.search(rf"\b{n}\b", message, re.I)
-        for n in _EXAMPLE_NAMES
-    ):
-        return None, "example"
     if message is not None and any(_is_about(text, name, message) for name in addressed(message)):
         return None, "about_addressee"
     if message is not None and said_of_the_addressee(text, message):
@@ -149,6 +142,18 @@ def judge(
     if _ASSISTANT_RE.search(text):
         return None, "about_assistant"
     return text, "kept"
+
+
+def is_example(fact: str, message: str | None) -> bool:
+    """The instructions' example leaking: the example itself, or a fact with its name that
+    `message` does not hold ("The user's partner is called Ana." from a message that names no
+    one)."""
+    if normalize(fact) == normalize(EXAMPLE_FACT):
+        return True
+    name = rf"\b{EXAMPLE_NAME}\b"
+    return (
+        message is not None and bool(re.search(name, fact)) and not re.search(name, message, re.I)
+    )
 
 
 def said_of_the_addressee(fact: str, message: str) -> bool:

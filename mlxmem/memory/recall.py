@@ -17,6 +17,7 @@ never recalled.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -454,20 +455,23 @@ _Wanted = tuple[str, int, int, int, int]
 
 
 def _seeds(
-    con: duckdb.DuckDBPyConnection, conversation: str, last_seq: int, found: list[tuple]
+    con: duckdb.DuckDBPyConnection,
+    conversation: str,
+    last_seq: int,
+    found: list[tuple],
+    before: list[int],
 ) -> list[int]:
     """The ids of the turns that seed a search (SEED_POSTINGS), given the query's terms with
-    their counts and bounds, rarest first (_terms_sql). A term that seeds all its rows reads
+    their counts and bounds, rarest first (_terms_sql), and the rows of the terms rarer than
+    each (`before`). A term that seeds all its rows reads
     them between its bounds; the term that crosses the limit reads first the newest stretch
     its rows would fill twice over at an even spread, and all of its bounds only if that
     stretch holds too few (a log that mentioned it mostly long ago)."""
-    wanted: list[_Wanted] = []
-    before = 0
-    for term, df, first, last in found:
-        if before >= SEED_POSTINGS:
-            break
-        wanted.append((term, min(df, SEED_POSTINGS - before), df, first, last))
-        before += df
+    wanted: list[_Wanted] = [
+        (term, min(df, SEED_POSTINGS - rarer), df, first, last)
+        for (term, df, first, last), rarer in zip(found, before, strict=True)
+        if rarer < SEED_POSTINGS
+    ]
     stretch = [
         first if k == df else max(first, last - (last - first + 1) * 2 * k // df)
         for _, k, df, first, last in wanted
@@ -657,12 +661,13 @@ def search_before(
     if not found:
         return []
     counts = [df for _, df, _, _ in found]
+    before = list(itertools.accumulate(counts, initial=0))[:-1]  # rows of the rarer terms
     params = asked | {
         "role": query.speaker,
         "df_terms": [term for term, _, _, _ in found],
         "df": counts,
-        "df_before": [sum(counts[:i]) for i in range(len(counts))],
-        "seeds": _seeds(con, conversation, last_seq, found),
+        "df_before": before,
+        "seeds": _seeds(con, conversation, last_seq, found, before),
     }
     for i, (first, until) in enumerate(days):
         params[f"from{i}"] = local_midnight_utc(first)

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from mlxmem.memory.summary_words import looks_like_name
-from mlxmem.text import GREETING_WORDS, THANKS_WORDS
+from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant"}
 _NAMED_RE = re.compile(
@@ -27,7 +27,7 @@ _LEAD_RE = re.compile(r"^(\[[^\]]*\]\s*)?(.*)$", re.DOTALL)
 # Words a greeting opens with: "Hey Mel!", "Thanks, Caroline!" say nothing worth keeping.
 _OPENER_RE = re.compile(
     rf"^(?:(?:{GREETING_WORDS}|{THANKS_WORDS}|good (?:morning|"
-    r"afternoon|evening)|wow|aw+|oh|yeah|yes|ok|okay)(?: so much)?\s*[,!.]+\s*)+",
+    rf"afternoon|evening)|{INTERJECTION_WORDS})(?: so much)?\s*[,!.]+\s*)+",
     re.IGNORECASE,
 )
 
