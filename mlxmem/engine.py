@@ -163,16 +163,34 @@ class Engine:
     def count_text(self, text: str) -> int:
         return len(self.encode_text(text))
 
-    def generate(self, prompt: Sequence[int], **kwargs) -> Generation:
-        """Collect a whole `stream` call."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        **kwargs,
+    ) -> Generation:
+        """Collect a whole `stream` call; if `should_stop()` turns true between two tokens,
+        the stream is stopped there and its stats say `interrupted`."""
         parts: list[str] = []
         tokens: list[int] = []
         stats = None
-        for chunk in self.stream(prompt, **kwargs):
+        stream = self.stream(prompt, **kwargs)
+        for chunk in stream:
             parts.append(chunk.text)
             if chunk.token is not None:
                 tokens.append(chunk.token)
             stats = chunk.stats or stats
+            if stats is None and should_stop is not None and should_stop():
+                try:
+                    stats = stream.throw(StopGeneration()).stats
+                except (StopGeneration, StopIteration):
+                    pass
+                finally:
+                    stream.close()
+                if stats is None:
+                    stats = GenerationStats.interrupted(len(prompt), len(tokens))
+                break
         assert stats is not None
         return Generation("".join(parts), tokens, stats)
 

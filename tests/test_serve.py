@@ -112,6 +112,8 @@ def test_the_response_ends_before_the_memory_work_and_the_next_tells_the_fact_no
         assert first.model_extra["mlxmem"]["fact_added"] is None
         assert Store().facts() == []
         gate.put("go")
+        # (Noted before the next request comes: one that came sooner would postpone it.)
+        wait_for(lambda: Store().facts())
         # ...and so does a stream, [DONE] included; it tells the fact the previous message
         # gave, noted after the previous response.
         text, chunks = streamed(server, long.format("and I sell the honey at the market"))
@@ -120,6 +122,7 @@ def test_the_response_ends_before_the_memory_work_and_the_next_tells_the_fact_no
         assert told[0]["fact_added"] == {"id": 1, "text": "The user keeps bees.", "replaces": None}
         assert [f.text for f in Store().facts()] == ["The user keeps bees."]
         gate.put("go")
+        wait_for(lambda: len(Store().facts()) == 2)
         third = ask(server, "Thanks!")
     told = third.model_extra["mlxmem"]["fact_added"]
     assert told["text"] == "The user sells honey at the market."

@@ -141,7 +141,7 @@ class TurnRecord:
     seconds: float
     collapses: list[CollapseRecord] = field(default_factory=list)
     fact_calls: int = 0
-    fact_added: bool = False
+    fact_added: int = 0  # facts noted after the reply (an earlier message's postponed look too)
     # Baseline (a): the same prompt prefilled from scratch.
     rebuild_ttft_s: float | None = None
     rebuild_prefilled_tokens: int | None = None
@@ -378,17 +378,22 @@ def run_turns(
                 turn.logged.set()
 
             if generate or reply is None:
-                result = companion.reply(pending, on_written=logged)
+                result = companion.reply(pending, on_written=logged, should_yield=hurry.is_set)
             else:
                 stats = companion.engine.generate(
                     pending.prompt.tokens, slot=companion.slot, max_tokens=1, temp=0.0
                 ).stats
-                result = companion.finish(pending, reply, stats, None, on_logged=logged)
+                result = companion.finish(
+                    pending, reply, stats, None, on_logged=logged, should_yield=hurry.is_set
+                )
             turn.seconds = time.perf_counter() - start
             return result
 
         ran = [RanTurn(i) for i in range(len(exchanges))]
-        _as_a_person(ModelJobs(), exchanges, ran, one_turn, record, background, think_s, progress)
+        hurry = threading.Event()  # a message waits: the look for a fact gives way
+        _as_a_person(
+            ModelJobs(), exchanges, ran, one_turn, record, background, think_s, progress, hurry
+        )
         progress("done", len(exchanges), len(exchanges))
         engine.drop_slot(companion.slot)
     result = TurnsResult(records, settings)
@@ -431,11 +436,13 @@ def _as_a_person(
     background: bool,
     think_s: float,
     progress: Progress,
+    hurry: threading.Event,
 ) -> None:
     """Send the exchanges as a person at the REPL does, from a thread of their own, while this
     thread (the one that loaded the model) runs the model's jobs. With `background`, the next
     message is accepted once the reply is logged, and the turn's memory work goes on while the
-    person reads and types (`think_s`); the next message waits for what is left of it. Without,
+    person reads and types (`think_s`); the next message waits for what is left of it, having
+    set `hurry` (the look for a fact gives way to it, as at the REPL). Without,
     the next message is accepted once the whole turn, memory work included, is done."""
     failure: list[BaseException] = []
 
@@ -448,7 +455,9 @@ def _as_a_person(
                 entered = time.perf_counter()  # Enter
                 waited = 0.0
                 if pending is not None:  # the previous turn's memory work, if still running
+                    hurry.set()
                     result = pending.result()
+                    hurry.clear()
                     waited = time.perf_counter() - entered
                     model.call(partial(record, ran[i - 1], result))
                     ran[i].collapsed_after_previous = ran[i - 1].collapsed_after
@@ -567,7 +576,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
         seconds=seconds,
         collapses=collapses,
         fact_calls=sum(c.slot != companion.slot for c in calls),
-        fact_added=result.fact_added is not None,
+        fact_added=len(result.noted),
     )
 
 

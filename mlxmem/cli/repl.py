@@ -29,7 +29,7 @@ from mlxmem.memory.turns import Turn
 from mlxmem.model_thread import ModelThread
 
 from .common import err
-from .terminal import Terminal, report_after
+from .terminal import Terminal, report_after, report_noted
 
 HELP = """\
 Commands:
@@ -97,6 +97,9 @@ class Session:
         self.term = term
         self.reader = LineReader(sys.stdin.isatty())
         self.pending: Future[TurnResult] | None = None  # the last turn, its memory work running
+        # Set while a message waits for that work: its look for a fact gives way (postponed
+        # to the next turn), the fold and the cache's warm-up, which the next prompt needs, not.
+        self.hurry = threading.Event()
 
     def run(self) -> None:
         # The store stays open while the person types (Store.holding): a turn opens nothing,
@@ -128,7 +131,8 @@ class Session:
         """Write the reply on the model's thread and come back to the prompt as soon as it
         is out; the turn's memory work goes on there while the person types, and the next
         message (or command) waits for it, saying so if that takes a while. A message sent
-        while that work runs is logged at once, before the wait."""
+        while that work runs is logged at once, before the wait, and waits only for the fold
+        and the cache's warm-up: the look for a fact stops and is done after its reply."""
         logged = None
         if self.pending is not None and not self.pending.done():
             try:
@@ -136,7 +140,9 @@ class Session:
             except MlxmemError as exc:
                 err.print(f"Error: {exc}", markup=False)
                 return
+            self.hurry.set()
         self.settle()
+        self.hurry.clear()
         written, stop = threading.Event(), threading.Event()
         future = self.model_thread.submit(lambda: self._turn(text, written, stop, logged))
         try:
@@ -171,7 +177,11 @@ class Session:
         try:
             turn = self.companion.begin(text, self.term.status, logged=logged)
             return self.companion.reply(
-                turn, on_text=self.term.write, should_stop=stop.is_set, on_written=reply_out
+                turn,
+                on_text=self.term.write,
+                should_stop=stop.is_set,
+                on_written=reply_out,
+                should_yield=self.hurry.is_set,
             )
         finally:
             engine.on_prefill = progress
@@ -194,15 +204,24 @@ class Session:
         report_after(result)
 
     def _leave(self) -> None:
-        """Quitting: the memory work still running is finished (Ctrl-C leaves it; the log
-        already holds the turn, and the next session folds what it needs)."""
+        """Quitting: the memory work still running is finished, with the looks for a fact
+        postponed so far (Ctrl-C leaves them; the log already holds the turns, and the next
+        session folds what it needs)."""
         if self.pending is not None and not self.pending.done():
             err.print("[dim]finishing memory work (Ctrl-C to leave it)...[/dim]")
         try:
             self.settle()
+            self._catch_up()
         except KeyboardInterrupt:
             pass
         self.model_thread.close()
+
+    def _catch_up(self) -> None:
+        """Look for facts in the messages whose look was postponed (a conversation or the
+        session being left), and say what was noted."""
+        companion = self.companion
+        for fact, replaced in self.model_thread.call(companion.catch_up):
+            report_noted(fact, replaced)
 
     def command(self, line: str) -> bool:
         """Run a slash command (once the last turn's memory work is done); False means quit."""
@@ -289,6 +308,7 @@ class Session:
             err.print(f"model: {self.model}", markup=False)
 
     def switch(self, model: str, conversation: str) -> None:
+        self._catch_up()
         self.companion = self.model_thread.call(lambda: self.open_chat(model, conversation))
         self.model = model
         self._started()

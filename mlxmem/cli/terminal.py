@@ -10,6 +10,7 @@ from typing import TextIO
 from rich.markup import escape
 
 from mlxmem.memory.companion import TurnResult
+from mlxmem.memory.facts import Fact
 
 from .common import err, visible_controls
 
@@ -96,7 +97,11 @@ def report_after(result: TurnResult) -> None:
     """What happened besides the reply: an interruption, a fact noted."""
     if result.interrupted:
         err.print("[dim](reply interrupted; kept in the log as interrupted)[/dim]")
-    if result.fact_added is not None:
-        fact = result.fact_added
-        replaced = "" if result.fact_replaced is None else f" (replaces {result.fact_replaced})"
-        err.print(f"[dim]remembered \\[{fact.id}] {escape(fact.text)}{replaced}[/dim]")
+    for fact, replaced in result.noted:
+        report_noted(fact, replaced)
+
+
+def report_noted(fact: Fact, replaced: int | None) -> None:
+    """A fact noted automatically, and the one it replaced."""
+    replaces = "" if replaced is None else f" (replaces {replaced})"
+    err.print(f"[dim]remembered \\[{fact.id}] {escape(fact.text)}{replaces}[/dim]")

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+import duckdb
+
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
@@ -49,6 +51,11 @@ from mlxmem.memory.summaries import insert_summary
 from mlxmem.memory.turns import insert_turn
 from mlxmem.memory.window import UNANSWERED, CollapseEvent, ConversationWindow, summary_cap
 from mlxmem.text import check_text, utc_now
+
+# Messages whose look for a fact may wait for a later turn: beyond them, the oldest is looked
+# at without giving way to the person's next message (a short wait, and no fact lost).
+POSTPONE_LIMIT = 3
+POSTPONED = object()  # what _extract returns when a waiting message stopped the model
 
 INSTRUCTIONS = (
     "You are a warm, concise companion running on the user's own device. You remember earlier "
@@ -152,11 +159,22 @@ class TurnResult:
     prompt: AssembledPrompt
     interrupted: bool = False
     collapses: list[CollapseEvent] = field(default_factory=list)
-    fact_added: Fact | None = None
-    fact_replaced: int | None = None  # the id of the fact the added one replaced
+    # The facts noted after the reply, each with the id of the fact it replaced (or None):
+    # this message's, after those of earlier messages whose look was postponed.
+    noted: list[tuple[Fact, int | None]] = field(default_factory=list)
     warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
     discarded: bool = False  # a deletion raced the reply, which was shown but not logged
     timings: TurnTimings = field(default_factory=TurnTimings)
+
+    @property
+    def fact_added(self) -> Fact | None:
+        """The newest fact noted after the reply."""
+        return self.noted[-1][0] if self.noted else None
+
+    @property
+    def fact_replaced(self) -> int | None:
+        """The id of the fact that `fact_added` replaced."""
+        return self.noted[-1][1] if self.noted else None
 
     def to_dict(self) -> dict:
         return {
@@ -168,20 +186,74 @@ class TurnResult:
             "budget": self.prompt.budget,
             "collapsed": bool(self.collapses),
             "collapses": [c.to_dict() for c in self.collapses],
-            "fact_added": None
-            if self.fact_added is None
-            else {
-                "id": self.fact_added.id,
-                "text": self.fact_added.text,
-                "source": self.fact_added.source,
-                "replaces": self.fact_replaced,
-            },
+            "fact_added": None if not self.noted else _noted_dict(*self.noted[-1]),
+            "facts_added": [_noted_dict(fact, replaced) for fact, replaced in self.noted],
             "warm_prefilled_tokens": self.warm_prefilled_tokens,
             "timings": self.timings.to_dict(),
             "facts_left_out": self.prompt.facts_left_out,
             "shortened_messages": self.prompt.shortened,
             "recalled": self.prompt.recalled,
         }
+
+
+@dataclass(frozen=True)
+class Found:
+    """A fact taken from a message after the reply, checked, not stored yet, and the id of
+    the current fact it makes out of date (or None)."""
+
+    text: str
+    message: Turn
+    replaces: int | None
+
+
+def _insert_found(
+    con: duckdb.DuckDBPyConnection, found: list[Found]
+) -> list[tuple[Fact, int | None]]:
+    """Store the facts `found` (inside a store operation), each with the id of the fact it
+    replaced; one stored meanwhile is not stored twice (extraction checked those it was
+    shown)."""
+    noted: list[tuple[Fact, int | None]] = []
+    for f in found:
+        if duplicate_of(con, f.text) is not None:
+            continue
+        added = insert_fact(con, f.text, "automatic", f.message.id)
+        replaced = f.replaces
+        if replaced is not None and not mark_replaced(con, replaced, added.id, added.created_at):
+            replaced = None
+        noted.append((added, replaced))
+    return noted
+
+
+def checked_message(text: str, settings: ChatSettings) -> str:
+    """The person's message as it is logged (stripped), or InputError."""
+    text = check_text(text).strip()
+    if not text:
+        raise InputError("empty message")
+    if len(text) > settings.max_message_chars:
+        raise InputError(
+            f"the message has {len(text):,} characters, over the limit of "
+            f"{settings.max_message_chars:,} (--max-message-chars); nothing was logged"
+        )
+    return text
+
+
+def log_message(
+    engine: Engine, store: Store, conversation: str, text: str, settings: ChatSettings
+) -> Turn:
+    """Log a message before its turn can begin (then `Companion.begin(text, logged=turn)`): a
+    message sent while the model still works on the last turn's memory is in the log at once
+    (layer 2 first), whatever happens to the process while it waits. Callable from another
+    thread than the model's: the store runs one operation at a time, and encoding text does
+    not touch the model."""
+    text = checked_message(text, settings)
+    ids = engine.encode_text(text)
+    return store.append_turn(
+        conversation, "user", text, len(ids), sampled_ids=ids, sampled_by=engine.model_id
+    )
+
+
+def _noted_dict(fact: Fact, replaced: int | None) -> dict:
+    return {"id": fact.id, "text": fact.text, "source": fact.source, "replaces": replaced}
 
 
 class Companion:
@@ -212,6 +284,9 @@ class Companion:
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)
         self._epoch: int | None = None  # the forget epoch of the last turn
+        # Messages whose look for a fact a waiting message stopped, oldest first: looked at
+        # again after the next reply (see _look_for_facts).
+        self._postponed: list[Turn] = []
         self._timings: TurnTimings | None = None  # the turn being begun, timed
         # The store as the last turn left it, and the store's mark() then (see _keep).
         self._kept: tuple[Snapshot, tuple[int, int]] | None = None
@@ -328,6 +403,7 @@ class Companion:
         on_status: Callable[[str], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         on_written: Callable[[TurnResult], None] | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> TurnResult:
         """The rest of a turn after `begin`: stream the reply, then `finish` it. `on_written`
         is called once the whole reply is out and logged, before the memory work after it,
@@ -335,8 +411,9 @@ class Companion:
         written, ids, stats = self._stream_reply(turn.prompt, on_text, should_stop, turn.timings)
         interrupted = stats.finish_reason == "interrupted"
         return self.finish(
-            turn, written, stats, None if interrupted else ids, on_status, on_logged=on_written
-        )
+            turn, written, stats, None if interrupted else ids, on_status,
+            on_logged=on_written, should_yield=should_yield,
+        )  # fmt: skip
 
     def begin(
         self,
@@ -361,26 +438,11 @@ class Companion:
 
     def log_message(self, text: str) -> Turn:
         """Log the person's message now, before its turn can begin (then `begin(text,
-        logged=turn)`): a message sent while the last turn's memory work runs is in the log at
-        once (layer 2 first), whatever happens to the process while it waits. Callable from
-        another thread than the model's: the store runs one operation at a time."""
-        text = self._checked(text)
-        ids = self.engine.encode_text(text)
-        return self.store.append_turn(
-            self.conversation, "user", text, len(ids), sampled_ids=ids,
-            sampled_by=self.engine.model_id,
-        )  # fmt: skip
+        logged=turn)`): see log_message."""
+        return log_message(self.engine, self.store, self.conversation, text, self.settings)
 
     def _checked(self, text: str) -> str:
-        text = check_text(text).strip()
-        if not text:
-            raise InputError("empty message")
-        if len(text) > self.settings.max_message_chars:
-            raise InputError(
-                f"the message has {len(text):,} characters, over the limit of "
-                f"{self.settings.max_message_chars:,} (--max-message-chars); nothing was logged"
-            )
-        return text
+        return checked_message(text, self.settings)
 
     def _begin(
         self,
@@ -443,9 +505,11 @@ class Companion:
     def _after_deletions(self, epoch: int) -> None:
         """A deletion since this Companion's last turn (through any front end) moved the
         forget epoch: the fact extractor's slot in memory ends with an older message, which
-        may be the deleted one, so it goes. (The chat slot is trimmed to the new prompt.)"""
+        may be the deleted one, so it goes, with the messages postponed for a fact. (The chat
+        slot is trimmed to the new prompt.)"""
         if self._epoch is not None and epoch != self._epoch:
             self.engine.drop_slot(FACTS_SLOT)
+            self._postponed.clear()  # one of them may be what was deleted
         self._epoch = epoch
 
     def finish(
@@ -457,13 +521,18 @@ class Companion:
         on_status: Callable[[str], None] | None = None,
         at: datetime | None = None,
         on_logged: Callable[[TurnResult], None] | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> TurnResult:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
         wrote all of it; written at `at`, if not now; then `on_logged(result)`, the result so
         far: the reply, its stats, whether it was discarded, no fact yet), fold ahead for the
         next message, extract a fact, save the cache. The reply is logged first, in an
         operation of its own, which also saves the cache when nothing else follows; summaries
-        and a fact are stored together afterwards, with the cache, in one more."""
+        and facts are stored together afterwards, with the cache, in one more.
+
+        `should_yield()` turning true means a message is waiting for the model: the look for
+        a fact stops and is postponed to the next turn (the fold and the cache's warm-up do
+        not: the next prompt is built on them)."""
         interrupted = stats.finish_reason == "interrupted"
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
         result.timings = turn.timings
@@ -490,7 +559,12 @@ class Companion:
                 crash_point("turn:reply-logged")
                 logged = with_turn(snap, logged_turn)
                 prompt = self._assemble(logged)
-                more = extract or turn.prompt.recalled or not prompt.fits(room + self.recall_room)
+                more = (
+                    extract
+                    or bool(self._postponed and not interrupted)
+                    or turn.prompt.recalled
+                    or not prompt.fits(room + self.recall_room)
+                )
                 if not more:
                     self._save_slot()
         except StaleError:
@@ -513,8 +587,7 @@ class Companion:
             self._keep(logged)
             return self._counted(result)
         events: list[CollapseEvent] = []
-        fact: str | None = None
-        replaces: int | None = None
+        found: list[Found] = []
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
@@ -523,14 +596,14 @@ class Companion:
             # reply: rebuild the cache now, so the next turn prefills only its own message.
             rebuilt = events or turn.prompt.recalled
             result.warm_prefilled_tokens = self._warm_cache(after) if rebuilt else 0
-            if extract:
-                fact = self._extract(turn.user, snap.facts, on_status)
-            if fact is not None:
-                replaces = self._replaces(fact, snap.facts)
+            if not interrupted:
+                found = self._look_for_facts(
+                    turn.user if extract else None, snap.facts, on_status, should_yield
+                )
         except KeyboardInterrupt:
             pass  # best effort: the folds done are kept; the next turn folds first if need be
         result.collapses += events
-        self._keep(self._store_derived(logged, events, fact, turn.user, result, replaces))
+        self._keep(self._store_derived(logged, events, found, result))
         return self._counted(result)
 
     def _counted(self, result: TurnResult) -> TurnResult:
@@ -542,15 +615,12 @@ class Companion:
         self,
         logged: Snapshot,
         events: list[CollapseEvent],
-        fact: str | None,
-        user: Turn,
+        found: list[Found],
         result: TurnResult,
-        replaces: int | None = None,
     ) -> Snapshot | None:
-        """Store what the turn derived after its reply (the folds' summaries, a fact taken
-        from the `user` message) and save the cache, in one operation and only if nothing was
-        deleted since the turn read the store; return the store as it is then (None if
-        discarded)."""
+        """Store what the turn derived after its reply (the folds' summaries, the facts
+        `found`) and save the cache, in one operation and only if nothing was deleted since
+        the turn read the store; return the store as it is then (None if discarded)."""
         made = [e.summary for e in events if e.summary is not None]
         try:
             with self.store.steps(logged.forget_epoch) as transaction:
@@ -559,23 +629,17 @@ class Companion:
                         for summary in made:
                             logged = with_summary(logged, insert_summary(con, summary))
                     crash_point("turn:summary-written")
-                if fact is not None:
+                if found:
                     with transaction() as con:
-                        # one stored meanwhile (extraction checked those it was shown)
-                        if duplicate_of(con, fact) is None:
-                            added = insert_fact(con, fact, "automatic", user.id)
-                            result.fact_added = added
-                            if replaces is not None and mark_replaced(
-                                con, replaces, added.id, added.created_at
-                            ):
-                                result.fact_replaced = replaces
-                    if result.fact_added is not None:
-                        logged = with_fact(logged, result.fact_added, result.fact_replaced)
+                        result.noted = _insert_found(con, found)
+                    for fact, replaced in result.noted:
+                        logged = with_fact(logged, fact, replaced)
                 self._save_slot()
         except StaleError:
-            # A deletion raced the summary or the fact: neither is kept, nor the cache, which
+            # A deletion raced the summary or the facts: none is kept, nor the cache, which
             # may hold what was deleted; the next turn starts afresh.
-            result.fact_added = result.fact_replaced = None
+            result.noted = []
+            self._postponed.clear()
             self.engine.drop_slot(self.slot)
             return None
         return logged
@@ -692,12 +756,74 @@ class Companion:
         self.engine.save_slots([self.slot])
         crash_point("turn:cache-saved")
 
-    def _extract(self, user: Turn, facts: list[Fact], on_status) -> str | None:
-        """A fact taken from the person's message, checked, not stored yet (or None)."""
+    @property
+    def postponed(self) -> int:
+        """How many messages wait for their look for a fact (see finish)."""
+        return len(self._postponed)
+
+    def catch_up(
+        self, should_yield: Callable[[], bool] | None = None
+    ) -> list[tuple[Fact, int | None]]:
+        """Look for facts in the messages postponed so far, while the model is otherwise idle
+        (a server between requests, a chat being left), and store what is found; each noted
+        fact comes with the id of the fact it replaced. None if a deletion came since the
+        messages were postponed: they may be among what was deleted."""
+        if not self._postponed:
+            return []
+        snap = self.store.snapshot(self.conversation)
+        self._after_deletions(snap.forget_epoch)
+        found = self._look_for_facts(None, snap.facts, None, should_yield)
+        if not found:
+            return []
+        try:
+            with self.store.steps(snap.forget_epoch) as transaction:
+                with transaction() as con:
+                    return _insert_found(con, found)
+        except StaleError:
+            self._postponed.clear()
+            return []
+
+    def _look_for_facts(
+        self,
+        user: Turn | None,
+        facts: list[Fact],
+        on_status,
+        should_yield: Callable[[], bool] | None,
+    ) -> list[Found]:
+        """Look for a fact in each message postponed so far, oldest first, then in `user`'s
+        (None: this message is not looked at). Each look stops when `should_yield()` turns
+        true (a message is waiting for the model), and it and the rest are postponed again:
+        the person never waits for a fact, and a fact is never lost to a fast typist, since
+        beyond POSTPONE_LIMIT messages the oldest is looked at without yielding."""
+        queue = [*self._postponed, *([user] if user is not None else [])]
+        self._postponed = []
+        found: list[Found] = []
+        shown = [f.text for f in facts]
+        for i, message in enumerate(queue):
+            stop = should_yield if len(queue) - i <= POSTPONE_LIMIT else None
+            if stop is not None and stop():
+                fact: str | object | None = POSTPONED
+            else:
+                fact = self._extract(message, shown, on_status, stop)
+            if fact is POSTPONED:
+                self._postponed = queue[i:]
+                break
+            if isinstance(fact, str):
+                found.append(Found(fact, message, self._replaces(fact, facts)))
+                shown.append(fact)
+        return found
+
+    def _extract(
+        self, user: Turn, facts: list[str], on_status, should_stop: Callable[[], bool] | None
+    ) -> str | object | None:
+        """A fact taken from the person's message, checked, not stored yet; None; or
+        POSTPONED if `should_stop()` stopped the model's answer."""
         if on_status:
             on_status("looking for something to remember")
         try:
-            fact = self.extractor.extract(user.text, [f.text for f in facts])
+            fact = self.extractor.extract(user.text, facts, should_stop)
+            if self.extractor.last_outcome == "postponed":
+                return POSTPONED
             return None if fact is None else check_fact_text(fact)
         except Exception as exc:  # noqa: BLE001 - extraction is best effort by design
             warnings.warn(f"fact extraction failed: {exc}", stacklevel=2)

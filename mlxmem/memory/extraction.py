@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
@@ -332,19 +332,35 @@ class FactExtractor:
                 return fid
         return None
 
-    def extract(self, message: str, existing: Iterable[str]) -> str | None:
-        fact, outcome = self._extract(message, existing)
+    def extract(
+        self,
+        message: str,
+        existing: Iterable[str],
+        should_stop: Callable[[], bool] | None = None,
+    ) -> str | None:
+        """The fact `message` gives, or None. If `should_stop()` turns true while the model
+        answers, the call stops there: the outcome is "postponed" (ask again later)."""
+        fact, outcome = self._extract(message, existing, should_stop)
         self.outcomes[outcome] += 1
         self.last_outcome = outcome
         return fact
 
-    def _extract(self, message: str, existing: Iterable[str]) -> tuple[str | None, str]:
+    def _extract(
+        self,
+        message: str,
+        existing: Iterable[str],
+        should_stop: Callable[[], bool] | None,
+    ) -> tuple[str | None, str]:
         if not should_extract(message):
             return None, "short"
         prompt = self.prompt(message)
         if prompt is None:
             return None, "no_room"
-        result = self.engine.generate(prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0)
+        result = self.engine.generate(
+            prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0, should_stop=should_stop
+        )
+        if result.stats.finish_reason == "interrupted":
+            return None, "postponed"
         self.last_answer = result.text
         if result.stats.finish_reason == "length":
             return None, "ran_long"  # an answer that ran to the limit is not one short sentence

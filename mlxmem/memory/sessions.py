@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.store import Store
+from mlxmem.memory.store import Fact, Store
 
 # Companions kept between turns. One is cheap to rebuild from the store, so the least recently
 # used goes beyond this: a client inventing names cannot grow the server without bound. (The
@@ -59,6 +60,19 @@ class Sessions:
                 engine.drop_slot(gone.slot)
         self._companions.move_to_end(conversation)
         return companion
+
+    def catch_up(
+        self, should_yield: Callable[[], bool]
+    ) -> list[tuple[str, list[tuple[Fact, int | None]]]]:
+        """Each kept conversation's postponed looks for a fact (Companion.catch_up), until
+        `should_yield()`; the facts noted, by conversation."""
+        noted = []
+        for name, companion in list(self._companions.items()):
+            if should_yield():
+                break
+            if companion.postponed and (facts := companion.catch_up(should_yield)):
+                noted.append((name, facts))
+        return noted
 
     def saw_epoch(self, engine: Engine, current: Companion, epoch: int) -> None:
         """Called with each turn's forget epoch. When it moved (a deletion, through any front

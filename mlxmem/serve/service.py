@@ -15,10 +15,10 @@ from typing import Any
 
 from mlxmem.engine import Engine
 from mlxmem.errors import MlxmemError
-from mlxmem.memory.companion import ChatSettings, TurnResult
+from mlxmem.memory.companion import ChatSettings, TurnResult, log_message
 from mlxmem.memory.facts import Fact
 from mlxmem.memory.sessions import Sessions
-from mlxmem.memory.store import Store
+from mlxmem.memory.store import Store, Turn
 
 from .schema import ApiError, ChatRequest
 from .worker import ModelWorker
@@ -93,6 +93,8 @@ class ChatService:
         # The fact each conversation's last turn noted after its response ended: told with
         # the next response in that conversation (as the REPL tells it before the next turn).
         self.noted: dict[str, tuple[Fact, int | None]] = {}  # (fact, the fact it replaced)
+        # Set while the model does the memory work after a reply (see start_turn).
+        self._memory_work = threading.Event()
 
     def close(self) -> None:
         """Stop the model's thread (the running job finishes), then let the store go."""
@@ -103,9 +105,18 @@ class ChatService:
 
     def start_turn(self, request: ChatRequest) -> tuple[TurnEvents, Future]:
         """Queue one turn; returns its events and the queued job (cancel it if the client goes
-        before it starts)."""
+        before it starts). If the model is doing the memory work after a reply, the message is
+        logged now, before it waits (layer 2 first), and that work's look for a fact gives way
+        to it. (Behind another reply it is logged when its turn starts: a client that leaves
+        before then leaves nothing in the log.)"""
         events = TurnEvents()
-        job = self.worker.submit(lambda engine: self._turn(engine, request, events))
+        logged = None
+        engine = self.worker.engine
+        if engine is not None and self._memory_work.is_set():
+            check_history(self.store, request.conversation, request.history)
+            settings = self._settings(request)
+            logged = log_message(engine, self.store, request.conversation, request.text, settings)
+        job = self.worker.submit(lambda engine: self._turn(engine, request, events, logged))
         return events, job
 
     def context(self, conversation: str, draft: str | None = None) -> dict:
@@ -135,19 +146,25 @@ class ChatService:
 
         return self.worker.call(job)
 
-    def _turn(self, engine: Engine, request: ChatRequest, events: TurnEvents) -> None:
+    def _turn(
+        self, engine: Engine, request: ChatRequest, events: TurnEvents, message: Turn | None
+    ) -> None:
+        """One turn on the model's thread; `message`: the request's message if it was logged
+        already (see start_turn)."""
         logged: list[TurnResult] = []
         try:
             companion = self.sessions.get(engine, request.conversation)
-            check_history(self.store, request.conversation, request.history)
+            if message is None:
+                check_history(self.store, request.conversation, request.history)
             companion.settings = self._settings(request)
-            turn = companion.begin(request.text)
+            turn = companion.begin(request.text, logged=message)
             # Any deletion since the last turn, through this server or the CLI, moved it.
             self.sessions.saw_epoch(engine, companion, turn.snapshot.forget_epoch)
             events.put("begun")
 
             def reply_logged(result: TurnResult) -> None:
                 logged.append(result)
+                self._memory_work.set()
                 # Told once the reply is out: a turn that fails before keeps it for the next.
                 earlier = self.noted.pop(request.conversation, None)
                 events.put("logged", (result, earlier))
@@ -157,8 +174,10 @@ class ChatService:
                 on_text=lambda text: events.put("text", text),
                 should_stop=events.stop.is_set,
                 on_written=reply_logged,
+                should_yield=self.worker.waiting,
             )
         except Exception as exc:  # noqa: BLE001 - the request's thread answers it
+            self._memory_work.clear()
             if not logged:
                 events.put("error", exc)
                 return
@@ -169,6 +188,18 @@ class ChatService:
         if result.fact_added is not None:
             self.noted[request.conversation] = (result.fact_added, result.fact_replaced)
         events.put("done", result)
+        try:
+            self._catch_up()
+        except Exception as exc:  # noqa: BLE001 - no client to tell; the facts are best effort
+            _log_memory_work_failure(exc)
+        finally:
+            self._memory_work.clear()
+
+    def _catch_up(self) -> None:
+        """With no request waiting, look for the facts other conversations' turns postponed
+        (a request came while their memory work ran), giving way again to the next request."""
+        for name, noted in self.sessions.catch_up(self.worker.waiting):
+            self.noted[name] = noted[-1]
 
     def _settings(self, request: ChatRequest) -> ChatSettings:
         """The server's settings with the sampling options this request set."""

@@ -23,6 +23,8 @@ class ModelWorker:
     def __init__(self, load_engine: Callable[[], Engine], max_waiting: int = MAX_WAITING):
         self.max_waiting = max_waiting
         self._jobs: queue.Queue = queue.Queue()
+        self._running = False  # a job is on the model's thread
+        self.engine: Engine | None = None  # once loaded (its tokenizer serves any thread)
         loaded: Future[None] = Future()
         self._thread = threading.Thread(
             target=self._run, args=(load_engine, loaded), name="mlxmem-model", daemon=True
@@ -37,6 +39,14 @@ class ModelWorker:
         future: Future[T] = Future()
         self._jobs.put((job, future))
         return future
+
+    def waiting(self) -> bool:
+        """Whether a job waits for the model (memory work gives way to it)."""
+        return not self._jobs.empty()
+
+    def busy(self) -> bool:
+        """Whether a job runs or waits: a new one would not start at once."""
+        return self._running or self.waiting()
 
     def call(self, job: Callable[[Engine], T]) -> T:
         """Run `job(engine)` on the model's thread and wait for its result."""
@@ -59,12 +69,16 @@ class ModelWorker:
         except BaseException as exc:  # noqa: BLE001 - handed to the thread that started us
             loaded.set_exception(exc)
             return
+        self.engine = engine
         loaded.set_result(None)
         while (item := self._jobs.get()) is not None:
             job, future = item
             if not future.set_running_or_notify_cancel():
                 continue  # its client went away while it waited
+            self._running = True
             try:
                 future.set_result(job(engine))
             except BaseException as exc:  # noqa: BLE001 - the caller's thread raises it
                 future.set_exception(exc)
+            finally:
+                self._running = False

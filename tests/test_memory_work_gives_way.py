@@ -1,0 +1,155 @@
+"""The memory work after a reply gives way to the person's next message: the look for a fact
+stops where it is and is done after the next reply (the fold and the cache's warm-up, which
+the next prompt is built on, do not stop). A fact is never lost to a fast typist: beyond
+POSTPONE_LIMIT messages, the oldest is looked at without giving way. A deletion meanwhile
+drops what was postponed."""
+
+import io
+import threading
+
+from conftest import FACT
+from serve_helpers import fake_server
+from test_serve import ask, log, wait_for
+
+from mlxmem.cli.repl import Session
+from mlxmem.cli.terminal import Terminal
+from mlxmem.memory.companion import POSTPONE_LIMIT, ChatSettings, Companion
+from mlxmem.memory.store import Store
+from mlxmem.testing import FakeEngine
+
+LONG = "I have a cat called Miso and she is the most important one to me, truly. {}"
+
+
+def facts_of(answers):
+    """A fake model whose extraction answers are `answers` in turn, "fine." otherwise."""
+    it = iter(answers)
+    return lambda prompt: next(it) if "durable facts" in prompt else "fine."
+
+
+def make(responder, budget=2000):
+    store = Store()
+    engine = FakeEngine(responder)
+    return engine, store, Companion(engine, store, "default", budget, 120, ChatSettings())
+
+
+def turn(companion, text, should_yield=None):
+    return companion.reply(companion.begin(text), should_yield=should_yield)
+
+
+def test_a_look_stopped_by_a_waiting_message_is_done_after_the_next_reply():
+    answers = facts_of([FACT, FACT, "The user drinks green tea every morning."])
+    waiting = threading.Event()  # the next message comes while the model answers
+
+    def responder(prompt: str) -> str:
+        if "durable facts" in prompt:
+            waiting.set()
+        return answers(prompt)
+
+    engine, store, companion = make(responder)
+    first = turn(companion, LONG.format(1), should_yield=waiting.is_set)
+    assert first.noted == [] and store.facts() == []
+    assert companion.postponed == 1 and companion.extractor.outcomes["postponed"] == 1
+    # The model was asked, and its answer stopped after one token.
+    assert engine.slots["facts"][-1] == engine.encode_text(FACT)[0]
+    second = turn(companion, "I drink a cup of green tea every morning before work, and another one at four.")
+    # Both messages looked at after the second reply, the older first.
+    assert [f.text for f, _ in second.noted] == [FACT, "The user drinks green tea every morning."]
+    user_ids = [t.id for t in store.turns("default") if t.role == "user"]
+    assert [f.message_id for f in store.facts()] == user_ids
+    assert companion.postponed == 0
+    assert second.to_dict()["facts_added"][0]["text"] == FACT
+    assert second.to_dict()["fact_added"]["text"] == "The user drinks green tea every morning."
+
+
+def test_beyond_the_limit_the_oldest_look_does_not_give_way():
+    _, store, companion = make(facts_of([FACT] * 10))
+    for i in range(POSTPONE_LIMIT):
+        assert turn(companion, LONG.format(i), should_yield=lambda: True).noted == []
+    assert companion.postponed == POSTPONE_LIMIT
+    # One more message than the limit: the oldest is looked at, the rest wait.
+    result = turn(companion, LONG.format("again"), should_yield=lambda: True)
+    assert [f.text for f, _ in result.noted] == [FACT]
+    assert companion.postponed == POSTPONE_LIMIT
+    first_user = store.turns("default")[0]
+    assert store.facts()[0].message_id == first_user.id
+
+
+def test_a_deletion_drops_the_postponed_looks():
+    _, store, companion = make(facts_of([FACT] * 5))
+    turn(companion, LONG.format("secret"), should_yield=lambda: True)
+    assert companion.postponed == 1
+    store.delete_turns([store.turns("default")[0].id])
+    result = turn(companion, "A short one, with no fact to look for.")
+    assert result.noted == [] and store.facts() == []
+    assert companion.postponed == 0
+
+
+def test_catch_up_looks_at_what_was_postponed():
+    _, store, companion = make(facts_of([FACT, FACT]))
+    turn(companion, LONG.format(1), should_yield=lambda: True)
+    noted = companion.catch_up()
+    assert [f.text for f, _ in noted] == [FACT] and [f.text for f in store.facts()] == [FACT]
+    assert companion.postponed == 0 and companion.catch_up() == []
+
+
+def test_at_the_repl_a_message_sent_during_the_look_waits_not_for_it(capsys):
+    release, extracting = threading.Event(), threading.Event()
+    looks = []
+
+    def responder(prompt: str) -> str:
+        if "durable facts" in prompt:
+            looks.append(prompt)
+            if len(looks) == 1:  # the first look is held until the next message is sent
+                extracting.set()
+                assert release.wait(30)
+            return FACT
+        return "Noted."
+
+    store = Store()
+
+    def open_chat(model: str, conversation: str) -> Companion:
+        return Companion(FakeEngine(responder), store, conversation, 2000, 120, ChatSettings())
+
+    session = Session(open_chat, "fake", "default", Terminal(io.StringIO()))
+    with session.companion.store.holding():
+        session.send(LONG.format(1))
+        assert extracting.wait(30)
+        first = session.pending
+        threading.Timer(0.2, release.set).start()
+        session.send("And what else?")  # the look gives way: no fact from the first turn
+        assert first.result().noted == []
+        session.settle()  # the second turn's work looks at the first message
+    session.model_thread.close()
+    assert [f.text for f in Store().facts()] == [FACT]
+    assert len(looks) == 2  # asked again after the second reply
+    assert f"remembered [1] {FACT}" in capsys.readouterr().err
+
+
+def test_serve_logs_a_request_that_comes_during_memory_work_at_once():
+    release, extracting = threading.Event(), threading.Event()
+
+    def model(prompt: str) -> str:
+        if "durable facts" in prompt:
+            if not extracting.is_set():  # the first look is held
+                extracting.set()
+                assert release.wait(30)
+            return FACT
+        return "I hear you."
+
+    with fake_server(FakeEngine(model), extract_facts=True) as server:
+        ask(server, LONG.format(1))  # the response ends; the look for a fact is held
+        assert extracting.wait(30)
+        second = threading.Thread(target=lambda: ask(server, "And the dog?"))
+        second.start()
+        # In the log while the memory work it waits for still runs.
+        wait_for(lambda: log()[-1:] == [("user", "And the dog?")])
+        release.set()
+        second.join(30)
+        # The postponed look was done after the second reply.
+        wait_for(lambda: [f.text for f in Store().facts()] == [FACT])
+    assert log() == [
+        ("user", LONG.format(1)),
+        ("assistant", "I hear you."),
+        ("user", "And the dog?"),
+        ("assistant", "I hear you."),
+    ]
