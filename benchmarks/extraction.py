@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from mlxmem.engine import MLXEngine
@@ -34,6 +35,7 @@ def main() -> None:
     messages = [user for user, _ in pairs]
     kept: list[dict] = []
     answers: list[dict] = []
+    outcomes: Counter[str] = Counter()
     seen = considered = 0
     start = time.perf_counter()
     for text in messages:
@@ -43,13 +45,14 @@ def main() -> None:
         if not should_extract(text):
             continue
         seen += 1
-        fact = extractor.extract(text, [k["fact"] for k in kept])
-        answers.append({"outcome": extractor.last_outcome, "answer": extractor.last_answer})
-        if fact is not None:
-            kept.append({"message": text, "fact": fact})
+        look = extractor.extract(text, [k["fact"] for k in kept])
+        outcomes[look.outcome] += 1
+        answers.append({"outcome": look.outcome, "answer": look.answer})
+        if look.fact is not None:
+            kept.append({"message": text, "fact": look.fact})
         # One line per message on stderr, so that a run stopped early still says what it did.
         line = {"n": seen, "considered": considered, "s": round(time.perf_counter() - start, 1)}
-        line |= {"outcome": extractor.last_outcome, "answer": extractor.last_answer}
+        line |= {"outcome": look.outcome, "answer": look.answer}
         print(json.dumps(line | {"message": text}), file=sys.stderr, flush=True)
     print(
         json.dumps(
@@ -58,7 +61,7 @@ def main() -> None:
                 "conversation": args.conversation,
                 "messages_considered": considered,
                 "sent_to_extractor": seen,
-                "outcomes": dict(extractor.outcomes),
+                "outcomes": dict(outcomes),
                 "facts_per_100_messages": 100 * len(kept) / max(considered, 1),
                 "kept": kept,
                 "answers": answers,

@@ -266,11 +266,11 @@ def test_extraction_outcomes_are_counted_by_the_filter_that_decided():
 
     _, store, companion = make(budget=2000, responder=responder)
     long = "I have a cat called Miso and she sleeps on the balcony every afternoon, all summer."
+    looks = []
     for text in ["short one", long, long + " Again.", long + " Once more.", long + " Last."]:
-        companion.send(text)
+        looks += companion.send(text).looks
     # The short message is never sent to the extractor; each other one has one outcome.
-    assert companion.extractor.outcomes == {"kept": 1, "duplicate": 1, "none": 1, "markup": 1}
-    assert companion.extractor.last_outcome == "markup"
+    assert looks == ["kept", "duplicate", "none", "markup"]
     assert [f.text for f in store.facts()] == [FACT]
 
 

@@ -48,10 +48,12 @@ def test_a_look_stopped_by_a_waiting_message_is_done_after_the_next_reply():
     engine, store, companion = make(responder)
     first = turn(companion, LONG.format(1), should_yield=waiting.is_set)
     assert first.noted == [] and store.facts() == []
-    assert companion.postponed == 1 and companion.extractor.outcomes["postponed"] == 1
+    assert companion.postponed == 1 and first.looks == ["postponed"]
     # The model was asked, and its answer stopped after one token.
     assert engine.slots["facts"][-1] == engine.encode_text(FACT)[0]
-    second = turn(companion, "I drink a cup of green tea every morning before work, and another one at four.")
+    second = turn(
+        companion, "I drink a cup of green tea every morning before work, and another one at four."
+    )
     # Both messages looked at after the second reply, the older first.
     assert [f.text for f, _ in second.noted] == [FACT, "The user drinks green tea every morning."]
     user_ids = [t.id for t in store.turns("default") if t.role == "user"]

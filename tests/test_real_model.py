@@ -269,12 +269,12 @@ def test_fact_extraction_filters_hold_on_real_output(engine):
     extractor = FactExtractor(engine, budget=1024)
     for message in MESSAGES:
         raw = engine.generate(extractor.prompt(message), slot="facts", max_tokens=48, temp=0.0).text
-        fact = extractor.extract(message, existing=[])
+        fact = extractor.extract(message, existing=[]).fact
         assert fact == judge(raw, engine.special_tokens, message)[0] or fact is None
         if fact is not None:
             assert "\n" not in fact and len(fact) <= MAX_FACT_CHARS
             assert not any(s in fact for s in engine.special_tokens)
-            assert extractor.extract(message, existing=[fact]) is None  # a duplicate now
+            assert extractor.extract(message, existing=[fact]).fact is None  # a duplicate now
 
 
 def test_a_conversation_deleted_from_another_process_during_a_slow_reply_stays_gone(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -188,17 +189,18 @@ def run_fact_eval(
         users = users[:messages]
     extractor = FactExtractor(engine, budget)
     kept: list[tuple[str, str]] = []
+    outcomes: Counter[str] = Counter()
     for i, turn in enumerate(users, 1):
-        fact = extractor.extract(turn["text"], [f for f, _ in kept])
-        if fact is not None:
-            kept.append((fact, turn["id"]))
+        look = extractor.extract(turn["text"], [f for f, _ in kept])
+        outcomes[look.outcome] += 1
+        if look.fact is not None:
+            kept.append((look.fact, turn["id"]))
         if progress is not None:
             progress(i, len(users))
     result = score_facts(
         kept, observations, [t["id"] for t in users], (conv.user_name, conv.assistant_name)
     )
     per_100 = 100 / len(users) if users else 0.0
-    outcomes = dict(extractor.outcomes)
     return {
         "conversation": conv_id,
         "messages": len(users),
@@ -210,7 +212,7 @@ def run_fact_eval(
                 k: round(v * per_100, 2) for k, v in sorted(outcomes.items()) if k != "kept"
             },
         },
-        "outcomes": outcomes,
+        "outcomes": dict(outcomes),
     }
 
 

@@ -776,15 +776,18 @@ def _run_one(
             engine, store, CONVERSATION, context_tokens, response_reserve, settings
         )
         added = 0
+        outcomes: Counter[str] = Counter()
         for i, (user, reply) in enumerate(pairs):
             progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
-            added += replay_turn(companion, user, reply, times[i]).fact_added is not None
+            result = replay_turn(companion, user, reply, times[i])
+            added += len(result.noted)
+            outcomes.update(result.looks)
         replay_s = time.perf_counter() - start
         items, log = [], log_view(companion, seq_of)
         for j, question in enumerate(questions):
             progress(f"{conv.id} question {j + 1}/{len(questions)}", len(pairs) + j, total)
             items.append(probe(companion, conv, question, log, answers))
-        layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added)
+        layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added, outcomes)
         for slot in (companion.slot, *(f"probe/{c}" for c in CONFIGS)):
             engine.drop_slot(slot)
     layers["replay_seconds"] = replay_s
@@ -807,9 +810,10 @@ def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, ans
             companion = ReplayCompanion(engine, store, name, *budget, settings)
             for i, (user, reply) in enumerate(pairs):
                 progress(f"{conv.id} {name} replay {i + 1}/{len(pairs)}", done, total)
-                added += replay_turn(companion, user, reply, times[i]).fact_added is not None
+                result = replay_turn(companion, user, reply, times[i])
+                added += len(result.noted)
+                outcomes.update(result.looks)
                 done += 1
-            outcomes.update(companion.extractor.outcomes)
             engine.drop_slot(companion.slot)
             ids = {t.seq: t.id for t in store.turns(name)}
             where |= {dia: ids[seq] for dia, seq in seq_of.items() if seq in ids}
@@ -843,7 +847,7 @@ def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, ans
     return {"id": conv.id, "exchanges": messages // 2, "items": items, "layers": layers}
 
 
-def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
+def _layer_stats(companion, conv, seq_of, n_pairs, facts, added, outcomes) -> dict:
     store = companion.store
     summaries = store.summaries(CONVERSATION)
     latest = summaries[-1] if summaries else None
@@ -857,7 +861,7 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added) -> dict:
             "per_100_messages": 100 * added / messages if facts and messages else None,
             # What became of each message sent to the extractor: kept, duplicate, or the
             # filter that rejected the answer (see mlxmem.memory.extraction).
-            "outcomes": dict(companion.extractor.outcomes),
+            "outcomes": dict(outcomes),
         },
         "summaries": {
             "count": len(summaries),

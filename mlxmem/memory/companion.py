@@ -28,7 +28,7 @@ from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudg
 from mlxmem.memory.budget import response_reserve as budget_reserve
 from mlxmem.memory.dates import dated, local_day, same_day
 from mlxmem.memory.db import crash_point
-from mlxmem.memory.extraction import FactExtractor, should_extract
+from mlxmem.memory.extraction import FactExtractor, Look, should_extract
 from mlxmem.memory.facts import check_fact_text, duplicate_of, insert_fact, mark_replaced
 from mlxmem.memory.recall import (
     RECALL_SHARE,
@@ -55,7 +55,6 @@ from mlxmem.text import check_text, utc_now
 # Messages whose look for a fact may wait for a later turn: beyond them, the oldest is looked
 # at without giving way to the person's next message (a short wait, and no fact lost).
 POSTPONE_LIMIT = 3
-POSTPONED = object()  # what _extract returns when a waiting message stopped the model
 
 INSTRUCTIONS = (
     "You are a warm, concise companion running on the user's own device. You remember earlier "
@@ -162,6 +161,8 @@ class TurnResult:
     # The facts noted after the reply, each with the id of the fact it replaced (or None):
     # this message's, after those of earlier messages whose look was postponed.
     noted: list[tuple[Fact, int | None]] = field(default_factory=list)
+    # What each look for a fact after the reply came to (Look.outcome), oldest message first.
+    looks: list[str] = field(default_factory=list)
     warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
     discarded: bool = False  # a deletion raced the reply, which was shown but not logged
     timings: TurnTimings = field(default_factory=TurnTimings)
@@ -598,8 +599,9 @@ class Companion:
             result.warm_prefilled_tokens = self._warm_cache(after) if rebuilt else 0
             if not interrupted:
                 found = self._look_for_facts(
-                    turn.user if extract else None, snap.facts, on_status, should_yield
-                )
+                    turn.user if extract else None, snap.facts, on_status, should_yield,
+                    result.looks,
+                )  # fmt: skip
         except KeyboardInterrupt:
             pass  # best effort: the folds done are kept; the next turn folds first if need be
         result.collapses += events
@@ -772,7 +774,7 @@ class Companion:
             return []
         snap = self.store.snapshot(self.conversation)
         self._after_deletions(snap.forget_epoch)
-        found = self._look_for_facts(None, snap.facts, None, should_yield)
+        found = self._look_for_facts(None, snap.facts, None, should_yield, [])
         if not found:
             return []
         try:
@@ -789,12 +791,14 @@ class Companion:
         facts: list[Fact],
         on_status,
         should_yield: Callable[[], bool] | None,
+        looks: list[str],
     ) -> list[Found]:
         """Look for a fact in each message postponed so far, oldest first, then in `user`'s
-        (None: this message is not looked at). Each look stops when `should_yield()` turns
-        true (a message is waiting for the model), and it and the rest are postponed again:
-        the person never waits for a fact, and a fact is never lost to a fast typist, since
-        beyond POSTPONE_LIMIT messages the oldest is looked at without yielding."""
+        (None: this message is not looked at), adding each look's outcome to `looks`. Each
+        look stops when `should_yield()` turns true (a message is waiting for the model), and
+        it and the rest are postponed again: the person never waits for a fact, and a fact is
+        never lost to a fast typist, since beyond POSTPONE_LIMIT messages the oldest is looked
+        at without yielding."""
         queue = [*self._postponed, *([user] if user is not None else [])]
         self._postponed = []
         found: list[Found] = []
@@ -802,32 +806,31 @@ class Companion:
         for i, message in enumerate(queue):
             stop = should_yield if len(queue) - i <= POSTPONE_LIMIT else None
             if stop is not None and stop():
-                fact: str | object | None = POSTPONED
+                look = Look(None, "postponed")
             else:
-                fact = self._extract(message, shown, on_status, stop)
-            if fact is POSTPONED:
+                look = self._extract(message, shown, on_status, stop)
+            looks.append(look.outcome)
+            if look.outcome == "postponed":
                 self._postponed = queue[i:]
                 break
-            if isinstance(fact, str):
-                found.append(Found(fact, message, self._replaces(fact, facts)))
-                shown.append(fact)
+            if look.fact is not None:
+                found.append(Found(look.fact, message, self._replaces(look.fact, facts)))
+                shown.append(look.fact)
         return found
 
     def _extract(
         self, user: Turn, facts: list[str], on_status, should_stop: Callable[[], bool] | None
-    ) -> str | object | None:
-        """A fact taken from the person's message, checked, not stored yet; None; or
-        POSTPONED if `should_stop()` stopped the model's answer."""
+    ) -> Look:
+        """The look for a fact in the person's message; a fact kept is checked, not stored
+        yet."""
         if on_status:
             on_status("looking for something to remember")
         try:
-            fact = self.extractor.extract(user.text, facts, should_stop)
-            if self.extractor.last_outcome == "postponed":
-                return POSTPONED
-            return None if fact is None else check_fact_text(fact)
+            look = self.extractor.extract(user.text, facts, should_stop)
+            return replace(look, fact=look.fact and check_fact_text(look.fact))
         except Exception as exc:  # noqa: BLE001 - extraction is best effort by design
             warnings.warn(f"fact extraction failed: {exc}", stacklevel=2)
-            return None
+            return Look(None, "failed")
 
     def _replaces(self, fact: str, facts: list[Fact]) -> int | None:
         """The id of a current fact that the new automatic `fact` replaces, if any (best

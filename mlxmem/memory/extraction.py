@@ -7,8 +7,8 @@ its answer is kept only if it looks like one short plain sentence that is not al
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine, Message
@@ -283,17 +283,24 @@ def should_extract(message: str) -> bool:
     return len(message.strip()) >= MIN_MESSAGE_CHARS
 
 
+@dataclass(frozen=True)
+class Look:
+    """What the look for a fact in one message came to: the fact (or None); the outcome,
+    "short" (not asked), "no_room", "postponed" (stopped: ask again later), "ran_long" (the
+    answer ran to the token limit), a filter of `judge`, "duplicate", or "kept"; and the
+    model's answer, if it gave one."""
+
+    fact: str | None
+    outcome: str
+    answer: str | None = None
+
+
 class FactExtractor:
-    """One model call per long-enough message; never raises into the chat. `outcomes` counts
-    what became of each message: "short" (not asked), "no_room", "ran_long" (the answer ran
-    to the token limit), a filter of `judge`, "duplicate", or "kept"."""
+    """One model call per long-enough message; never raises into the chat."""
 
     def __init__(self, engine: Engine, budget: int):
         self.engine = engine
         self.budget = budget
-        self.outcomes: Counter[str] = Counter()
-        self.last_answer: str | None = None  # the model's answer to the last message asked
-        self.last_outcome: str | None = None  # and what became of it
 
     def prompt(self, message: str) -> list[int] | None:
         """The extraction prompt, with the message shortened so that the prompt plus the
@@ -337,34 +344,24 @@ class FactExtractor:
         message: str,
         existing: Iterable[str],
         should_stop: Callable[[], bool] | None = None,
-    ) -> str | None:
-        """The fact `message` gives, or None. If `should_stop()` turns true while the model
-        answers, the call stops there: the outcome is "postponed" (ask again later)."""
-        fact, outcome = self._extract(message, existing, should_stop)
-        self.outcomes[outcome] += 1
-        self.last_outcome = outcome
-        return fact
-
-    def _extract(
-        self,
-        message: str,
-        existing: Iterable[str],
-        should_stop: Callable[[], bool] | None,
-    ) -> tuple[str | None, str]:
+    ) -> Look:
+        """Look for the fact `message` gives, not one of the `existing` facts. If
+        `should_stop()` turns true while the model answers, the call stops there."""
         if not should_extract(message):
-            return None, "short"
+            return Look(None, "short")
         prompt = self.prompt(message)
         if prompt is None:
-            return None, "no_room"
+            return Look(None, "no_room")
         result = self.engine.generate(
             prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0, should_stop=should_stop
         )
+        answer = result.text
         if result.stats.finish_reason == "interrupted":
-            return None, "postponed"
-        self.last_answer = result.text
+            return Look(None, "postponed", answer)
         if result.stats.finish_reason == "length":
-            return None, "ran_long"  # an answer that ran to the limit is not one short sentence
-        fact, outcome = judge(result.text, self.engine.special_tokens, message)
+            # An answer that ran to the limit is not one short sentence.
+            return Look(None, "ran_long", answer)
+        fact, outcome = judge(answer, self.engine.special_tokens, message)
         if fact is not None and is_duplicate(fact, existing):
-            return None, "duplicate"
-        return fact, outcome
+            return Look(None, "duplicate", answer)
+        return Look(fact, outcome, answer)
