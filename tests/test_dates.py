@@ -105,17 +105,16 @@ def test_dates_survive_folding_and_each_turn_reads_the_same_as_the_window_slides
     first_dated = 0  # windows whose first turn shows its date
     for i in range(20):
         at = day(8 + i)  # an exchange a day
-        turn = companion.begin(f"Message {i}: the garden grows, slowly, in the sun.", at=at)
-        snap = turn.snapshot
+        text = f"Message {i}: the garden grows, slowly, in the sun."
+        prompt = companion.import_exchange(text, f"Reply {i}.", (at, at)).prompt
+        assert len(prompt.tokens) == len(engine.encode_chat(prompt.messages))  # exact budget
+        assert len(prompt.tokens) + prompt.layers.reserve <= prompt.budget
+        snap = store.snapshot("c")
         before = snap.summary_span and snap.summary_span[1]
         for t, m in zip(snap.turns, companion.window.messages(snap.turns, before), strict=True):
             if seen.setdefault(t.seq, m.content) != m.content:
                 changed.append(t.seq)
         first_dated += snap.summary is not None and seen[snap.turns[0].seq].startswith("[")
-        prompt = turn.prompt
-        assert len(prompt.tokens) == len(engine.encode_chat(prompt.messages))  # exact budget
-        assert len(prompt.tokens) + prompt.layers.reserve <= prompt.budget
-        companion.finish(turn, f"Reply {i}.", engine.generate([1], max_tokens=1).stats, None, at=at)
     assert store.summaries("c"), "the window never folded: the test proves nothing"
     assert changed == []
     assert first_dated > 0  # a dated turn kept its date at the start of the window
@@ -130,16 +129,15 @@ def test_dates_survive_folding_and_each_turn_reads_the_same_as_the_window_slides
 def test_the_newest_message_on_a_new_day_shows_today():
     engine = FakeEngine()
     companion = Companion(engine, Store(), "c", 600, 120, ChatSettings(extract_facts=False))
-    turn = companion.begin("Good morning.", at=day(8))
-    companion.finish(turn, "Morning!", engine.generate([1], max_tokens=1).stats, None, at=day(8))
-    assert companion.begin("Later that day.", at=day(8, 20)).prompt.messages[-1].content == (
+    companion.import_exchange("Good morning.", "Morning!", (day(8), day(8)))
+    assert companion.context("Later that day.", at=day(8, 20)).messages[-1].content == (
         "Later that day."
     )
     assert companion.context("Next day?", at=day(9)).messages[-1].content == (
         "[9 May 2023]\nNext day?"
     )
     assert companion.context("Same day?", at=day(8, 21)).messages[-1].content == "Same day?"
-    newest = companion.begin("A week on.", at=day(15)).prompt.messages[-1]
+    newest = companion.import_exchange("A week on.", "Oh!", (day(15), day(15))).prompt.messages[-1]
     assert newest.content == "[15 May 2023]\nA week on."
 
 

@@ -13,7 +13,6 @@ import subprocess
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from mlxmem.bench import synth
 from mlxmem.defaults import CHAT_SLOT, DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
 from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError
-from mlxmem.memory.companion import Companion, TurnResult
 
 # progress(description, done, total): what a long benchmark reports while it runs.
 Progress = Callable[[str, int, int], None]
@@ -396,20 +394,3 @@ class RecordingEngine(Engine):
     def take_calls(self) -> list[Call]:
         calls, self.calls = self.calls, []
         return calls
-
-
-def replay_turn(
-    companion: Companion,
-    user: str,
-    reply: str,
-    times: tuple[datetime | None, datetime | None] = (None, None),
-) -> TurnResult:
-    """One exchange of a transcript through the memory system: the model prefills the prompt
-    and samples one token (for the timings), and the transcript's `reply` is logged as the
-    assistant's turn. `times`: when the transcript says the message and the reply were
-    written (default: now)."""
-    turn = companion.begin(user, at=times[0])
-    stats = companion.engine.generate(
-        turn.prompt.tokens, slot=companion.slot, max_tokens=1, temp=0.0
-    ).stats
-    return companion.finish(turn, reply, stats, sampled_ids=None, at=times[1])

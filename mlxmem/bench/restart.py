@@ -28,7 +28,6 @@ from mlxmem.bench.common import (
     Spread,
     no_progress,
     ratio,
-    replay_turn,
     synthetic_exchanges,
 )
 from mlxmem.bench.turns import reply_into_cache
@@ -173,7 +172,7 @@ def _fill(model_path: Path, directory: Path, context_tokens: int, reserve: int, 
         cost = engine.count_text(user) + engine.count_text(reply) + 2 * TEMPLATE_SLACK
         if companion.context().layers.free - cost < need:
             break
-        result = replay_turn(companion, user, reply)
+        result = companion.import_exchange(user, reply)
         if not result.collapses:  # as a generated reply would be, the last one is cached too
             reply_into_cache(engine, companion, result)
             engine.save_slots([companion.slot])
@@ -193,7 +192,7 @@ def _first_turn(
     recorder = RecordingEngine(engine)
     companion = _companion(recorder, directory, context_tokens, reserve, seed)
     start = time.perf_counter()
-    result = replay_turn(companion, MESSAGE, REPLY)
+    result = companion.import_exchange(MESSAGE, REPLY)
     call = next(c for c in recorder.calls if c.prompt == result.prompt.tokens)
     trial = RestartTrial(
         ttft_s=call.first_at - start,

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from mlxmem.bench.common import Progress, no_progress, replay_turn
+from mlxmem.bench.common import Progress, no_progress
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.recall import RecallQuery, recall_block
+from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.window import as_messages
@@ -752,15 +752,6 @@ def run_locomo(
     return result
 
 
-class ReplayCompanion(Companion):
-    """The companion of the replay: recall on, so that the window keeps its room free, but
-    no turn of the transcript recalls anything (that would only cost prefill: the replies are
-    the transcript's)."""
-
-    def recall_terms(self, text: str, at: datetime | None = None) -> RecallQuery:
-        return RecallQuery()
-
-
 def _run_one(
     engine, conv, context_tokens, response_reserve, limit, facts, progress, answers=True
 ) -> dict:
@@ -772,14 +763,16 @@ def _run_one(
     with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
         store = Store(Path(tmp) / "eval.duckdb")
         settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True)
-        companion = ReplayCompanion(
+        # Recall on, so that the window keeps its room free; an imported exchange recalls
+        # nothing (its reply is given).
+        companion = Companion(
             engine, store, CONVERSATION, context_tokens, response_reserve, settings
         )
         added = 0
         outcomes: Counter[str] = Counter()
         for i, (user, reply) in enumerate(pairs):
             progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
-            result = replay_turn(companion, user, reply, times[i])
+            result = companion.import_exchange(user, reply, times[i])
             added += len(result.noted)
             outcomes.update(result.looks)
         replay_s = time.perf_counter() - start
@@ -807,10 +800,10 @@ def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, ans
         settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
         where: dict[str, int] = {}  # dialogue id -> logged message id
         for name, _, pairs, seq_of, times in sessions:
-            companion = ReplayCompanion(engine, store, name, *budget, settings)
+            companion = Companion(engine, store, name, *budget, settings)
             for i, (user, reply) in enumerate(pairs):
                 progress(f"{conv.id} {name} replay {i + 1}/{len(pairs)}", done, total)
-                result = replay_turn(companion, user, reply, times[i])
+                result = companion.import_exchange(user, reply, times[i])
                 added += len(result.noted)
                 outcomes.update(result.looks)
                 done += 1

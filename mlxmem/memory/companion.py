@@ -420,12 +420,35 @@ class Companion:
         self,
         text: str,
         on_status: Callable[[str], None] | None = None,
-        at: datetime | None = None,
         logged: Turn | None = None,
     ) -> PendingTurn:
-        """The first half of a turn: log the user's message (written at `at`, if not now: a
-        chat log replayed; unless `log_message` logged it already, as `logged`), fold the
-        window if it does not fit, and assemble the prompt the reply is written from."""
+        """The first half of a turn: log the user's message (unless `log_message` logged it
+        already, as `logged`), fold the window if it does not fit, and assemble the prompt
+        the reply is written from."""
+        return self._begin_at(text, on_status, None, logged, recall=True)
+
+    def import_exchange(
+        self, user: str, reply: str, at: tuple[datetime | None, datetime | None] = (None, None)
+    ) -> TurnResult:
+        """Log an exchange written elsewhere (a chat log imported, a transcript replayed) as a
+        turn written at the times `at` (the message's and the reply's; None: now): the window
+        folds and facts are looked for as after any turn. The model reads the prompt and
+        writes one token (so the cache holds the prompt as a turn leaves it, and the result
+        has the timings), but the reply logged is the log's own. Nothing is recalled: the
+        reply is given."""
+        turn = self._begin_at(user, None, at[0], None, recall=False)
+        stats = self.engine.generate(turn.prompt.tokens, slot=self.slot, max_tokens=1, temp=0.0)
+        return self._finish(turn, reply, stats.stats, None, at=at[1])
+
+    def _begin_at(
+        self,
+        text: str,
+        on_status: Callable[[str], None] | None,
+        at: datetime | None,
+        logged: Turn | None,
+        recall: bool,
+    ) -> PendingTurn:
+        """`begin`, the message written at `at` (None: now), with recall if `recall`."""
         text = self._checked(text)
         # One open of the store before the model starts (none while it is held): log the
         # message (with its token ids, so that no later turn encodes it again) and read what
@@ -433,7 +456,7 @@ class Companion:
         timings = TurnTimings(opens_at_start=self.store.opens)
         self._timings = timings
         try:
-            return self._begin(text, on_status, at, timings, logged)
+            return self._begin(text, on_status, at, timings, logged, recall)
         finally:
             self._timings = None
 
@@ -451,9 +474,10 @@ class Companion:
         on_status: Callable[[str], None] | None,
         at: datetime | None,
         timings: TurnTimings,
-        logged: Turn | None = None,
+        logged: Turn | None,
+        recall: bool,
     ) -> PendingTurn:
-        terms = self.recall_terms(text, at)
+        terms = self.recall_terms(text, at) if recall else RecallQuery()
         previous, mark = self._kept or (None, None)
         self._kept = None
         with self._timed("store"):
@@ -520,20 +544,35 @@ class Companion:
         stats: GenerationStats,
         sampled_ids: list[int] | None,
         on_status: Callable[[str], None] | None = None,
-        at: datetime | None = None,
         on_logged: Callable[[TurnResult], None] | None = None,
         should_yield: Callable[[], bool] | None = None,
     ) -> TurnResult:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
-        wrote all of it; written at `at`, if not now; then `on_logged(result)`, the result so
-        far: the reply, its stats, whether it was discarded, no fact yet), fold ahead for the
-        next message, extract a fact, save the cache. The reply is logged first, in an
+        wrote all of it; then `on_logged(result)`, the result so far: the reply, its stats,
+        whether it was discarded, no fact yet), fold ahead for the next message, look for
+        a fact, save the cache. The reply is logged first, in an
         operation of its own, which also saves the cache when nothing else follows; summaries
         and facts are stored together afterwards, with the cache, in one more.
 
         `should_yield()` turning true means a message is waiting for the model: the look for
         a fact stops and is postponed to the next turn (the fold and the cache's warm-up do
         not: the next prompt is built on them)."""
+        return self._finish(
+            turn, reply, stats, sampled_ids, on_status, on_logged, should_yield, at=None
+        )
+
+    def _finish(
+        self,
+        turn: PendingTurn,
+        reply: str,
+        stats: GenerationStats,
+        sampled_ids: list[int] | None,
+        on_status: Callable[[str], None] | None = None,
+        on_logged: Callable[[TurnResult], None] | None = None,
+        should_yield: Callable[[], bool] | None = None,
+        at: datetime | None = None,
+    ) -> TurnResult:
+        """`finish`, the reply written at `at` (None: now)."""
         interrupted = stats.finish_reason == "interrupted"
         result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
         result.timings = turn.timings
