@@ -5,8 +5,9 @@ engine, each in its own empty data directory.
     python benchmarks/serve_overhead.py [--engine fake|tiny] [--turns 30] [--json]
 
 On a shared machine a turn's own time varies more than the server adds, so it also measures
-what the server adds directly: each request's latency less the time its turn spent on the
-model's thread (`added_ms`), and GET /v1/models, a round trip with no turn in it.
+what the server adds directly: each request's latency less the time from its turn's start to
+its reply logged, which the response reports (`added_ms`), and GET /v1/models, a round trip
+with no turn in it.
 `fake` is the deterministic FakeEngine (the turn is then nearly all store and HTTP work, so
 the overhead shows at its largest); `tiny` is a random-weight model through real MLX. Fixed
 messages, warm-up turns not counted, medians. Prints a table, or one JSON object.
@@ -86,20 +87,10 @@ class OverHttp:
         config = ServeConfig("bench", BUDGET, RESERVE, settings(max_tokens))
         self.server = make_server(make_engine, config)
         self.server.start()
-        # The time each turn spends on the model's thread (begin, reply, finish): the
-        # request's latency less this is what the server adds, whatever the turn cost.
+        # The time each turn took from its start to its reply logged, as the response reports
+        # it (`mlxmem.timings`): the request's latency less this is what the server adds,
+        # whatever the turn cost.
         self.inside: list[float] = []
-        service = self.server.app.service
-        run_turn = service._turn
-
-        def timed(*args):
-            start = time.perf_counter()
-            try:
-                return run_turn(*args)
-            finally:
-                self.inside.append(time.perf_counter() - start)
-
-        service._turn = timed
         self.stream = stream
         self.first: list[float] = []
         self.con = http.client.HTTPConnection(*self.server.server_address[:2], timeout=300)
@@ -119,6 +110,11 @@ class OverHttp:
         assert response.status == 200, payload
         if self.stream:
             self.con.close()
+            # The chunk that carries mlxmem's fields, among the server-sent events.
+            line = next(x for x in payload.split(b"\n") if b'"mlxmem"' in x)
+            payload = line.removeprefix(b"data: ")
+        timings = json.loads(payload)["mlxmem"]["timings"]
+        self.inside.append(timings["reply_logged_ms"] / 1e3)
 
     def ping(self) -> None:
         """GET /v1/models: a round trip with no turn in it, the floor of any request."""

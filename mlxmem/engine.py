@@ -142,8 +142,9 @@ class Engine:
     ) -> Generator[Chunk, None, None]:
         """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix.
         The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
-        stopped it early. With `ignore_eos` the end-of-turn token does
-        not stop generation: exactly `max_tokens` are generated (for benchmarks)."""
+        stopped it early. With `ignore_eos` the end-of-turn token does not stop generation:
+        exactly `max_tokens` are generated (as llama.cpp's --ignore-eos and vLLM's
+        SamplingParams.ignore_eos: a decode of known length)."""
         raise NotImplementedError
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:

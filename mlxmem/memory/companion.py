@@ -115,13 +115,15 @@ class TurnTimings:
     summaries), `assembly_s` assembling and tokenizing the prompt, `engine_entry_s` from the
     engine call to its first chunk less the engine's own time to first token (the slot
     lookup), and `overhead_s` all the time from the turn's start to the first token that is not
-    the engine's. `store_opens`: opens of the database file before the first token and in the
-    whole turn (none while the store is held)."""
+    the engine's. `reply_logged_s`: from the turn's start to its reply in the log (what the
+    person waits for; the memory work comes after). `store_opens`: opens of the database file
+    before the first token and in the whole turn (none while the store is held)."""
 
     store_s: float = 0.0
     assembly_s: float = 0.0
     engine_entry_s: float = 0.0
     overhead_s: float = 0.0
+    reply_logged_s: float = 0.0
     store_opens_before_first_token: int = 0
     store_opens: int = 0
     started: float = field(default_factory=time.perf_counter, repr=False)
@@ -133,6 +135,7 @@ class TurnTimings:
             "assembly_ms": 1e3 * self.assembly_s,
             "engine_entry_ms": 1e3 * self.engine_entry_s,
             "overhead_ms": 1e3 * self.overhead_s,
+            "reply_logged_ms": 1e3 * self.reply_logged_s,
             "store_opens_before_first_token": self.store_opens_before_first_token,
             "store_opens": self.store_opens,
         }
@@ -621,6 +624,7 @@ class Companion:
             if on_logged is not None:
                 on_logged(result)
             return self._counted(result)
+        result.timings.reply_logged_s = time.perf_counter() - result.timings.started
         if on_logged is not None:
             on_logged(result)
         if not more:

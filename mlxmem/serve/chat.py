@@ -64,6 +64,8 @@ def extra(conversation: str, result: TurnResult, noted: tuple[Fact, int | None] 
         "fact_added": None
         if noted is None
         else {"id": noted[0].id, "text": noted[0].text, "replaces": noted[1]},
+        # Where the turn's time went (as `chat --json` reports it), up to its reply logged.
+        "timings": result.timings.to_dict(),
     }
 
 
