@@ -102,13 +102,13 @@ def turns_steps(args, model_args: list[str], limit: list[str]) -> dict:
             result,
             "turns",
             "cache_share",
-            "cache_share_non_collapse",
+            "cache_share_non_fold",
             "cache_share_replies",
-            "collapses",
+            "folds",
             "budget_violations",
             "ttft_ratio_vs_rebuild",
-            "ttft_ratio_vs_rebuild_non_collapse",
-            "collapse_prefill_ratio",
+            "ttft_ratio_vs_rebuild_non_fold",
+            "fold_prefill_ratio",
             "verbatim_turns_mean",
             "summary_tokens_mean",
         )
@@ -137,9 +137,9 @@ def budget_over_locomo(args, model_args: list[str], limit: list[str]) -> dict:
             "turns",
             "budget_violations",
             "accounting_errors",
-            "collapses",
+            "folds",
             "cache_share",
-            "cache_share_non_collapse",
+            "cache_share_non_fold",
         )
     if found:
         found["total_budget_violations"] = sum(r["budget_violations"] for r in found.values())

@@ -6,17 +6,17 @@ Prompt tuning for issues 10 and 19.
 
 For each window (`--exchanges` exchanges of a LoCoMo conversation starting at each of
 `--windows`) and each candidate request, the model writes a summary greedily from the chat
-prompt a collapse builds (mlxmem's instructions, the turns, then the request), capped at
+prompt a fold builds (mlxmem's instructions, the turns, then the request), capped at
 SUMMARY_MAX_TOKENS. Scored without a judge: the share of the window's named entities
 (capitalized words not opening a sentence) the summary keeps, the share of its sentences that
 are distinct, whether it ended by itself, and the verdict of mlxmem's check
-(mlxmem.memory.summary_check: what a collapse does with it). Each window also gets the
+(mlxmem.memory.summary_check: what a fold does with it). Each window also gets the
 extractive summary a failed check falls back to (no model; "request": "extractive"; its day
 labels are a fixed day, the windows' own dates are in the text). Prints one JSON line per
 (window, request), then one line per request with the means and the check's pass rate.
 
 Candidates: `before` is the request of issue 10; `third_person` is mlxmem's request now
-(summary_request, with the speakers' names found in the window as a collapse finds them);
+(summary_request, with the speakers' names found in the window as a fold finds them);
 `third_person_anonymous` is the same without the names.
 """
 

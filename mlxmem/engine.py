@@ -24,7 +24,7 @@ PREFILL_STEP = 512
 # and the tokenizer's Python wrapper costs ~0.1 ms a call (a few hundred calls a prompt).
 ENCODING_MEMO_ENTRIES = 4096
 # Chat templates rendered and cut per shape of conversation (its roles): a window's shapes
-# recur from one collapse to the next, with and without the generation prompt.
+# recur from one fold to the next, with and without the generation prompt.
 LAYOUT_MEMO_ENTRIES = 512
 # A template is probed once a day with conversations of up to this many messages, and one of
 # PROBE_LONG, to find whether it writes every message alike wherever it stands (see

@@ -57,12 +57,12 @@ def check_turns(report: dict) -> None:
         assert turn["cached_tokens"] + turn["prefilled_tokens"] == turn["prompt_tokens"]
         assert sum(turn["layers"].values()) == turn["budget"]
         assert turn["prompt_tokens"] + turn["layers"]["reserve"] <= turn["budget"]
-        for c in turn["collapses"]:
+        for c in turn["folds"]:
             assert c["cached_tokens"] + c["prefilled_tokens"] == c["prompt_tokens"]
     cached = sum(t["cached_tokens"] for t in report["per_turn"])
     prompt = sum(t["prompt_tokens"] for t in report["per_turn"])
     assert report["cache_share_replies"] == pytest.approx(cached / prompt)
-    assert report["collapses"] == sum(len(t["collapses"]) for t in report["per_turn"])
+    assert report["folds"] == sum(len(t["folds"]) for t in report["per_turn"])
 
 
 # -- transcripts ----------------------------------------------------------------------------------
@@ -114,16 +114,16 @@ def test_turns_bookkeeping_with_the_fake_engine(transcript):
     report = result.to_dict()
     check_turns(report)
     assert report["turns"] == 30
-    assert report["collapses"] > 0
+    assert report["folds"] > 0
     assert report["summary_tokens_max"] <= report["settings"]["summary_cap"]
-    # Baseline (a) on every turn prefills the whole prompt; (b) after every collapse.
+    # Baseline (a) on every turn prefills the whole prompt; (b) after every fold.
     for turn in report["per_turn"]:
         assert turn["rebuild_prefilled_tokens"] == turn["prompt_tokens"]
-        for c in turn["collapses"]:
+        for c in turn["folds"]:
             assert c["fresh_prefilled_tokens"] == c["fresh_prompt_tokens"] > 0
-    assert 0 < report["collapse_prefill_ratio"] < 1
-    steady = [t for t in report["per_turn"] if not t["collapse_turn"]]
-    assert report["non_collapse_turns"] == len(steady) > 0
+    assert 0 < report["fold_prefill_ratio"] < 1
+    steady = [t for t in report["per_turn"] if not t["fold_turn"]]
+    assert report["non_fold_turns"] == len(steady) > 0
 
 
 def replayed(**option) -> dict:
@@ -138,7 +138,7 @@ def test_replayed_replies_go_into_the_cache_as_generated_ones_would():
     shares = {}
     for in_cache in (True, False):
         result = replayed(reply_in_cache=in_cache)
-        shares[in_cache] = result["cache_share_non_collapse"]
+        shares[in_cache] = result["cache_share_non_fold"]
         forced = [t["reply_prefilled_tokens"] for t in result["per_turn"]]
         assert (sum(forced) > 0) is in_cache
     assert shares[True] > shares[False]
@@ -153,7 +153,7 @@ def test_bench_turns_with_recall_measures_its_cost():
         assert result["settings"]["recall"] is recall
         recalled = [t for t in result["per_turn"] if t["layers"]["recall"] > 0]
         assert bool(recalled) is recall
-        shares[recall] = result["cache_share_non_collapse"]
+        shares[recall] = result["cache_share_non_fold"]
     assert shares[False] > shares[True] > 0
 
 
@@ -164,7 +164,7 @@ def test_baselines_can_be_skipped():
     ).to_dict()
     check_turns(result)
     assert result["rebuild_turns"] == 0 and result["ttft_ratio_vs_rebuild"] is None
-    assert result["collapse_prefill_ratio"] is None
+    assert result["fold_prefill_ratio"] is None
 
 
 NOTING_S = 0.25  # how long the fake model takes to note a fact (wide margins: not a speed test)
@@ -257,14 +257,14 @@ def test_bench_turns_end_to_end(tiny_model, transcript, tmp_path):
     for key in (
         "turns",
         "cache_share",
-        "cache_share_non_collapse",
-        "collapses",
+        "cache_share_non_fold",
+        "folds",
         "budget_violations",
         "ttft_ratio_vs_rebuild",
-        "collapse_prefill_ratio",
+        "fold_prefill_ratio",
     ):
         assert key in report
-    assert report["turns"] == 30 and report["collapses"] > 0
+    assert report["turns"] == 30 and report["folds"] > 0
     check_turns(report)
     assert report["ttft_ratio_vs_rebuild"] > 0
     assert report["kv_bytes_written_per_turn"] > 0 and report["kv_bytes_new_per_turn"] > 0
@@ -294,7 +294,7 @@ def test_bench_turns_one_shot_runs_every_turn_in_a_new_process(tiny_model, trans
     turns = report["per_turn"]
     assert [t["turn"] for t in turns] == [1, 2, 3] and turns[0]["cached_tokens"] == 0
     for before, after in zip(turns, turns[1:], strict=False):
-        assert after["reused_previous"] is True and not after["collapse_turn"]
+        assert after["reused_previous"] is True and not after["fold_turn"]
         assert after["cached_tokens"] >= before["prompt_tokens"] + before["reply_tokens"]
         assert after["cached_tokens"] + after["prefilled_tokens"] == after["prompt_tokens"]
     assert report["turns_reusing_previous"] == report["turns_judged"] == 2
@@ -307,14 +307,14 @@ def test_bench_turns_one_shot_runs_every_turn_in_a_new_process(tiny_model, trans
 def test_a_one_shot_turn_that_misses_the_previous_reply_is_flagged():
     from mlxmem.bench.turns import _one_shot_record
 
-    def out(prompt, cached, generated, finish="stop", collapses=()):
+    def out(prompt, cached, generated, finish="stop", folds=()):
         return {
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "prefilled_tokens": prompt - cached,
             "generated_tokens": generated,
             "finish_reason": finish,
-            "collapses": list(collapses),
+            "folds": list(folds),
             "fact_added": None,
             "layers": {"reserve": 64},
             "budget": 1024,
@@ -324,7 +324,7 @@ def test_a_one_shot_turn_that_misses_the_previous_reply_is_flagged():
     assert _one_shot_record(0, first, None, 1.0).reused_previous is None
     assert _one_shot_record(1, out(130, 110, 5), first, 1.0).reused_previous is True
     assert _one_shot_record(1, out(130, 109, 5), first, 1.0).reused_previous is False
-    assert _one_shot_record(1, out(130, 40, 5, collapses=[{}]), first, 1.0).collapse_turn
+    assert _one_shot_record(1, out(130, 40, 5, folds=[{}]), first, 1.0).fold_turn
     cut = out(100, 0, 10, finish="length")  # no end of turn: all ten tokens are the reply's
     assert _one_shot_record(1, out(130, 109, 5), cut, 1.0).reused_previous is False
     assert _one_shot_record(1, out(130, 110, 5), cut, 1.0).reused_previous is True

@@ -98,7 +98,7 @@ def test_one_shot_turns_in_new_processes_reuse_the_persisted_cache(tiny):
         "decode_tps",
         "layers",
         "budget",
-        "collapsed",
+        "folded",
         "fact_added",
     }
     assert sum(first["layers"].values()) == first["budget"]
@@ -202,24 +202,24 @@ def test_long_conversation_through_the_real_engine(tiny):
         f"Day {i}: I walked Miso by the river and we met {i} ducks near the old bridge."
         for i in range(40)
     ]
-    collapses = 0
-    cached = prompted = 0  # over non-collapse turns once the window is full
+    folds = 0
+    cached = prompted = 0  # over non-fold turns once the window is full
     for i, text in enumerate(texts):
         result = companion.send(text)
         assert result.stats.prompt_tokens + companion.budget.reserve <= budget
         assert sum(result.prompt.layers.to_dict().values()) == budget
         assert result.prompt.messages[-1].content == text  # newest turn verbatim
-        if result.collapses:
-            collapses += 1
-            for event in result.collapses:
+        if result.folds:
+            folds += 1
+            for event in result.folds:
                 assert event.prompt_tokens + summary_cap(budget) <= budget
         elif i > 0:
             # Everything but the new message (and its template markers) comes from the cache.
             assert result.stats.prefilled_tokens <= engine.count_text(text) + 16
-            if collapses:
+            if folds:
                 cached += result.stats.cached_tokens
                 prompted += result.stats.prompt_tokens
-    assert collapses >= 2
+    assert folds >= 2
     assert cached >= 0.9 * prompted
     log = store.turns("long")
     assert [m.text for m in log if m.role == "user"] == texts
@@ -461,7 +461,7 @@ def test_recall_on_the_tiny_model_brings_back_an_evicted_turn(tiny):
     assert result.stats.prompt_tokens + companion.budget.reserve <= budget
     # The stable prefix came from the cache: only the new message and its block were prefilled.
     newest = engine.count_chat(result.prompt.messages[-1:], True)
-    assert not result.collapses and result.stats.prefilled_tokens <= newest
+    assert not result.folds and result.stats.prefilled_tokens <= newest
     later = companion.send("And the kohlrabi, what colour was it?")
     assert later.stats.prefilled_tokens <= engine.count_chat(later.prompt.messages[-1:], True)
 

@@ -131,7 +131,7 @@ def test_the_snapshot_kept_in_memory_is_what_the_store_holds_after_turns_folds_a
         # Every turn after the first extended the last one's snapshot, checked against a
         # fresh read: turns after a fold and after a fact among them (not vacuous).
         assert len(in_memory) == 13
-        assert any(r.collapses for r in results[:-1])
+        assert any(r.folds for r in results[:-1])
         assert any(r.fact_added for r in results[:-1])
         kept = companion._kept[0]
         assert kept == store.snapshot("default")

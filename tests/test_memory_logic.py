@@ -1,5 +1,5 @@
 """The memory layers with the fake engine (same interface as the MLX one) and a real DuckDB
-file: collapse boundaries, the budget invariant, facts in the prompt, extraction filters."""
+file: fold boundaries, the budget invariant, facts in the prompt, extraction filters."""
 
 from typing import NamedTuple
 
@@ -111,9 +111,9 @@ def test_the_newest_message_is_in_the_prompt_verbatim(long_chat):
     assert recalled >= 5 if long_chat.recall else recalled == 0
 
 
-def test_between_collapses_only_the_new_message_is_prefilled(long_chat):
+def test_between_folds_only_the_new_message_is_prefilled(long_chat):
     engine, turns, messages = long_chat.engine, long_chat.turns, long_chat.messages
-    quiet = [(i, r) for i, (r, _) in enumerate(turns) if i > 0 and not r.collapses]
+    quiet = [(i, r) for i, (r, _) in enumerate(turns) if i > 0 and not r.folds]
     assert len(quiet) >= 20
     for i, result in quiet:
         # The message, and its recalled block; after a turn that recalled, that message (its
@@ -132,7 +132,7 @@ def test_nothing_lost_every_turn_is_logged_in_order(long_chat):
 
 
 def test_compress_never_forget_every_turn_is_summarized_or_verbatim(long_chat):
-    assert sum(bool(r.collapses) for r, _ in long_chat.turns) >= 3
+    assert sum(bool(r.folds) for r, _ in long_chat.turns) >= 3
     snap = long_chat.store.snapshot("default")
     assert snap.summary is not None and snap.summary.first_seq == 1
     assert [m.seq for m in snap.turns] == list(range(snap.summary.last_seq + 1, 81))
@@ -146,17 +146,17 @@ def test_summaries_keep_their_token_cap(long_chat):
         assert s.token_count <= summary_cap(long_chat.budget)
 
 
-def test_collapse_is_generated_on_the_cached_chat_prefix():
+def test_fold_is_generated_on_the_cached_chat_prefix():
     engine, _, companion = make()
     for i in range(40):
         result = companion.send(user_text(i))
-        if result.collapses:
+        if result.folds:
             break
     else:
-        pytest.fail("no collapse happened")
+        pytest.fail("no fold happened")
     summary_calls = [c for c in engine.calls if SUMMARY_REQUEST in c.prompt]
     assert summary_calls
-    event = result.collapses[0]
+    event = result.folds[0]
     # Only the request (and its template markers) is prefilled, not the evicted turns.
     request_tokens = engine.count_text(SUMMARY_REQUEST)
     assert event.prefilled_tokens <= request_tokens + 10
@@ -174,7 +174,7 @@ def test_summary_failure_still_folds_the_turns_in():
     assert summary is not None and "sardines" in summary.text  # the extractive fallback
 
 
-def test_new_automatic_fact_waits_for_a_collapse_manual_fact_shows_at_once():
+def test_new_automatic_fact_waits_for_a_fold_manual_fact_shows_at_once():
     engine, store, companion = make(budget=2000)
     result = companion.send("I have a cat called Miso and she is the most important one to me.")
     assert result.fact_added is not None and result.fact_added.text == FACT
@@ -196,7 +196,7 @@ def test_new_automatic_fact_waits_for_a_collapse_manual_fact_shows_at_once():
     assert FACT in prompt and prompt.index("Ana") < prompt.index(FACT)
 
 
-def test_one_process_per_turn_reuses_the_whole_previous_prompt_until_a_collapse():
+def test_one_process_per_turn_reuses_the_whole_previous_prompt_until_a_fold():
     engine = FakeEngine(scripted)
     long = "I have a cat called Miso and she sleeps on the balcony every afternoon, all summer."
     previous, reused = None, 0
@@ -206,7 +206,7 @@ def test_one_process_per_turn_reuses_the_whole_previous_prompt_until_a_collapse(
         if previous is not None:  # a fold after the last reply starts a new prefix
             assert result.stats.cached_tokens >= previous  # the last prompt, and more
             reused += 1
-        previous = None if result.collapses else result.stats.prompt_tokens
+        previous = None if result.folds else result.stats.prompt_tokens
     assert reused >= 6
     folded = [c.prompt for c in engine.calls if c.slot == "default/chat"][-1]
     assert Store().latest_summary("default") is not None and FACT in folded  # joined at a fold
@@ -462,12 +462,12 @@ def test_prompt_plus_reserve_never_exceeds_the_budget(turns, facts, summary, bud
     assert prompt.layers.facts <= int(budget * 0.15)  # the facts share is a cap
 
 
-def test_many_facts_do_not_force_a_collapse_every_turn():
+def test_many_facts_do_not_force_a_fold_every_turn():
     engine, store, companion = make(budget=1024)
     for i in range(60):
         store.add_fact(f"The user's friend number {i} is called Name{i} and lives far away.")
     results = [companion.send(f"short message {i}") for i in range(6)]
-    assert not any(r.collapses for r in results)
+    assert not any(r.folds for r in results)
     assert results[-1].prompt.facts_left_out > 0
 
 

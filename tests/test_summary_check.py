@@ -1,6 +1,6 @@
 """The check of a model's rolling summary and the extractive summary that replaces a failed one
 (mlxmem.memory.summary_check, .extractive, .speakers), with plain strings and the fake engine's
-tokenizer; then a collapse through the Companion records which of the two it stored."""
+tokenizer; then a fold through the Companion records which of the two it stored."""
 
 import os
 import subprocess
@@ -267,10 +267,10 @@ def test_nothing_said_still_gives_a_summary():
     assert extractive_summary(FakeEngine(), 40, None, [], {}) == "(nothing was said)"
 
 
-# -- what a collapse stores -------------------------------------------------------------------
+# -- what a fold stores -------------------------------------------------------------------
 
 
-def collapse_with(summary: str) -> Store:
+def fold_with(summary: str) -> Store:
     def responder(prompt: str) -> str:
         return summary if "updated summary" in prompt else "Sounds good, tell me more."
 
@@ -278,12 +278,12 @@ def collapse_with(summary: str) -> Store:
     companion = Companion(FakeEngine(responder), store, "default", 600, 120, ChatSettings())
     for i in range(16):
         companion.send(f"Nadia here: on day {i} I walked Rex {i} km along the Thames.")
-    assert store.summaries("default"), "no collapse happened"
+    assert store.summaries("default"), "no fold happened"
     return store
 
 
 def test_a_repeating_model_summary_is_replaced_by_an_extractive_one():
-    store = collapse_with(ANSWERED)
+    store = fold_with(ANSWERED)
     for summary in store.summaries("default"):
         assert summary.source == "extractive"
         assert "fantastic experience" not in summary.text
@@ -308,7 +308,7 @@ def test_a_fold_names_its_speakers_from_the_whole_window():
     window = ConversationWindow(
         engine, Store(), "c", PromptBudget(engine, 2000, 200), "Be kind.", "chat"
     )
-    event = window.collapse_oldest([], None, logged(chat))
+    event = window.fold_oldest([], None, logged(chat))
     assert event.evicted_turns == 4 and event.summary.source == "extractive"
     assert "Nadia: I moved to Boston" in event.summary.text
     assert "Tom: We camp in Yosemite" in event.summary.text
@@ -317,7 +317,7 @@ def test_a_fold_names_its_speakers_from_the_whole_window():
 
 def test_a_decent_model_summary_is_kept_as_the_model_wrote_it():
     decent = "The user walked Rex along the Thames on days 0 to 9, 0 to 9 km a day."
-    store = collapse_with(decent)  # a 60-token cap: no room for a day's line after it
+    store = fold_with(decent)  # a 60-token cap: no room for a day's line after it
     assert [(s.source, s.text) for s in store.summaries("default")][0] == ("model", decent)
 
 
@@ -336,7 +336,7 @@ def test_a_model_summary_is_followed_by_the_specifics_it_left_out():
     window = ConversationWindow(
         engine, Store(), "c", PromptBudget(engine, 2000, 200), "Be kind.", "chat"
     )
-    event = window.collapse_oldest([], None, logged(chat))
+    event = window.fold_oldest([], None, logged(chat))
     folded = [text for _, text in chat[: event.evicted_turns]]
     assert check_summary(gist, folded).ok and event.summary.source == "model+extractive"
     text = event.summary.text
@@ -382,7 +382,7 @@ def test_after_a_model_summary_with_specifics_the_next_fold_reads_them_back():
 def test_chat_context_says_who_wrote_the_summary(capsys):
     from mlxmem.cli.repl import Session
 
-    store = collapse_with(ANSWERED)
+    store = fold_with(ANSWERED)
     latest = store.latest_summary("default")
 
     def open_chat(model, conversation):

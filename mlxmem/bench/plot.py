@@ -69,10 +69,10 @@ def plot_turns(result: TurnsResult, path: str | Path, title: str = "") -> Path:
         ax.bar(x, values, bottom=bottom, width=1.0, color=color, label=layer, linewidth=0)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     for r in records:
-        for c in r.collapses:
+        for c in r.folds:
             style = ":" if c.before_reply else "-"
             ax.axvline(r.turn, color="black", linewidth=0.6, linestyle=style)
-    ax.set_xlabel("turn (vertical lines: collapses; dotted: before the reply)")
+    ax.set_xlabel("turn (vertical lines: folds; dotted: before the reply)")
     ax.set_ylabel("tokens of the context budget")
     ax.set_xlim(0.5, len(records) + 0.5)
     ax.legend(loc="upper left", ncol=6, fontsize="small")

@@ -173,7 +173,7 @@ def _fill(model_path: Path, directory: Path, context_tokens: int, reserve: int, 
         if companion.context().layers.free - cost < need:
             break
         result = companion.import_exchange(user, reply)
-        if not result.collapses:  # as a generated reply would be, the last one is cached too
+        if not result.folds:  # as a generated reply would be, the last one is cached too
             reply_into_cache(engine, companion, result)
             engine.save_slots([companion.slot])
         sent += 1

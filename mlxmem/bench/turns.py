@@ -2,7 +2,7 @@
 next to the two designs it replaces, on the same transcript and model in the same run:
 
 (a) rebuild: the prompt prefilled from scratch on every call, with no cache reuse;
-(b) fresh summary: each collapse summarizes the evicted turns in a new context instead of on
+(b) fresh summary: each fold summarizes the evicted turns in a new context instead of on
     the cached prefix.
 
 In replay mode (the default) the assistant turns come from the transcript: the model only
@@ -106,7 +106,7 @@ def synthetic_transcript(turns: int = DEFAULT_SYNTHETIC_TURNS, seed: int = 0) ->
 
 
 @dataclass
-class CollapseRecord:
+class FoldRecord:
     evicted_turns: int
     summary_tokens: int
     prompt_tokens: int
@@ -129,17 +129,17 @@ class TurnRecord:
     cached_tokens: int
     prefilled_tokens: int
     ttft_s: float  # the reply call's time to first token
-    wait_s: float  # what the person waited: collapses before the reply, then the TTFT
+    wait_s: float  # what the person waited: folds before the reply, then the TTFT
     verbatim_turns: int  # messages kept whole or shortened in the prompt, the new one included
-    collapse_turn: bool  # a collapse ran in this turn, or after the previous reply
-    warm_prefilled_tokens: int  # prefilled after the reply to rebuild the cache (collapse)
+    fold_turn: bool  # a fold ran in this turn, or after the previous reply
+    warm_prefilled_tokens: int  # prefilled after the reply to rebuild the cache (fold)
     reply_prefilled_tokens: int  # a replayed reply put into the cache, standing in for decoding
     shortened: int
     omitted: int
     violation: bool
     accounting_error: bool
     seconds: float
-    collapses: list[CollapseRecord] = field(default_factory=list)
+    folds: list[FoldRecord] = field(default_factory=list)
     fact_calls: int = 0
     fact_added: int = 0  # facts noted after the reply (an earlier message's postponed look too)
     # Baseline (a): the same prompt prefilled from scratch.
@@ -158,6 +158,25 @@ class TurnRecord:
         return asdict(self)
 
 
+# The summary's figures under the names they had before "fold" named the operation: still
+# written beside the new ones, for scripts that read them.
+OLD_NAMES = {
+    "cache_share_non_fold": "cache_share_non_collapse",
+    "non_fold_turns": "non_collapse_turns",
+    "folds": "collapses",
+    "folds_before_reply": "collapses_before_reply",
+    "ttft_ratio_vs_rebuild_non_fold": "ttft_ratio_vs_rebuild_non_collapse",
+    "fold_prefill_ratio": "collapse_prefill_ratio",
+    "fold_seconds_ratio": "collapse_seconds_ratio",
+    "fold_prefilled_mean": "collapse_prefilled_mean",
+}
+
+
+def with_old_names(summary: dict) -> dict:
+    """`summary` with its renamed figures also under their old names (OLD_NAMES)."""
+    return summary | {old: summary[new] for new, old in OLD_NAMES.items() if new in summary}
+
+
 @dataclass
 class TurnsResult:
     records: list[TurnRecord]
@@ -168,24 +187,22 @@ class TurnsResult:
         """The headline figures, as `bench turns --json` reports them."""
         recs = self.records
         replies = [(r.cached_tokens, r.prompt_tokens) for r in recs]
-        collapses = [c for r in recs for c in r.collapses]
-        summarizing = [(c.cached_tokens, c.prompt_tokens) for c in collapses]
-        steady = [r for r in recs if not r.collapse_turn]
+        folds = [c for r in recs for c in r.folds]
+        summarizing = [(c.cached_tokens, c.prompt_tokens) for c in folds]
+        steady = [r for r in recs if not r.fold_turn]
         measured = [r for r in recs if r.rebuild_ttft_s is not None]
-        measured_steady = [r for r in measured if not r.collapse_turn]
-        fresh = [c for c in collapses if c.fresh_prefilled_tokens is not None]
-        summary_sizes = [c.summary_tokens for c in collapses]
+        measured_steady = [r for r in measured if not r.fold_turn]
+        fresh = [c for c in folds if c.fresh_prefilled_tokens is not None]
+        summary_sizes = [c.summary_tokens for c in folds]
         return {
             "turns": len(recs),
             "cache_share": _share(replies + summarizing),
             "cache_share_replies": _share(replies),
-            "cache_share_non_collapse": _share(
-                [(r.cached_tokens, r.prompt_tokens) for r in steady]
-            ),
-            "non_collapse_turns": len(steady),
+            "cache_share_non_fold": _share([(r.cached_tokens, r.prompt_tokens) for r in steady]),
+            "non_fold_turns": len(steady),
             "verbatim_turns_mean": _mean([r.verbatim_turns for r in recs]),
-            "collapses": len(collapses),
-            "collapses_before_reply": sum(c.before_reply for c in collapses),
+            "folds": len(folds),
+            "folds_before_reply": sum(c.before_reply for c in folds),
             "summary_tokens_mean": _mean(summary_sizes),
             "summary_tokens_max": max(summary_sizes, default=None),
             "budget_violations": sum(r.violation for r in recs),
@@ -202,7 +219,7 @@ class TurnsResult:
             )
             if measured
             else None,
-            "ttft_ratio_vs_rebuild_non_collapse": ratio(
+            "ttft_ratio_vs_rebuild_non_fold": ratio(
                 sum(_known(r.rebuild_ttft_s for r in measured_steady)),
                 sum(r.wait_s for r in measured_steady),
             )
@@ -215,25 +232,25 @@ class TurnsResult:
             ),
             "warm_prefilled_tokens_total": sum(r.warm_prefilled_tokens for r in recs),
             "reply_prefilled_tokens_total": sum(r.reply_prefilled_tokens for r in recs),
-            # Prefill work against rebuilding, the cache warming after collapses included.
+            # Prefill work against rebuilding, the cache warming after folds included.
             "prefill_ratio_vs_rebuild": ratio(
                 sum(r.prefilled_tokens + r.warm_prefilled_tokens for r in measured),
                 sum(_known(r.rebuild_prefilled_tokens for r in measured)),
             )
             if measured
             else None,
-            "collapse_prefill_ratio": ratio(
+            "fold_prefill_ratio": ratio(
                 sum(c.prefilled_tokens for c in fresh),
                 sum(_known(c.fresh_prefilled_tokens for c in fresh)),
             )
             if fresh
             else None,
-            "collapse_seconds_ratio": ratio(
+            "fold_seconds_ratio": ratio(
                 sum(c.seconds for c in fresh), sum(_known(c.fresh_seconds for c in fresh))
             )
             if fresh
             else None,
-            "collapse_prefilled_mean": _mean([c.prefilled_tokens for c in collapses]),
+            "fold_prefilled_mean": _mean([c.prefilled_tokens for c in folds]),
             "fresh_summary_prefilled_mean": _mean(_known(c.fresh_prefilled_tokens for c in fresh)),
             "facts_added": sum(r.fact_added for r in recs),
             **waits([(r.wait_after_reply_ms, r.wait_before_reply_ms) for r in recs]),
@@ -245,7 +262,7 @@ class TurnsResult:
         return {
             "kind": "turns",
             "settings": self.settings,
-            **self.summary(),
+            **with_old_names(self.summary()),
             "per_turn": [r.to_dict() for r in self.records],
         }
 
@@ -312,7 +329,7 @@ def run_turns(
     """Replay `exchanges` through a Companion on a scratch database and measure every turn.
 
     Baseline (a) runs on every `rebuild_every`-th turn (0: never); baseline (b) after every
-    collapse when `fresh_summaries`. Recall is off unless `recall`: the figures recorded in
+    fold when `fresh_summaries`. Recall is off unless `recall`: the figures recorded in
     benchmarks/README measure the window and summary; a recalled block sits in one message
     only, so the turn after it prefills that message and its reply again.
 
@@ -355,12 +372,12 @@ def run_turns(
             rec.wait_after_reply_ms = turn.wait_after_reply_ms
             rec.wait_before_reply_ms = turn.wait_before_reply_ms
             rec.kv_bytes_written, rec.kv_bytes_new = disk.since_last()
-            rec.collapse_turn = turn.collapsed_after_previous or bool(rec.collapses)
-            turn.collapsed_after = any(not c.before_reply for c in rec.collapses)
-            if reply_in_cache and not turn.collapsed_after:
+            rec.fold_turn = turn.folded_after_previous or bool(rec.folds)
+            turn.folded_after = any(not c.before_reply for c in rec.folds)
+            if reply_in_cache and not turn.folded_after:
                 rec.reply_prefilled_tokens = reply_into_cache(engine, companion, result)
-            if fresh_summaries and rec.collapses:
-                _fresh_summary_baseline(engine, companion, rec.collapses)
+            if fresh_summaries and rec.folds:
+                _fresh_summary_baseline(engine, companion, rec.folds)
             if rebuild_every and turn.index % rebuild_every == 0:
                 _rebuild_baseline(engine, result, rec)
             records.append(rec)
@@ -423,8 +440,8 @@ class RanTurn:
     seconds: float = 0.0  # the whole turn on the model's thread
     wait_after_reply_ms: float = 0.0  # reply logged -> the next message accepted
     wait_before_reply_ms: float = 0.0  # Enter -> the model starts this message
-    collapsed_after: bool = False  # a fold ran after this turn's reply
-    collapsed_after_previous: bool = False
+    folded_after: bool = False  # a fold ran after this turn's reply
+    folded_after_previous: bool = False
 
 
 def _as_a_person(
@@ -460,7 +477,7 @@ def _as_a_person(
                     hurry.clear()
                     waited = time.perf_counter() - entered
                     model.call(partial(record, ran[i - 1], result))
-                    ran[i].collapsed_after_previous = ran[i - 1].collapsed_after
+                    ran[i].folded_after_previous = ran[i - 1].folded_after
                 submitted = time.perf_counter()
                 pending = model.submit(partial(one_turn, i, user, reply))
                 pending.add_done_callback(partial(_set_when_done, ran[i].logged))
@@ -530,11 +547,11 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
     prompt, stats = result.prompt, result.stats
     chat = [c for c in calls if c.slot == companion.slot]
     reply_at = next(j for j, c in enumerate(chat) if c.prompt == prompt.tokens)
-    # The chat slot's other calls are the collapses, in the order the companion ran them.
-    collapse_calls = chat[:reply_at] + chat[reply_at + 1 :]
-    assert len(collapse_calls) == len(result.collapses)
-    collapses = [
-        CollapseRecord(
+    # The chat slot's other calls are the folds, in the order the companion ran them.
+    fold_calls = chat[:reply_at] + chat[reply_at + 1 :]
+    assert len(fold_calls) == len(result.folds)
+    folds = [
+        FoldRecord(
             evicted_turns=event.evicted_turns,
             summary_tokens=event.summary_tokens,
             prompt_tokens=event.prompt_tokens,
@@ -543,18 +560,18 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
             seconds=event.seconds,
             before_reply=j < reply_at,
         )
-        for j, event in enumerate(result.collapses)
+        for j, event in enumerate(result.folds)
     ]
     layers = prompt.layers.to_dict()
     cap = companion.window.summary_cap
     violation = len(prompt.tokens) + companion.budget.reserve > prompt.budget or any(
-        c.prompt_tokens + cap > prompt.budget for c in collapses
+        c.prompt_tokens + cap > prompt.budget for c in folds
     )
     accounting_error = (
         stats.cached_tokens + stats.prefilled_tokens != stats.prompt_tokens
         or stats.prompt_tokens != len(prompt.tokens)
         or sum(layers.values()) != prompt.budget
-        or any(c.cached_tokens + c.prefilled_tokens != c.prompt_tokens for c in collapses)
+        or any(c.cached_tokens + c.prefilled_tokens != c.prompt_tokens for c in folds)
     )
     return TurnRecord(
         turn=i + 1,
@@ -564,9 +581,9 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
         cached_tokens=stats.cached_tokens,
         prefilled_tokens=stats.prefilled_tokens,
         ttft_s=stats.ttft_s,
-        wait_s=stats.ttft_s + sum(c.seconds for c in collapses if c.before_reply),
+        wait_s=stats.ttft_s + sum(c.seconds for c in folds if c.before_reply),
         verbatim_turns=len(prompt.messages) - 1,
-        collapse_turn=False,
+        fold_turn=False,
         warm_prefilled_tokens=result.warm_prefilled_tokens,
         reply_prefilled_tokens=0,
         shortened=prompt.shortened,
@@ -574,7 +591,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
         violation=violation,
         accounting_error=accounting_error,
         seconds=seconds,
-        collapses=collapses,
+        folds=folds,
         fact_calls=sum(c.slot != companion.slot for c in calls),
         fact_added=len(result.noted),
     )
@@ -582,7 +599,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
 
 def reply_into_cache(engine: Engine, companion: Companion, result: TurnResult) -> int:
     """Prefill the replayed reply after its prompt in the chat slot, where decoding it would
-    have left it. (After a collapse the companion has rebuilt the slot with it already.)"""
+    have left it. (After a fold the companion has rebuilt the slot with it already.)"""
     messages = [*result.prompt.messages, Message("assistant", result.reply)]
     tokens = engine.encode_chat(messages, False)
     return engine.prefill(tokens, slot=companion.slot)
@@ -611,13 +628,11 @@ def _rebuild_baseline(engine: Engine, result: TurnResult, record: TurnRecord) ->
     record.rebuild_prefilled_tokens = stats.prefilled_tokens
 
 
-def _fresh_summary_baseline(
-    engine: Engine, companion: Companion, collapses: list[CollapseRecord]
-) -> None:
+def _fresh_summary_baseline(engine: Engine, companion: Companion, folds: list[FoldRecord]) -> None:
     """Baseline (b): each new summary asked for in a fresh context, from the same turns."""
     store, window = companion.store, companion.window
     summaries = store.summaries(CONVERSATION)
-    for collapse, new in zip(collapses, summaries[-len(collapses) :], strict=True):
+    for fold, new in zip(folds, summaries[-len(folds) :], strict=True):
         before = [s for s in summaries if s.id < new.id]
         previous = before[-1] if before else None
         turns = store.turns(CONVERSATION, after_seq=previous.last_seq if previous else None)
@@ -628,10 +643,10 @@ def _fresh_summary_baseline(
         stats = engine.generate(
             prompt, slot=FRESH_SUMMARY_SLOT, max_tokens=window.summary_cap, temp=0.0
         ).stats
-        collapse.fresh_seconds = time.perf_counter() - start
+        fold.fresh_seconds = time.perf_counter() - start
         engine.drop_slot(FRESH_SUMMARY_SLOT)
-        collapse.fresh_prompt_tokens = stats.prompt_tokens
-        collapse.fresh_prefilled_tokens = stats.prefilled_tokens
+        fold.fresh_prompt_tokens = stats.prompt_tokens
+        fold.fresh_prefilled_tokens = stats.prefilled_tokens
 
 
 # -- one-shot turns: every turn in a new process ---------------------------------------------------
@@ -648,10 +663,10 @@ class OneShotTurn:
     cached_tokens: int
     prefilled_tokens: int
     reply_tokens: int  # the reply's sampled tokens, its end-of-turn token not counted
-    collapse_turn: bool  # a collapse ran in this call or in the previous one
+    fold_turn: bool  # a fold ran in this call or in the previous one
     fact_added: bool
     # The previous call's prompt and reply were all in the cache this call reused (None: the
-    # first turn, or a collapse turn, whose prefix was rebuilt on purpose).
+    # first turn, or a fold turn, whose prefix was rebuilt on purpose).
     reused_previous: bool | None
     violation: bool
     seconds: float  # the whole process, start to exit
@@ -667,19 +682,19 @@ class OneShotResult:
 
     def summary(self) -> dict:
         recs = self.records
-        steady = [r for r in recs if not r.collapse_turn]
+        steady = [r for r in recs if not r.fold_turn]
         judged = [r.reused_previous for r in recs if r.reused_previous is not None]
         return {
             "turns": len(recs),
             "cache_share": _share([(r.cached_tokens, r.prompt_tokens) for r in recs[1:]]),
-            "cache_share_non_collapse": _share(
+            "cache_share_non_fold": _share(
                 [(r.cached_tokens, r.prompt_tokens) for r in steady[1:]]
             ),
-            "non_collapse_turns": len(steady),
-            "collapses": sum(r.collapse_turn for r in recs),
+            "non_fold_turns": len(steady),
+            "folds": sum(r.fold_turn for r in recs),
             "budget_violations": sum(r.violation for r in recs),
             "facts_added": sum(r.fact_added for r in recs),
-            # The check: every turn after the first, but a collapse turn, finds the previous
+            # The check: every turn after the first, but a fold turn, finds the previous
             # prompt and reply in the cache, in full.
             "turns_reusing_previous": sum(judged),
             "turns_judged": len(judged),
@@ -693,7 +708,7 @@ class OneShotResult:
         return {
             "kind": "turns",
             "settings": self.settings,
-            **self.summary(),
+            **with_old_names(self.summary()),
             "per_turn": [r.to_dict() for r in self.records],
         }
 
@@ -764,9 +779,9 @@ def _reply_tokens(out: dict) -> int:
 
 
 def _one_shot_record(i: int, out: dict, previous: dict | None, seconds: float) -> OneShotTurn:
-    collapse_turn = bool(out["collapses"]) or bool(previous and previous["collapses"])
+    fold_turn = bool(out["folds"]) or bool(previous and previous["folds"])
     reused = None
-    if previous is not None and not collapse_turn:
+    if previous is not None and not fold_turn:
         reused = out["cached_tokens"] >= previous["prompt_tokens"] + _reply_tokens(previous)
     return OneShotTurn(
         turn=i + 1,
@@ -774,7 +789,7 @@ def _one_shot_record(i: int, out: dict, previous: dict | None, seconds: float) -
         cached_tokens=out["cached_tokens"],
         prefilled_tokens=out["prefilled_tokens"],
         reply_tokens=_reply_tokens(out),
-        collapse_turn=collapse_turn,
+        fold_turn=fold_turn,
         fact_added=out["fact_added"] is not None,
         reused_previous=reused,
         violation=out["prompt_tokens"] + out["layers"]["reserve"] > out["budget"],

@@ -216,7 +216,7 @@ def turns(
     as_json: bool = JSON,
 ) -> None:
     """Replay a conversation through the full memory system and record, per turn, the tokens
-    of each layer, prompt / cached / prefilled tokens, time to first token and collapses, next
+    of each layer, prompt / cached / prefilled tokens, time to first token and folds, next
     to (a) rebuilding every prompt from scratch and (b) summarizing in a fresh context."""
     if one_shot:
         return _one_shot_turns(
@@ -262,8 +262,8 @@ def turns(
         ("prompt tokens from cache, all calls", _share(s["cache_share"])),
         ("  replies only", _share(s["cache_share_replies"])),
         (
-            "  non-collapse turns",
-            f"{_share(s['cache_share_non_collapse'])} ({s['non_collapse_turns']} turns)",
+            "  non-fold turns",
+            f"{_share(s['cache_share_non_fold'])} ({s['non_fold_turns']} turns)",
         ),
         ("turns kept verbatim, mean", _number(s["verbatim_turns_mean"], 1)),
         (
@@ -271,7 +271,7 @@ def turns(
             f"{_number(s['prompt_tokens_mean'], 0)} / {s['prompt_tokens_max']}",
         ),
         ("prefilled tokens per turn, mean", _number(s["prefilled_tokens_mean"], 0)),
-        ("collapses (before a reply)", f"{s['collapses']} ({s['collapses_before_reply']})"),
+        ("folds (before a reply)", f"{s['folds']} ({s['folds_before_reply']})"),
         (
             "summary tokens, mean / max",
             f"{_number(s['summary_tokens_mean'], 0)} / {s['summary_tokens_max']}",
@@ -283,13 +283,12 @@ def turns(
             f"{_number(s['wait_s_median'], 3)} s / {_number(s['rebuild_ttft_s_median'], 3)} s",
         ),
         (
-            "(a) TTFT ratio vs rebuild, all / non-collapse",
-            f"{_times(s['ttft_ratio_vs_rebuild'])} / "
-            f"{_times(s['ttft_ratio_vs_rebuild_non_collapse'])}",
+            "(a) TTFT ratio vs rebuild, all / non-fold",
+            f"{_times(s['ttft_ratio_vs_rebuild'])} / {_times(s['ttft_ratio_vs_rebuild_non_fold'])}",
         ),
         ("(a) prefilled tokens vs rebuild", _number(s["prefill_ratio_vs_rebuild"], 3)),
-        ("(b) collapse prefill vs fresh-context summary", _number(s["collapse_prefill_ratio"], 3)),
-        ("(b) collapse time vs fresh-context summary", _number(s["collapse_seconds_ratio"], 3)),
+        ("(b) fold prefill vs fresh-context summary", _number(s["fold_prefill_ratio"], 3)),
+        ("(b) fold time vs fresh-context summary", _number(s["fold_seconds_ratio"], 3)),
         (
             "KV cache written per turn / new KV",
             f"{_number((s['kv_bytes_written_per_turn'] or 0) / 1e6, 2)} MB / "
@@ -363,7 +362,7 @@ def _one_shot_turns(
         "turn", "prompt tokens", "cached tokens", "fact noted", "previous reused", title=title
     )
     for r in result.records:
-        reused = {None: "collapse" if r.collapse_turn else "-", True: "yes", False: "NO"}
+        reused = {None: "fold" if r.fold_turn else "-", True: "yes", False: "NO"}
         table.add_row(
             str(r.turn), str(r.prompt_tokens), str(r.cached_tokens),
             "yes" if r.fact_added else "", reused[r.reused_previous],

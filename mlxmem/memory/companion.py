@@ -49,7 +49,7 @@ from mlxmem.memory.store import (
 )
 from mlxmem.memory.summaries import insert_summary
 from mlxmem.memory.turns import insert_turn
-from mlxmem.memory.window import UNANSWERED, CollapseEvent, ConversationWindow, summary_cap
+from mlxmem.memory.window import UNANSWERED, ConversationWindow, FoldEvent, summary_cap
 from mlxmem.text import check_text, utc_now
 
 # Messages whose look for a fact may wait for a later turn: beyond them, the oldest is looked
@@ -144,13 +144,13 @@ class TurnTimings:
 @dataclass(frozen=True)
 class PendingTurn:
     """A turn between `Companion.begin` and `Companion.finish`: the logged message, the store
-    as the prompt was assembled from it, the prompt, the collapses it took, and its timings
+    as the prompt was assembled from it, the prompt, the folds it took, and its timings
     so far."""
 
     user: Turn
     snapshot: Snapshot
     prompt: AssembledPrompt
-    collapses: list[CollapseEvent]
+    folds: list[FoldEvent]
     timings: TurnTimings = field(default_factory=TurnTimings)
 
 
@@ -160,13 +160,13 @@ class TurnResult:
     stats: GenerationStats
     prompt: AssembledPrompt
     interrupted: bool = False
-    collapses: list[CollapseEvent] = field(default_factory=list)
+    folds: list[FoldEvent] = field(default_factory=list)
     # The facts noted after the reply, each with the id of the fact it replaced (or None):
     # this message's, after those of earlier messages whose look was postponed.
     noted: list[tuple[Fact, int | None]] = field(default_factory=list)
     # What each look for a fact after the reply came to (Look.outcome), oldest message first.
     looks: list[str] = field(default_factory=list)
-    warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (collapse)
+    warm_prefilled_tokens: int = 0  # prefilled after the reply to rebuild the cache (fold)
     discarded: bool = False  # a deletion raced the reply, which was shown but not logged
     timings: TurnTimings = field(default_factory=TurnTimings)
 
@@ -188,8 +188,11 @@ class TurnResult:
             "discarded": self.discarded,
             "layers": self.prompt.layers.to_dict(),
             "budget": self.prompt.budget,
-            "collapsed": bool(self.collapses),
-            "collapses": [c.to_dict() for c in self.collapses],
+            "folded": bool(self.folds),
+            "folds": [c.to_dict() for c in self.folds],
+            # The same under their names before "fold" named the operation, for scripts.
+            "collapsed": bool(self.folds),
+            "collapses": [c.to_dict() for c in self.folds],
             "fact_added": None if not self.noted else _noted_dict(*self.noted[-1]),
             "facts_added": [_noted_dict(fact, replaced) for fact, replaced in self.noted],
             "warm_prefilled_tokens": self.warm_prefilled_tokens,
@@ -325,11 +328,11 @@ class Companion:
 
     def prompt_facts(self, snap: Snapshot) -> list[Fact]:
         """Manual facts first, then automatic ones newest first. An automatic fact joins a
-        conversation's prompt at its next collapse (it is in the verbatim turns already), so
-        that the cached prefix stays put between collapses, in one process or many: shown are
+        conversation's prompt at its next fold (it is in the verbatim turns already), so
+        that the cached prefix stays put between folds, in one process or many: shown are
         those noted before the newest summary was written, or before the conversation began.
         Manual facts, and every edit and deletion, show at once. A replaced fact leaves when its
-        replacement joins: at once for a manual one, at the next collapse for an automatic one."""
+        replacement joins: at once for a manual one, at the next fold for an automatic one."""
         since = facts_joined_until(snap)
 
         def shown(f: Fact) -> bool:
@@ -375,7 +378,7 @@ class Companion:
     @property
     def recall_room(self) -> int:
         """Tokens the window leaves free for a recall block when recall is on: folding keeps
-        them free, so a recalled turn never waits for the next collapse to fit."""
+        them free, so a recalled turn never waits for the next fold to fit."""
         return int(self.budget.budget * RECALL_SHARE) if self.settings.recall else 0
 
     def recall_terms(self, text: str, at: datetime | None = None) -> RecallQuery:
@@ -497,10 +500,10 @@ class Companion:
                     previous=previous,
                     mark=mark,
                 )
-        collapses: list[CollapseEvent] = []
-        snap, prompt = self._fold_while_over_budget(on_status, 0, first, collapses)
-        if collapses:  # rare: finish folds ahead. Stored now, and recall searches anew.
-            made = [e.summary for e in collapses if e.summary is not None]
+        folds: list[FoldEvent] = []
+        snap, prompt = self._fold_while_over_budget(on_status, 0, first, folds)
+        if folds:  # rare: finish folds ahead. Stored now, and recall searches anew.
+            made = [e.summary for e in folds if e.summary is not None]
             with self._timed("store"):
                 snap = self.store.add_summaries_and_snapshot(
                     self.conversation, made, first.forget_epoch, terms
@@ -515,7 +518,7 @@ class Companion:
             snap = replace(snap, turns=[t for t in snap.turns if t.seq <= user.seq])
             prompt = self._assemble(snap)
         self._after_deletions(snap.forget_epoch)
-        return PendingTurn(user, snap, prompt, collapses, timings)
+        return PendingTurn(user, snap, prompt, folds, timings)
 
     @contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
@@ -577,7 +580,7 @@ class Companion:
     ) -> TurnResult:
         """`finish`, the reply written at `at` (None: now)."""
         interrupted = stats.finish_reason == "interrupted"
-        result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.collapses))
+        result = TurnResult(reply, stats, turn.prompt, interrupted, list(turn.folds))
         result.timings = turn.timings
         snap, epoch = turn.snapshot, turn.snapshot.forget_epoch
         room = self._next_message_room(snap)
@@ -630,7 +633,7 @@ class Companion:
         if not more:
             self._keep(logged)
             return self._counted(result)
-        events: list[CollapseEvent] = []
+        events: list[FoldEvent] = []
         found: list[Found] = []
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
@@ -647,7 +650,7 @@ class Companion:
                 )  # fmt: skip
         except KeyboardInterrupt:
             pass  # best effort: the folds done are kept; the next turn folds first if need be
-        result.collapses += events
+        result.folds += events
         self._keep(self._store_derived(logged, events, found, result))
         return self._counted(result)
 
@@ -659,7 +662,7 @@ class Companion:
     def _store_derived(
         self,
         logged: Snapshot,
-        events: list[CollapseEvent],
+        events: list[FoldEvent],
         found: list[Found],
         result: TurnResult,
     ) -> Snapshot | None:
@@ -762,10 +765,10 @@ class Companion:
         on_status,
         headroom: int,
         snap: Snapshot,
-        events: list[CollapseEvent],
+        events: list[FoldEvent],
         prompt: AssembledPrompt | None = None,
     ) -> tuple[Snapshot, AssembledPrompt]:
-        """Collapse until the assembled prompt fits with `headroom` to spare, appending each
+        """Fold until the assembled prompt fits with `headroom` to spare, appending each
         fold to `events` (its summary is not stored: the caller stores them); return the store
         as it will be once they are stored, and that prompt. `snap`: the store as just read,
         `prompt`: its prompt, if assembled already."""
@@ -776,7 +779,7 @@ class Companion:
             if on_status:
                 on_status("folding older turns into the summary")
             facts = self.prompt_facts(snap)
-            event = self.window.collapse_oldest(
+            event = self.window.fold_oldest(
                 facts, snap.summary, snap.turns, summary_span=snap.summary_span
             )
             if event is None or event.summary is None:
@@ -786,7 +789,7 @@ class Companion:
             snap, prompt = with_summary(snap, event.summary), None
 
     def _warm_cache(self, prompt: AssembledPrompt) -> int:
-        """After a collapse, prefill the new prefix (summary and kept turns) now, while the
+        """After a fold, prefill the new prefix (summary and kept turns) now, while the
         person reads the reply, so the next turn only prefills its own message. The messages'
         tokens are the prompt's own, as assembled; only the template's tail is new (it ends
         the last message instead of opening a reply)."""

@@ -43,7 +43,7 @@ _REQUEST = (
 
 
 def summary_request(names: dict[str, str]) -> str:
-    """The request that ends a collapse's prompt, naming the speakers where `names` (role ->
+    """The request that ends a fold's prompt, naming the speakers where `names` (role ->
     name, see speaker_names) knows them: a small model retells a chat as "I" unless told who
     is who."""
     people = " and ".join(
@@ -57,7 +57,7 @@ SUMMARY_REQUEST = summary_request({})  # the request when neither speaker's name
 
 
 @dataclass
-class CollapseEvent:
+class FoldEvent:
     evicted_turns: int
     first_seq: int
     last_seq: int
@@ -138,17 +138,17 @@ class ConversationWindow:
     def messages(self, turns: Sequence[Turn], before: datetime | None = None) -> list[Message]:
         return as_messages(turns, self.engine.model_id, before)
 
-    def collapse_oldest(
+    def fold_oldest(
         self,
         facts: Sequence[Fact],
         summary: Summary | None,
         turns: Sequence[Turn],
         summary_span: Span | None = None,
-    ) -> CollapseEvent | None:
+    ) -> FoldEvent | None:
         """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`,
         `summary` and `summary_span` (when its first and last turns were written) are what
         the chat prompt holds now, so its cached prefix is reused.
-        The summary records the facts it saw; it is returned (`CollapseEvent.summary`), not
+        The summary records the facts it saw; it is returned (`FoldEvent.summary`), not
         stored: the caller stores it with the turn's other writes, under its forget epoch."""
         n = evict_count(turns)
         if n == 0:
@@ -196,7 +196,7 @@ class ConversationWindow:
         made = Summary(
             0, self.conversation, text, first, evicted[-1].seq, tokens, utc_now(), seen, source
         )
-        return CollapseEvent(
+        return FoldEvent(
             evicted_turns=n,
             first_seq=first,
             last_seq=evicted[-1].seq,
