@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import mlxmem
@@ -21,6 +22,7 @@ from mlxmem import bench
 from mlxmem.bench import synth
 from mlxmem.bench.common import resolve_arch, source_commit, versions
 from mlxmem.bench.turns import read_transcript, run_turns
+from mlxmem.cli.bench import _seconds_list
 from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.errors import InputError
@@ -197,6 +199,20 @@ def test_memory_work_in_the_background_moves_the_wait_to_while_the_person_types(
     assert typing["settings"]["think_s"] == 2 * NOTING_S
     assert typing["wait_before_reply_ms_median"] < NOTING_S * 1e3 * 0.8
     assert len(typing["per_turn"]) == 6
+
+
+def test_think_times_are_taken_in_turn_and_checked():
+    exchanges = bench.synthetic_transcript(4)
+    pauses = (0.0, 2 * NOTING_S)  # a quick follow-up, then a pause
+    result = run_turns(FakeEngine(slow_facts), exchanges, 1024, 64, think_s=pauses, facts=True)
+    assert result.settings["think_s"] == list(pauses)
+    started = time.perf_counter()
+    run_turns(FakeEngine(), exchanges, 1024, 64, think_s=pauses, rebuild_every=0)
+    assert time.perf_counter() - started >= 2 * pauses[1]  # two pauses in four turns
+    assert _seconds_list("0,10", "--think") == (0.0, 10.0)
+    for bad in ("", "x", "1,-2", "nan"):
+        with pytest.raises(typer.BadParameter):
+            _seconds_list(bad, "--think")
 
 
 def test_generate_mode_lets_the_model_write_the_replies():

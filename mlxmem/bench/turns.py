@@ -323,7 +323,7 @@ def run_turns(
     seed: int = DEFAULT_BENCH_SEED,
     progress: Progress = no_progress,
     background: bool = True,
-    think_s: float = 0.0,
+    think_s: float | Sequence[float] = 0.0,
     compare_foreground: bool = False,
 ) -> TurnsResult:
     """Replay `exchanges` through a Companion on a scratch database and measure every turn.
@@ -334,7 +334,8 @@ def run_turns(
     only, so the turn after it prefills that message and its reply again.
 
     The messages are sent as a person at the REPL sends them (see _as_a_person): with
-    `background`, the memory work after a reply runs while they read and type for `think_s`.
+    `background`, the memory work after a reply runs while they read and type for `think_s`
+    (seconds, or several taken in turn).
     `compare_foreground` replays the exchanges a second time with the memory work done before
     the next message is accepted (no baselines), and reports its waits as `foreground_*`."""
     reply_in_cache = reply_in_cache and not generate
@@ -350,7 +351,7 @@ def run_turns(
         "recall": recall,
         "seed": seed,
         "background": background,
-        "think_s": think_s,
+        "think_s": think_s if isinstance(think_s, int | float) else list(think_s),
     }
     settings["tokens_per_word"] = tokens_per_word(engine, exchanges)
     recorder = RecordingEngine(engine)
@@ -451,7 +452,7 @@ def _as_a_person(
     one_turn: Callable[[int, str, str | None], TurnResult],
     record: Callable[[RanTurn, TurnResult], None],
     background: bool,
-    think_s: float,
+    think_s: float | Sequence[float],
     progress: Progress,
     hurry: threading.Event,
 ) -> None:
@@ -463,12 +464,14 @@ def _as_a_person(
     the next message is accepted once the whole turn, memory work included, is done."""
     failure: list[BaseException] = []
 
+    thinks = [think_s] if isinstance(think_s, int | float) else list(think_s)
+
     def person() -> None:
         pending: Future[TurnResult] | None = None
         try:
             for i, (user, reply) in enumerate(exchanges):
                 progress(f"turn {i + 1}/{len(exchanges)}", i, len(exchanges))
-                time.sleep(think_s)  # reading the reply and typing
+                time.sleep(thinks[i % len(thinks)])  # reading the reply and typing
                 entered = time.perf_counter()  # Enter
                 waited = 0.0
                 if pending is not None:  # the previous turn's memory work, if still running

@@ -188,13 +188,13 @@ def turns(
         "after the reply is logged, while the person reads and types, as the interactive chat "
         "does; --no-background does it before the next message is accepted.",
     ),
-    think: float = typer.Option(
-        0.0,
+    think: str = typer.Option(
+        "0",
         "--think",
-        min=0.0,
-        metavar="SECONDS",
+        metavar="SECONDS[,SECONDS...]",
         help="How long the person reads and types between a reply and the next message "
-        "(slept): background memory work runs meanwhile. 0 sends the next message at once.",
+        "(slept): background memory work runs meanwhile. 0 sends the next message at once; "
+        "several, such as 0,10, are taken in turn (a quick follow-up, then a pause).",
     ),
     foreground: bool = typer.Option(
         True,
@@ -241,7 +241,7 @@ def turns(
             seed=seed,
             progress=progress,
             background=background,
-            think_s=think,
+            think_s=_seconds_list(think, "--think"),
             compare_foreground=foreground and background,
         )
     result.settings["transcript"] = source
@@ -642,3 +642,14 @@ def _figure(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
     return "-" if value is None else str(value)
+
+
+def _seconds_list(text: str, option: str) -> tuple[float, ...]:
+    """ "0,10" -> (0.0, 10.0); a clear error for anything that is not seconds >= 0."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(not v >= 0 for v in values):
+        raise typer.BadParameter(f"{option} takes seconds >= 0, such as 1 or 0,10; not {text!r}")
+    return values
