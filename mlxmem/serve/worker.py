@@ -23,7 +23,6 @@ class ModelWorker:
     def __init__(self, load_engine: Callable[[], Engine], max_waiting: int = MAX_WAITING):
         self.max_waiting = max_waiting
         self._jobs: queue.Queue = queue.Queue()
-        self._running = False  # a job is on the model's thread
         self.engine: Engine | None = None  # once loaded (its tokenizer serves any thread)
         loaded: Future[None] = Future()
         self._thread = threading.Thread(
@@ -43,10 +42,6 @@ class ModelWorker:
     def waiting(self) -> bool:
         """Whether a job waits for the model (memory work gives way to it)."""
         return not self._jobs.empty()
-
-    def busy(self) -> bool:
-        """Whether a job runs or waits: a new one would not start at once."""
-        return self._running or self.waiting()
 
     def call(self, job: Callable[[Engine], T]) -> T:
         """Run `job(engine)` on the model's thread and wait for its result."""
@@ -75,10 +70,7 @@ class ModelWorker:
             job, future = item
             if not future.set_running_or_notify_cancel():
                 continue  # its client went away while it waited
-            self._running = True
             try:
                 future.set_result(job(engine))
             except BaseException as exc:  # noqa: BLE001 - the caller's thread raises it
                 future.set_exception(exc)
-            finally:
-                self._running = False
