@@ -8,6 +8,7 @@ MLX and mlx-lm; `mlxmem.testing.FakeEngine` implements the same interface for lo
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
@@ -254,6 +255,10 @@ class MLXEngine(Engine):
             self.restart,
         )
         self._encodings: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        # Encoding text may come from another thread than the model's (a message logged while
+        # the model works): the fast tokenizer switches its special-token splitting per call,
+        # which is not atomic, and the memo is shared, so one encoding runs at a time.
+        self._encoding = threading.Lock()
         self._renders: OrderedDict[tuple, tuple] = OrderedDict()
         self._parts: dict[tuple[bool, str], tuple[dict, dict, dict] | None] = {}
         self._shapes_rendered = 0
@@ -422,14 +427,17 @@ class MLXEngine(Engine):
         if not text:
             return []
         key = (text, plain)
-        ids = self._encodings.get(key)
-        if ids is None:
-            ids = tuple(self.hf.encode(text, add_special_tokens=False, split_special_tokens=plain))
-            self._encodings[key] = ids
-            if len(self._encodings) > ENCODING_MEMO_ENTRIES:
-                self._encodings.popitem(last=False)
-        else:
-            self._encodings.move_to_end(key)
+        with self._encoding:
+            ids = self._encodings.get(key)
+            if ids is None:
+                ids = tuple(
+                    self.hf.encode(text, add_special_tokens=False, split_special_tokens=plain)
+                )
+                self._encodings[key] = ids
+                if len(self._encodings) > ENCODING_MEMO_ENTRIES:
+                    self._encodings.popitem(last=False)
+            else:
+                self._encodings.move_to_end(key)
         return list(ids)
 
     def _adds_bos(self) -> bool:

@@ -155,3 +155,57 @@ def test_serve_logs_a_request_that_comes_during_memory_work_at_once():
         ("user", "And the dog?"),
         ("assistant", "I hear you."),
     ]
+
+
+def test_serve_logs_early_only_when_no_turn_is_queued_so_the_log_keeps_their_order(monkeypatch):
+    """A request queued behind a reply is logged when its turn starts; one that comes during
+    the memory work after that reply must not be logged before it."""
+    reply_go, replying = threading.Event(), threading.Event()
+    fold_go, folding = threading.Event(), threading.Event()
+    prompts = []
+
+    def model(prompt: str) -> str:
+        prompts.append(prompt)
+        if len(prompts) == 1:  # the first reply is held while a request queues behind it
+            replying.set()
+            assert reply_go.wait(30)
+        return "I hear you."
+
+    fold = Companion._fold_while_over_budget
+
+    def held_fold(self, on_status, headroom, snap, events, prompt=None):
+        if headroom > 0 and not fold_go.is_set():  # the fold ahead after a reply, held
+            folding.set()
+            assert fold_go.wait(30)
+        return fold(self, on_status, headroom, snap, events, prompt)
+
+    monkeypatch.setattr(Companion, "_fold_while_over_budget", held_fold)
+    with fake_server(FakeEngine(model), extract_facts=True) as server:
+        worker = server.app.service.worker
+        first = threading.Thread(target=lambda: ask(server, LONG.format(1)))
+        first.start()
+        assert replying.wait(30)
+        zero = threading.Thread(target=lambda: ask(server, "zero"))
+        zero.start()
+        wait_for(worker.waiting)  # queued behind the reply
+        reply_go.set()
+        first.join(30)
+        assert folding.wait(30)  # the first turn's memory work runs
+        one = threading.Thread(target=lambda: ask(server, "one"))
+        one.start()
+        wait_for(lambda: worker._jobs.qsize() == 2)  # "one" waits behind "zero", unlogged
+        assert ("user", "one") not in log()
+        fold_go.set()
+        zero.join(30)
+        one.join(30)
+    assert [text for role, text in log() if role == "user"] == [LONG.format(1), "zero", "one"]
+
+
+def test_serve_does_not_tell_a_noted_fact_deleted_since():
+    model = lambda prompt: FACT if "durable facts" in prompt else "ok"  # noqa: E731
+    with fake_server(FakeEngine(model), extract_facts=True) as server:
+        ask(server, LONG.format(1))
+        fact = wait_for(lambda: Store().facts())[0]
+        Store().delete_facts([fact.id])  # memory rm, between two requests
+        told = ask(server, "hello").model_extra["mlxmem"]
+    assert told["fact_added"] is None and told["facts_added"] == []

@@ -52,18 +52,19 @@ def chat_completions(req: Request) -> tuple[int, dict] | None:
     return None  # the client went away
 
 
-def extra(conversation: str, result: TurnResult, noted: tuple[Fact, int | None] | None) -> dict:
+def extra(conversation: str, result: TurnResult, noted: list[tuple[Fact, int | None]]) -> dict:
     """mlxmem's own fields beside OpenAI's: where the turn went and what it changed. The
     response ends once the reply is logged, before the memory work after it (a fold, a fact
-    noted from the message): `fact_added` is the fact noted from this conversation's previous
-    message, which that work found after the previous response."""
+    noted from the message): `facts_added` are the facts that work noted in this conversation
+    since the previous response (from its message, and from earlier ones whose look a request
+    postponed), still current now; `fact_added` the newest of them."""
+    told = [{"id": f.id, "text": f.text, "replaces": replaced} for f, replaced in noted]
     return {
         "conversation": conversation,
         "interrupted": result.interrupted,
         "discarded": result.discarded,  # a deletion raced the reply: shown, but not logged
-        "fact_added": None
-        if noted is None
-        else {"id": noted[0].id, "text": noted[0].text, "replaces": noted[1]},
+        "fact_added": told[-1] if told else None,
+        "facts_added": told,
         # Where the turn's time went (as `chat --json` reports it), up to its reply logged.
         "timings": result.timings.to_dict(),
     }

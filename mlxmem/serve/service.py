@@ -90,11 +90,13 @@ class ChatService:
         self.sessions = Sessions(
             self.store, config.context_tokens, config.response_reserve, config.settings
         )
-        # The fact each conversation's last turn noted after its response ended: told with
-        # the next response in that conversation (as the REPL tells it before the next turn).
-        self.noted: dict[str, tuple[Fact, int | None]] = {}  # (fact, the fact it replaced)
+        # The facts noted in each conversation after its last response ended, each with the
+        # fact it replaced: told with the next response there (as the REPL tells them before
+        # the next turn), if still current then.
+        self.noted: dict[str, list[tuple[Fact, int | None]]] = {}
         # Set while the model does the memory work after a reply (see start_turn).
         self._memory_work = threading.Event()
+        self._admitting = threading.Lock()  # one request at a time is logged and queued
 
     def close(self) -> None:
         """Stop the model's thread (the running job finishes), then let the store go."""
@@ -112,11 +114,17 @@ class ChatService:
         events = TurnEvents()
         logged = None
         engine = self.worker.engine
-        if engine is not None and self._memory_work.is_set():
-            check_history(self.store, request.conversation, request.history)
-            settings = self._settings(request)
-            logged = log_message(engine, self.store, request.conversation, request.text, settings)
-        job = self.worker.submit(lambda engine: self._turn(engine, request, events, logged))
+        # One at a time, and only with no turn queued before it: the log's order is the
+        # order the turns run in.
+        with self._admitting:
+            if engine is not None and self._memory_work.is_set() and not self.worker.waiting():
+                self.worker.check_room()  # a request refused leaves nothing in the log
+                check_history(self.store, request.conversation, request.history)
+                settings = self._settings(request)
+                logged = log_message(
+                    engine, self.store, request.conversation, request.text, settings
+                )
+            job = self.worker.submit(lambda engine: self._turn(engine, request, events, logged))
         return events, job
 
     def context(self, conversation: str, draft: str | None = None) -> dict:
@@ -162,12 +170,15 @@ class ChatService:
             self.sessions.saw_epoch(engine, companion, turn.snapshot.forget_epoch)
             events.put("begun")
 
+            current = {f.id for f in turn.snapshot.facts}
+
             def reply_logged(result: TurnResult) -> None:
                 logged.append(result)
                 self._memory_work.set()
-                # Told once the reply is out: a turn that fails before keeps it for the next.
-                earlier = self.noted.pop(request.conversation, None)
-                events.put("logged", (result, earlier))
+                # Told once the reply is out (a turn that fails before keeps them for the
+                # next), if not deleted or replaced since.
+                earlier = self.noted.pop(request.conversation, [])
+                events.put("logged", (result, [n for n in earlier if n[0].id in current]))
 
             result: TurnResult = companion.reply(
                 turn,
@@ -185,8 +196,7 @@ class ChatService:
             # (a fold, a fact), which the next turn redoes or goes without.
             _log_memory_work_failure(exc)
             return
-        if result.fact_added is not None:
-            self.noted[request.conversation] = (result.fact_added, result.fact_replaced)
+        self.noted.setdefault(request.conversation, []).extend(result.noted)
         events.put("done", result)
         try:
             self._catch_up()
@@ -199,7 +209,7 @@ class ChatService:
         """With no request waiting, look for the facts other conversations' turns postponed
         (a request came while their memory work ran), giving way again to the next request."""
         for name, noted in self.sessions.catch_up(self.worker.waiting):
-            self.noted[name] = noted[-1]
+            self.noted.setdefault(name, []).extend(noted)
 
     def _settings(self, request: ChatRequest) -> ChatSettings:
         """The server's settings with the sampling options this request set."""

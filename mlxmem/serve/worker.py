@@ -31,10 +31,14 @@ class ModelWorker:
         self._thread.start()
         loaded.result()  # a model that cannot load fails the start, with its own error
 
-    def submit(self, job: Callable[[Engine], T]) -> Future[T]:
-        """Queue `job(engine)`; cancel the future to drop it if it has not started."""
+    def check_room(self) -> None:
+        """A 503 if a job submitted now would be refused."""
         if self._jobs.qsize() >= self.max_waiting:
             raise ApiError(503, "too many requests are waiting for the model", "overloaded")
+
+    def submit(self, job: Callable[[Engine], T]) -> Future[T]:
+        """Queue `job(engine)`; cancel the future to drop it if it has not started."""
+        self.check_room()
         future: Future[T] = Future()
         self._jobs.put((job, future))
         return future

@@ -90,9 +90,8 @@ async function send(text) {
     await readEvents(response, (event) => {
       if (event.error) throw new Error(event.error.message);
       for (const choice of event.choices) reply.textContent += choice.delta.content || "";
-      if (event.mlxmem && event.mlxmem.fact_added) {
-        say(`remembered: ${event.mlxmem.fact_added.text}`);
-      }
+      const noted = (event.mlxmem && event.mlxmem.facts_added) || [];
+      if (noted.length) say(`remembered: ${noted.map((f) => f.text).join("; ")}`);
     });
     if ($("status").textContent === "writing…") say("");
   } catch (error) {
