@@ -26,9 +26,9 @@ import duckdb
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import insert_turn
+from mlxmem.memory.turns import DatedTurn
+from mlxmem.text import utc_now
 
 OVERHEAD_CONVERSATION = "bench-overhead"
 # The phases reported, in the order a turn runs them.
@@ -113,19 +113,18 @@ def _select_one(store: Store) -> None:
 
 
 def _fill(store: Store, engine: Engine, exchanges, window_tokens: int, facts: int) -> int:
-    """Log facts, then exchanges (no model calls) until the turns hold about `window_tokens`
-    tokens."""
-    used = 0
-    with store.connect() as con:  # the facts file: a transaction writes to one file
-        for i in range(facts):
-            insert_fact(con, f"Synthetic fact {i}: the person likes item {i}.", "manual")
-    with store.connect() as con:
-        for user, reply in exchanges:
-            if used >= window_tokens:
-                break
-            for role, text in (("user", user), ("assistant", reply)):
-                insert_turn(con, OVERHEAD_CONVERSATION, role, text)
-                used += engine.count_text(text) + 5  # the template's markers, about
+    """Add facts, then import exchanges (no model calls) until the turns hold about
+    `window_tokens` tokens."""
+    for i in range(facts):
+        store.add_fact(f"Synthetic fact {i}: the person likes item {i}.", source="manual")
+    used, turns, now = 0, [], utc_now()
+    for user, reply in exchanges:
+        if used >= window_tokens:
+            break
+        for role, text in (("user", user), ("assistant", reply)):
+            turns.append(DatedTurn(OVERHEAD_CONVERSATION, role, text, now))
+            used += engine.count_text(text) + 5  # the template's markers, about
+    store.import_log(turns)
     return used
 
 
