@@ -64,7 +64,7 @@ def to_db(value: datetime) -> datetime:
 INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
 
 
-def as_record(value: Any) -> dict[str, Any]:
+def json_ready(value: Any) -> dict[str, Any]:
     """A dataclass (a turn, a fact, ...) as a JSON-ready dict, with ISO 8601 timestamps and no
     internal fields: what every front end shows."""
     return {

@@ -28,7 +28,7 @@ def test_the_reply_and_a_turn_quoting_it_are_listed_not_deleted(mlxmem_home):
     store, user, reply, _, elsewhere = seed()
     deletion = store.delete_turns([user.id])
     assert [t.id for t in deletion.mentions] == [reply.id, elsewhere.id]
-    assert [t["id"] for t in deletion.to_record()["mentions"]] == [reply.id, elsewhere.id]
+    assert [t["id"] for t in deletion.to_json()["mentions"]] == [reply.id, elsewhere.id]
     assert SECRET not in texts(store) and reply.text in texts(store)
 
 

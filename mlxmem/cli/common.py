@@ -22,7 +22,7 @@ from mlxmem.defaults import (
 )
 from mlxmem.defaults import MAX_MESSAGE_CHARS as MESSAGE_CHARS_CEILING
 from mlxmem.errors import InputError, MlxmemError
-from mlxmem.text import as_record, plural, visible_controls  # noqa: F401 - the commands import them from here
+from mlxmem.text import json_ready, plural, visible_controls  # noqa: F401 - the commands import them from here
 
 if TYPE_CHECKING:
     from typer._click import Context  # Typer's own copy of click, which its groups take

@@ -10,7 +10,7 @@ from mlxmem.memory.store import LAST_SEQ, Store, Summary, Turn
 from mlxmem.memory.summaries import describe_source
 from mlxmem.memory.turns import SEARCH_LIMIT
 
-from .common import JSON, as_record, confirm, out, plain_typer, plural, print_json, say, shown
+from .common import JSON, confirm, json_ready, out, plain_typer, plural, print_json, say, shown
 from .memory import local_time
 
 app = plain_typer(
@@ -33,7 +33,7 @@ def list_conversations(as_json: bool = JSON) -> None:
     others ("shared") or kept out of recall ("private", see `history private`)."""
     conversations = Store().conversations()
     if as_json:
-        print_json([as_record(c) for c in conversations])
+        print_json([json_ready(c) for c in conversations])
         return
     if not conversations:
         say("No conversations yet.")
@@ -161,7 +161,7 @@ def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -
     if last is not None:
         summaries = summaries[-last:]
     if as_json:
-        print_json([as_record(s) for s in summaries])
+        print_json([json_ready(s) for s in summaries])
         return
     if not summaries:
         say("No summaries.")
@@ -181,7 +181,7 @@ def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -
 
 def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:
     if as_json:
-        print_json([as_record(m) for m in messages])
+        print_json([json_ready(m) for m in messages])
         return
     if not messages:
         say("No turns.")

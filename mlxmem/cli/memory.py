@@ -9,7 +9,7 @@ from rich.text import Text
 from mlxmem.memory.facts import check_source
 from mlxmem.memory.store import Store
 
-from .common import JSON, as_record, confirm, out, plain_typer, plural, print_json, say, shown
+from .common import JSON, confirm, json_ready, out, plain_typer, plural, print_json, say, shown
 
 app = plain_typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -32,7 +32,7 @@ def list_facts(
     """List the facts the model knows about you (--all: and those replaced by newer ones)."""
     facts = Store().facts(replaced=show_all)
     if as_json:
-        print_json([as_record(fact) for fact in facts])
+        print_json([json_ready(fact) for fact in facts])
         return
     if not facts:
         say("No facts yet. Add one with: mlxmem memory add TEXT")

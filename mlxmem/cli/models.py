@@ -25,7 +25,7 @@ app = plain_typer(
 )
 
 
-def spec_record(spec: ModelSpec, default: str, size: int) -> dict[str, Any]:
+def spec_json(spec: ModelSpec, default: str, size: int) -> dict[str, Any]:
     """A ModelSpec as a JSON-ready dict, plus whether it is on disk, its size there (bytes) and
     whether it is the default."""
     return {
@@ -51,7 +51,7 @@ def list_models(as_json: bool = JSON) -> None:
     The default is marked * (see `mlxmem models default`)."""
     default = default_model()
     records = [
-        spec_record(spec, default.name, size_on_disk(spec)) for spec in load_registry().values()
+        spec_json(spec, default.name, size_on_disk(spec)) for spec in load_registry().values()
     ]
     for alias, problem in registry_problems().items():  # entries that do not load, left out
         err.print(f"Warning: {f'{alias}: ' if alias else ''}{problem}", markup=False)

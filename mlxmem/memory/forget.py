@@ -48,7 +48,7 @@ from mlxmem.memory.turns import (
     turn_of,
     turns_after,
 )
-from mlxmem.text import as_record, plural, to_db, utc_now
+from mlxmem.text import json_ready, plural, to_db, utc_now
 
 LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
 
@@ -95,18 +95,18 @@ class Deletion:
             )
         return text
 
-    def to_record(self) -> dict:
+    def to_json(self) -> dict:
         """The deletion as JSON-ready data: ids and facts removed, the sentence, what still
         quotes a deleted fact."""
         return {
             "object": "mlxmem.deletion",
             "message": self.describe(),
             "turns": [t.id for t in self.turns],
-            "facts": [as_record(f) for f in self.facts],
+            "facts": [json_ready(f) for f in self.facts],
             "summaries": len(self.summaries),
             "conversations": self.conversations,
-            "mentions": [as_record(t) for t in self.mentions],
-            "current_again": [as_record(f) for f in self.current_again],
+            "mentions": [json_ready(t) for t in self.mentions],
+            "current_again": [json_ready(f) for f in self.current_again],
         }
 
 
