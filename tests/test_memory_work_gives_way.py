@@ -4,15 +4,13 @@ the next prompt is built on, do not stop). A fact is never lost to a fast typist
 POSTPONE_LIMIT messages, the oldest is looked at without giving way. A deletion meanwhile
 drops what was postponed."""
 
-import io
 import threading
 
 from conftest import FACT
 from serve_helpers import fake_server
+from test_repl_background import session_with_a_slow_extractor
 from test_serve import ask, log, wait_for
 
-from mlxmem.cli.repl import Session
-from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import POSTPONE_LIMIT, ChatSettings, Companion
 from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
@@ -95,35 +93,17 @@ def test_catch_up_looks_at_what_was_postponed():
 
 
 def test_at_the_repl_a_message_sent_during_the_look_waits_not_for_it(capsys):
-    release, extracting = threading.Event(), threading.Event()
-    looks = []
-
-    def responder(prompt: str) -> str:
-        if "durable facts" in prompt:
-            looks.append(prompt)
-            if len(looks) == 1:  # the first look is held until the next message is sent
-                extracting.set()
-                assert release.wait(30)
-            return FACT
-        return "Noted."
-
-    store = Store()
-
-    def open_chat(model: str, conversation: str) -> Companion:
-        return Companion(FakeEngine(responder), store, conversation, 2000, 120, ChatSettings())
-
-    session = Session(open_chat, "fake", "default", Terminal(io.StringIO()))
+    session, _, release, extracting = session_with_a_slow_extractor()
     with session.companion.store.holding():
         session.send(LONG.format(1))
         assert extracting.wait(30)
         first = session.pending
         threading.Timer(0.2, release.set).start()
         session.send("And what else?")  # the look gives way: no fact from the first turn
-        assert first.result().noted == []
-        session.settle()  # the second turn's work looks at the first message
+        assert first.result().noted == [] and first.result().looks == ["postponed"]
+        session.settle()  # the second turn's work looks at the first message again
     session.model_thread.close()
     assert [f.text for f in Store().facts()] == [FACT]
-    assert len(looks) == 2  # asked again after the second reply
     assert f"remembered [1] {FACT}" in capsys.readouterr().err
 
 
