@@ -455,7 +455,7 @@ class Companion:
         recall: bool,
     ) -> PendingTurn:
         """`begin`, the message written at `at` (None: now), with recall if `recall`."""
-        text = self._checked(text)
+        text = checked_message(text, self.settings)
         # One open of the store before the model starts (none while it is held): log the
         # message (with its token ids, so that no later turn encodes it again) and read what
         # the prompt is built from, unless the store is as this Companion's last turn left it.
@@ -470,9 +470,6 @@ class Companion:
         """Log the person's message now, before its turn can begin (then `begin(text,
         logged=turn)`): see log_message."""
         return log_message(self.engine, self.store, self.conversation, text, self.settings)
-
-    def _checked(self, text: str) -> str:
-        return checked_message(text, self.settings)
 
     def _begin(
         self,

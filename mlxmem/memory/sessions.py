@@ -70,7 +70,7 @@ class Sessions:
         for name, companion in list(self._companions.items()):
             if should_yield():
                 break
-            if companion.postponed and (facts := companion.catch_up(should_yield)):
+            if facts := companion.catch_up(should_yield):
                 noted.append((name, facts))
         return noted
 
