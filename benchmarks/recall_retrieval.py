@@ -118,10 +118,10 @@ def time_at_scale(data: Path, cid: str, messages: int, store_dir: Path) -> float
     store.append_turn("big", "user", texts[0])  # creates the conversation
     with store.connect() as con:
         con.execute(
-            "INSERT INTO messages (conversation_id, seq, role, text, created_at) "
+            "INSERT INTO turns (conversation_id, seq, role, text, created_at) "
             "SELECT m.conversation_id, i, CASE WHEN i % 2 = 1 THEN 'user' ELSE 'assistant' END, "
             "list_extract(?, ((i - 1) % ?) + 1), now() FROM range(2, ? + 1) t(i), "
-            "(SELECT conversation_id FROM messages LIMIT 1) m",
+            "(SELECT conversation_id FROM turns LIMIT 1) m",
             [texts, len(texts), messages],
         )
         index_missing(con)  # a bulk load bypasses the store's insert, which indexes each turn
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=60, help="Messages left verbatim.")
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--scale", type=int, default=0, help="Also time a log of N messages.")
+    parser.add_argument("--scale", type=int, default=0, help="Also time a log of N turns.")
     parser.add_argument(
         "--conversation-per-session",
         action="store_true",
@@ -178,7 +178,7 @@ def main() -> None:
         "conversations": conversation_ids(data),
         "by_category": summarize(rows),
         "search_ms_mean": 1000 * sum(r["seconds"] for r in rows) / max(len(rows), 1),
-        "scale": {"messages": args.scale, "search_ms_median": 1000 * at_scale}
+        "scale": {"turns": args.scale, "messages": args.scale, "search_ms_median": 1000 * at_scale}
         if args.scale
         else None,
     }

@@ -62,16 +62,19 @@ def to_db(value: datetime) -> datetime:
 
 # Token ids kept for the model's KV cache: not for people or scripts reading the log.
 INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
+# Fields renamed since scripts first read them: the JSON keeps the old key beside the new one.
+OLD_FIELD_NAMES = {"turn_id": "message_id", "turn_count": "message_count"}
 
 
 def json_ready(value: Any) -> dict[str, Any]:
     """A dataclass (a turn, a fact, ...) as a JSON-ready dict, with ISO 8601 timestamps and no
-    internal fields: what every front end shows."""
-    return {
+    internal fields: what every front end shows. A renamed field is also under its old name."""
+    fields = {
         key: item.isoformat() if isinstance(item, datetime) else item
         for key, item in asdict(value).items()
         if key not in INTERNAL_FIELDS
     }
+    return fields | {old: fields[new] for new, old in OLD_FIELD_NAMES.items() if new in fields}
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

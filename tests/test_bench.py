@@ -448,7 +448,7 @@ def test_errors_are_reported_without_a_traceback(tmp_path):
 def test_bench_scale_builds_logs_and_times_the_store(tmp_path):
     png = tmp_path / "scale.png"
     report = invoke("scale", "--sizes", "1000,2000", "--trials", "2", "--plot", str(png))
-    assert [row["messages"] for row in report["sizes"]] == [1000, 2000]
+    assert [row["turns"] for row in report["sizes"]] == [1000, 2000]
     for row in report["sizes"]:
         for key in ("turn_overhead_ms", "search_s", "memory_list_s", "memory_rm_s"):
             assert row[key] > 0
@@ -463,7 +463,7 @@ def test_scale_log_has_the_asked_size_and_one_needle(tmp_path):
     from mlxmem.bench.scale import NEEDLE, SCALE_FACTS, build_log
 
     store = build_log(tmp_path / "log.duckdb", 1000, conversations=1)
-    assert store.conversation("default").message_count == 1000
+    assert store.conversation("default").turn_count == 1000
     assert len(store.facts()) == SCALE_FACTS
     assert [t.seq for t in store.search(NEEDLE)] == [3]
     # The window is the newest turns only: a turn reads what follows the summary.
@@ -472,7 +472,7 @@ def test_scale_log_has_the_asked_size_and_one_needle(tmp_path):
     spread = build_log(tmp_path / "spread.duckdb", 1000, conversations=10)
     conversations = spread.conversations()
     assert len(conversations) == 10 and conversations[-1].name == "default"
-    assert sum(c.message_count for c in conversations) == 1000
+    assert sum(c.turn_count for c in conversations) == 1000
     assert len(spread.search(NEEDLE)) == 1
     assert len(spread.snapshot("default").turns) == 20
 

@@ -109,10 +109,10 @@ def chat():
 
 
 def test_history_list_and_show(chat):
-    assert [(c["name"], c["message_count"]) for c in as_json("history", "list")] == [
-        ("default", 4),
-        ("work", 1),
-    ]
+    listed = as_json("history", "list")
+    assert [(c["name"], c["turn_count"]) for c in listed] == [("default", 4), ("work", 1)]
+    # Scripts written before the rename read the old key: it is still there.
+    assert [c["message_count"] for c in listed] == [4, 1]
     turns = as_json("history", "show")
     assert [(t["id"], t["seq"], t["role"], t["text"]) for t in turns] == [
         (1, 1, "user", "Hi, I'm Sam."),

@@ -105,11 +105,11 @@ def seed_case(kind: str) -> tuple[list[str], Callable[[Store], bool]]:
     (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
     if kind in ("history rm", "sync tombstone"):  # a turn with an automatic fact taken from it
         turn = store.append_turn("default", "user", f"my code is {MARKER}")
-        fact = store.add_fact(f"Code: {MARKER}", source="automatic", message_id=turn.id)
+        fact = store.add_fact(f"Code: {MARKER}", source="automatic", turn_id=turn.id)
         args = ["history", "rm", str(turn.id)]
         if kind == "sync tombstone":  # the turn deleted on another device
             with store.connect() as con:
-                (uid,) = con.execute("SELECT uid FROM messages WHERE id = ?", [turn.id]).fetchone()
+                (uid,) = con.execute("SELECT uid FROM turns WHERE id = ?", [turn.id]).fetchone()
             args = ["tombstone", uid]
         return args, lambda s: gone(s, fact.id, [turn.id])
     fact = store.add_fact(f"Their code is {MARKER}.")

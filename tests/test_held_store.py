@@ -211,7 +211,7 @@ def test_two_companions_in_one_conversation_answer_every_message_through_folds()
     assert meanwhile, "the other companion never wrote during a fold"
     with Store().connect() as con:
         logged = [row[0] for row in con.execute(
-            "SELECT text FROM messages WHERE role = 'user' ORDER BY seq").fetchall()]  # fmt: skip
-        replies = con.execute("SELECT count(*) FROM messages WHERE role = 'assistant'").fetchone()
+            "SELECT text FROM turns WHERE role = 'user' ORDER BY seq").fetchall()]  # fmt: skip
+        replies = con.execute("SELECT count(*) FROM turns WHERE role = 'assistant'").fetchone()
     assert sorted(logged) == sorted(sent + meanwhile)  # every message logged, once
     assert replies[0] == len(logged)  # and every one answered

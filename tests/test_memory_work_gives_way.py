@@ -55,7 +55,7 @@ def test_a_look_stopped_by_a_waiting_message_is_done_after_the_next_reply():
     # Both messages looked at after the second reply, the older first.
     assert [f.text for f, _ in second.noted] == [FACT, "The user drinks green tea every morning."]
     user_ids = [t.id for t in store.turns("default") if t.role == "user"]
-    assert [f.message_id for f in store.facts()] == user_ids
+    assert [f.turn_id for f in store.facts()] == user_ids
     assert companion.postponed == 0
     assert second.to_dict()["facts_added"][0]["text"] == FACT
     assert second.to_dict()["fact_added"]["text"] == "The user drinks green tea every morning."
@@ -71,7 +71,7 @@ def test_beyond_the_limit_the_oldest_look_does_not_give_way():
     assert [f.text for f, _ in result.noted] == [FACT]
     assert companion.postponed == POSTPONE_LIMIT
     first_user = store.turns("default")[0]
-    assert store.facts()[0].message_id == first_user.id
+    assert store.facts()[0].turn_id == first_user.id
 
 
 def test_a_deletion_drops_the_postponed_looks():

@@ -132,7 +132,7 @@ def bulk_log(con, turns: int, text: str = "'I walked the dog and had bread numbe
     expression `text` of the turn's number i, not indexed yet (a bulk load)."""
     con.execute("INSERT INTO conversations (name, created_at) VALUES ('big', now())")
     con.execute(
-        "INSERT INTO messages (conversation_id, seq, role, text, created_at)"
+        "INSERT INTO turns (conversation_id, seq, role, text, created_at)"
         f" SELECT 1, i, 'user', {text}, now() FROM range(1, ? + 1) t(i)",
         [turns],
     )
@@ -143,7 +143,7 @@ def test_bm25_ranks_the_rare_word_first(tmp_path):
     with store.connect() as con:
         bulk_log(con, 2000)
         con.execute(  # first person, as the others are: the prior favours neither
-            "UPDATE messages SET text = 'my kohlrabi in the greenhouse is purple' WHERE seq = 77"
+            "UPDATE turns SET text = 'my kohlrabi in the greenhouse is purple' WHERE seq = 77"
         )
         assert terms.index_missing(con) == 2000  # a bulk load, indexed after the fact
         found = search_before(con, "big", 2000, recall_query("purple bread greenhouse?"))
@@ -160,13 +160,13 @@ def test_a_search_of_common_words_only_scores_their_latest_turns(tmp_path):
     with store.connect() as con:
         bulk_log(con, turns)
         con.execute(
-            "UPDATE messages SET text = 'Bread, bread and more bread: I walked to get bread.'"
+            "UPDATE turns SET text = 'Bread, bread and more bread: I walked to get bread.'"
             " WHERE seq IN (5, ?, ?)",
             [turns - 40, turns - 400],
         )
         terms.index_missing(con)
         found = search_before(con, "big", turns, recall_query("walk bread?"))
-        con.execute("UPDATE messages SET text = text || ' Sourdough.' WHERE seq = 5")
+        con.execute("UPDATE turns SET text = text || ' Sourdough.' WHERE seq = 5")
         terms.reindex(con)
         rare = search_before(con, "big", turns, recall_query("walk bread sourdough?"))
     assert {t.seq for t in found[:2]} == {turns - 40, turns - 400}
@@ -288,11 +288,11 @@ def test_of_two_close_matches_the_turn_that_tells_of_its_speaker_ranks_first(tmp
     assert alike == ["I love rye bread, truly.", "You love rye bread, truly."]
 
 
-def index_rows(con, message_id: int) -> list[tuple]:
+def index_rows(con, turn_id: int) -> list[tuple]:
     return con.execute(
-        "SELECT term FROM recall_terms WHERE message_id = ? UNION ALL"
-        " SELECT 'length' FROM recall_docs WHERE message_id = ?",
-        [message_id, message_id],
+        "SELECT term FROM recall_terms WHERE turn_id = ? UNION ALL"
+        " SELECT 'length' FROM recall_docs WHERE turn_id = ?",
+        [turn_id, turn_id],
     ).fetchall()
 
 
@@ -332,7 +332,7 @@ def assert_vocabulary_counts_the_index(con) -> None:
     """Each term's count is its index rows', and its bounds their first and last ids: no
     bound is a deleted message's id."""
     counted = con.execute(
-        "SELECT term, count(*), min(message_id), max(message_id) FROM recall_terms GROUP BY term"
+        "SELECT term, count(*), min(turn_id), max(turn_id) FROM recall_terms GROUP BY term"
     ).fetchall()
     assert vocabulary(con) == {term: tuple(rest) for term, *rest in counted}
 
@@ -371,10 +371,10 @@ def test_a_word_said_mostly_long_ago_seeds_with_its_newest_turns(tmp_path):
         early = "CASE WHEN i <= 3000 THEN 'I had bread number ' ELSE 'Rain number ' END || i"
         bulk_log(con, 10000, early)
         con.execute(
-            "UPDATE messages SET text = 'Bread, bread and more bread, I had bread.'"
+            "UPDATE turns SET text = 'Bread, bread and more bread, I had bread.'"
             " WHERE seq IN (5, 2990)"
         )
-        con.execute("UPDATE messages SET text = 'Rain and rye bread.' WHERE seq = 10000")
+        con.execute("UPDATE turns SET text = 'Rain and rye bread.' WHERE seq = 10000")
         terms.index_missing(con)
         found = search_before(con, "big", 10000, recall_query("Which bread was it?"))
     assert found[0].seq == 2990  # among the newest rows of the word, read in full
@@ -399,10 +399,10 @@ def test_turns_merged_from_another_device_are_indexed_and_recalled(tmp_path):
     there.append_turn("c", "user", "My aunt keeps alpacas near Arequipa.")
     there.append_turn("c", "assistant", "Alpacas! How many?")
     here.append_turn("c", "user", "Morning, just had coffee.")
-    assert SyncLog(here.path).merge(SyncLog(there.path).changes()).messages == 2
+    assert SyncLog(here.path).merge(SyncLog(there.path).changes()).turns == 2
     with here.connect() as con:
         counts = con.execute(
-            "SELECT count(*) FROM messages UNION ALL SELECT count(*) FROM recall_docs"
+            "SELECT count(*) FROM turns UNION ALL SELECT count(*) FROM recall_docs"
         )
         assert [n for (n,) in counts.fetchall()] == [3, 3]
         found = search_before(con, "c", 3, recall_query("Where are the alpacas?"))

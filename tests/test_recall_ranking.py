@@ -188,9 +188,9 @@ def test_the_days_a_message_names_count_more():
     store = logged(texts, times=[noon(5, 2)] * 8 + [noon(5, 20)] * 8)
     with store.connect() as con:
         params = {"from0": noon(5, 1), "until0": noon(5, 3)}
-        found = con.execute(f"SELECT seq FROM messages m WHERE {in_days(1)}", params).fetchall()
+        found = con.execute(f"SELECT seq FROM turns m WHERE {in_days(1)}", params).fetchall()
         assert [s for (s,) in found] == list(range(1, 9))
-        assert con.execute(f"SELECT count(*) FROM messages m WHERE {in_days(0)}").fetchone() == (0,)
+        assert con.execute(f"SELECT count(*) FROM turns m WHERE {in_days(0)}").fetchone() == (0,)
     flags = values(f"SELECT {days_factor()} FROM (VALUES (true), (false)) docs(named_day)")
     assert flags == [2.0, 1]
     may_2 = RecallQuery(("bread",), days=((date(2023, 5, 2), date(2023, 5, 3)),))
@@ -235,7 +235,7 @@ def prior_terms(texts: list[str], term: str, params=None) -> list:
     store = logged(texts)
     with store.connect() as con:
         rows = con.execute(
-            f"SELECT {term} FROM messages m LEFT JOIN recall_docs d ON d.message_id = m.id"
+            f"SELECT {term} FROM turns m LEFT JOIN recall_docs d ON d.turn_id = m.id"
             " ORDER BY m.seq",
             params or {},
         ).fetchall()

@@ -430,7 +430,7 @@ def test_memory_api_history_show_search_and_delete_like_the_cli():
             ask(server, text, user="fruit")
         ask(server, "other", user="misc")
         names = request(server, "GET", "/v1/memory/conversations")[1]["data"]
-        assert [(c["name"], c["message_count"]) for c in names] == [("fruit", 6), ("misc", 2)]
+        assert [(c["name"], c["turn_count"]) for c in names] == [("fruit", 6), ("misc", 2)]
         turns = request(server, "GET", "/v1/memory/conversations/fruit")[1]["data"]
         assert [t["text"] for t in turns[::2]] == ["one apple", "two pears", "three apples"]
         assert "sampled_ids" not in turns[1]  # the CLI's record: no internal fields

@@ -16,7 +16,7 @@ from mlxmem import paths
 from mlxmem.errors import InputError, NotFoundError, StaleError, StoreError
 from mlxmem.memory.db import Database, wipe_caches
 from mlxmem.memory.facts import insert_fact
-from mlxmem.memory.migrations import MIGRATIONS, migrate
+from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.store import Store
 from mlxmem.memory.turns import insert_turn
 
@@ -33,7 +33,7 @@ SCHEMA = {
         ("private_at", "TIMESTAMP"),
         ("private_device", "VARCHAR"),
     ],
-    "messages": [
+    "turns": [
         ("id", "BIGINT"),
         ("conversation_id", "BIGINT"),
         ("seq", "INTEGER"),
@@ -58,8 +58,8 @@ SCHEMA = {
         ("fact_ids", "BIGINT[]"),
         ("source", "VARCHAR"),
     ],
-    "recall_docs": [("message_id", "BIGINT"), ("length", "INTEGER")],
-    "recall_terms": [("message_id", "BIGINT"), ("term", "VARCHAR"), ("tf", "INTEGER")],
+    "recall_docs": [("turn_id", "BIGINT"), ("length", "INTEGER")],
+    "recall_terms": [("turn_id", "BIGINT"), ("term", "VARCHAR"), ("tf", "INTEGER")],
     "recall_vocab": [
         ("term", "VARCHAR"),
         ("df", "BIGINT"),
@@ -82,11 +82,11 @@ FACTS_SCHEMA = {
         ("source", "VARCHAR"),
         ("created_at", "TIMESTAMP"),
         ("updated_at", "TIMESTAMP"),
-        ("message_id", "BIGINT"),
+        ("turn_id", "BIGINT"),
         ("uid", "VARCHAR"),
         ("device_uid", "VARCHAR"),
         ("version", "BIGINT"),
-        ("message_uid", "VARCHAR"),
+        ("turn_uid", "VARCHAR"),
         ("fork_of", "VARCHAR"),
         ("clock", "VARCHAR"),
         ("replaced_by", "VARCHAR"),
@@ -143,6 +143,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m015_fact_replacements",),
             ("m016_private_versions",),
             ("m017_recall_vocabulary",),
+            ("m018_turns",),
         ]
     assert store.path == paths.db_path()
 
@@ -158,14 +159,14 @@ def test_reopen_is_idempotent():
 
 def test_old_database_upgrades_with_a_new_migration(tmp_path):
     def m002_add_mood(con):
-        con.execute("ALTER TABLE messages ADD COLUMN mood VARCHAR")
+        con.execute("ALTER TABLE turns ADD COLUMN mood VARCHAR")
 
     con = duckdb.connect(str(tmp_path / "old.duckdb"))
     assert migrate(con, MIGRATIONS[:1]) == ["m001_initial"]
     newer = [m.__name__ for m in MIGRATIONS[1:]]
     assert migrate(con, [*MIGRATIONS, m002_add_mood]) == [*newer, "m002_add_mood"]
     assert migrate(con, [*MIGRATIONS, m002_add_mood]) == []
-    assert schema(con)["messages"][-1] == ("mood", "VARCHAR")
+    assert schema(con)["turns"][-1] == ("mood", "VARCHAR")
     con.close()
 
 
@@ -242,7 +243,7 @@ def test_append_list_and_conversations():
     assert [m.text for m in store.turns("default", after_seq=1)] == ["Hi!"]
     assert store.turns("work")[0].seq == 1
     assert store.turns("never") == []
-    assert [(c.name, c.message_count) for c in store.conversations()] == [
+    assert [(c.name, c.turn_count) for c in store.conversations()] == [
         ("default", 2),
         ("work", 1),
     ]
@@ -430,7 +431,7 @@ def test_facts_add_edit_delete_clear():
     store = Store()
     turn = store.append_turn("default", "user", "My sister Anna visits on Sundays.")
     manual = store.add_fact("  Likes green tea.  ")
-    auto = store.add_fact("Sister: Anna", source="automatic", message_id=turn.id)
+    auto = store.add_fact("Sister: Anna", source="automatic", turn_id=turn.id)
     assert manual.text == "Likes green tea." and manual.source == "manual"
     assert store.facts() == [manual, auto]
     edited = store.edit_fact(manual.id, "Likes black tea.")
@@ -443,7 +444,7 @@ def test_facts_add_edit_delete_clear():
     with pytest.raises(NotFoundError):
         store.edit_fact(auto.id, "x")
     with pytest.raises(NotFoundError):
-        store.add_fact("from nowhere", message_id=12345)
+        store.add_fact("from nowhere", turn_id=12345)
     store.add_fact("auto one", source="automatic")
     assert len(store.clear_facts(source="automatic").facts) == 1
     assert [f.text for f in store.facts()] == ["Likes black tea."]
@@ -531,6 +532,37 @@ def test_facts_move_out_of_an_old_database(mlxmem_home):
     assert store.add_fact("new").id == 3  # past every id the old sequence handed out
     with store.connect() as con:
         assert schema(con) == SCHEMA
+
+
+def test_an_old_log_of_messages_becomes_a_log_of_turns(mlxmem_home):
+    mlxmem_home.mkdir(mode=0o700)
+    old = duckdb.connect(str(paths.db_path()))
+    attach_facts(old)
+    names = [m.__name__ for m in MIGRATIONS]
+    migrate(old, MIGRATIONS[: names.index("m018_turns")])
+    old.execute("INSERT INTO conversations (name, created_at, last_seq) VALUES ('a', now(), 3)")
+    for seq, text in enumerate(["I keep bees", "Bees are busy", "deleted later"], start=1):
+        old.execute(
+            "INSERT INTO messages (conversation_id, seq, role, text, created_at) VALUES"
+            " (1, ?, ?, ?, now())",
+            [seq, "user" if seq % 2 else "assistant", text],
+        )
+    old.execute("DELETE FROM messages WHERE seq = 3")  # id 3 was handed out: never again
+    old.execute("INSERT INTO recall_docs SELECT id, 3 FROM messages")
+    old.execute(
+        "INSERT INTO facts VALUES (1, 'keeps bees', 'automatic', now(), now(), 1, 'f-1', NULL,"
+        " 0, (SELECT uid FROM messages WHERE id = 1), NULL, NULL, NULL, NULL)"
+    )
+    old.close()
+    store = Store()
+    with store.connect() as con:
+        assert schema(con) == SCHEMA and schema(con, "facts_db") == FACTS_SCHEMA
+        (turn_uid,) = con.execute("SELECT uid FROM turns WHERE id = 1").fetchone()
+        assert con.execute("SELECT turn_uid FROM facts").fetchone() == (turn_uid,)
+        assert con.execute("SELECT turn_id FROM recall_docs ORDER BY 1").fetchall() == [(1,), (2,)]
+    assert [t.text for t in store.turns("a")] == ["I keep bees", "Bees are busy"]
+    assert store.facts()[0].turn_id == 1
+    assert store.append_turn("a", "user", "new").id == 4
 
 
 def test_interrupted_compaction_is_finished_at_next_open(mlxmem_home):

@@ -137,7 +137,7 @@ class StoreModel(RuleBasedStateMachine):
     def turns(self, device: int) -> list[tuple[str, int, str]]:
         with self.on(device) as store, store.connect() as con:
             return con.execute(
-                "SELECT c.name, m.id, m.text FROM messages m JOIN conversations c"
+                "SELECT c.name, m.id, m.text FROM turns m JOIN conversations c"
                 " ON c.id = m.conversation_id ORDER BY c.name, m.seq"
             ).fetchall()
 
@@ -146,7 +146,7 @@ class StoreModel(RuleBasedStateMachine):
         with self.on(device) as store, store.connect() as con:
             return con.execute(
                 "SELECT name, private FROM conversations c WHERE private_version > 0"
-                " OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id)"
+                " OR EXISTS (SELECT 1 FROM turns m WHERE m.conversation_id = c.id)"
                 " ORDER BY name"
             ).fetchall()
 

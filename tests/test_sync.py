@@ -57,7 +57,7 @@ def facts(home):
 
 def conversations(home):
     return sorted(
-        (c["name"], c["message_count"])
+        (c["name"], c["turn_count"])
         for c in json.loads(on(home, "history", "list", "--json").stdout)
     )
 
@@ -80,7 +80,7 @@ def kv_file():
 def uids(home):
     os.environ["MLXMEM_HOME"] = str(home)
     with Store().connect() as con:
-        return [u for (u,) in con.execute("SELECT uid FROM messages ORDER BY uid").fetchall()]
+        return [u for (u,) in con.execute("SELECT uid FROM turns ORDER BY uid").fetchall()]
 
 
 # -- ids ---------------------------------------------------------------------------------------
@@ -102,7 +102,7 @@ def test_the_migration_gives_ids_to_existing_data_and_keeps_the_local_ones(mlxme
     old.close()
     store = Store()
     with store.connect() as con:
-        rows = con.execute("SELECT id, uid, device_uid FROM messages ORDER BY id").fetchall()
+        rows = con.execute("SELECT id, uid, device_uid FROM turns ORDER BY id").fetchall()
         fact = con.execute("SELECT id, uid FROM facts").fetchone()
         device = con.execute("SELECT value FROM state WHERE key = 'device_uid'").fetchone()[0]
     assert [r[0] for r in rows] == [1, 2] and fact[0] == 7  # the ids the CLI shows stay
@@ -126,7 +126,7 @@ def test_deletions_leave_tombstones_with_ids_and_no_text():
     store.append_turn("default", "user", "after")
     store.add_fact("after")
     with store.connect() as con:
-        assert con.execute("SELECT count(uid) FROM messages").fetchone() == (1,)
+        assert con.execute("SELECT count(uid) FROM turns").fetchone() == (1,)
         assert con.execute("SELECT count(uid) FROM facts").fetchone() == (1,)
 
 
@@ -303,7 +303,7 @@ SYNC_STEPS = (
     "sync:read",
     "erase:committed",
     "sync:tombstones-merged",
-    "sync:messages-merged",
+    "sync:turns-merged",
     "sync:facts-merged",
     "sync:temp-written",
     "sync:rewritten",
@@ -364,7 +364,7 @@ def contents(home):
     os.environ["MLXMEM_HOME"] = str(home)
     with Store().connect() as con:
         turns = con.execute(
-            "SELECT c.name, m.role, m.text, m.uid FROM messages m JOIN conversations c"
+            "SELECT c.name, m.role, m.text, m.uid FROM turns m JOIN conversations c"
             " ON c.id = m.conversation_id ORDER BY c.name, m.seq"
         ).fetchall()
         known = sorted(con.execute("SELECT text, source FROM facts").fetchall())
@@ -455,6 +455,7 @@ def test_status_shows_devices_last_sync_and_pending_changes(devices):
     chat(a, "default", "pending turn")
     found = json.loads(on(a, "sync", "--status", "--json").stdout)
     assert found["pending"] == {
+        "turns": 2,
         "messages": 2,
         "facts": 1,
         "tombstones": 0,
@@ -829,7 +830,7 @@ def test_a_fact_arriving_after_its_turn_was_deleted_stays_deleted(devices):
     # Meanwhile A, which has not seen the deletion, notes a fact taken from that turn.
     os.environ["MLXMEM_HOME"] = str(a)
     turn = Store().turns("default")[0]
-    Store().add_fact(f"The user's PIN is {MARKER}.", source="automatic", message_id=turn.id)
+    Store().add_fact(f"The user's PIN is {MARKER}.", source="automatic", turn_id=turn.id)
     on(a, "sync")
     on(b, "sync")
     assert facts(b) == []  # deleting a turn deletes the facts taken from it, late ones too

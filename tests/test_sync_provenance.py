@@ -63,7 +63,7 @@ def test_a_fact_synced_before_its_turn_is_deleted_with_the_turn(mlxmem_home):
     log.merge([fact(uid(), "The user's PIN is PIN-4242.", message_uid=turn)])
     log.merge([message(turn, "my PIN is PIN-4242")])  # the turn's file came later
     (logged,) = store.turns("default")
-    assert [f.message_id for f in store.facts()] == [logged.id]
+    assert [f.turn_id for f in store.facts()] == [logged.id]
     store.delete_turns([logged.id])
     assert store.facts() == [] and files_containing(mlxmem_home, "PIN-4242") == []
 

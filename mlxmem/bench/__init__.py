@@ -194,7 +194,7 @@ def headline(run: BenchRun) -> dict[str, Any]:
     if run.kind == "scale":
         figures = {}
         for row in results.get("sizes", []):
-            n = row["messages"]
+            n = row.get("turns", row.get("messages"))
             for key in ("turn_overhead_ms", "recall_ms", "search_s", "memory_rm_s"):
                 if key in row:  # runs before recall_ms have none
                     figures[f"{key}@{n}"] = row[key]
@@ -284,8 +284,8 @@ def _scale_goals(r: dict[str, Any]) -> list[Goal]:
         _goal("fact erase growth, largest vs smallest log", r["fact_erase_s_growth"], "<=", 2)
     )
     for row in rows:
-        if row["messages"] >= 1_000_000:
-            n = row["messages"]
+        n = row.get("turns", row.get("messages", 0))
+        if n >= 1_000_000:
             if "recall_ms" in row:
                 found.append(_goal(f"recall ms @{n}", row["recall_ms"], "<=", 150))
             found.append(_goal(f"search s @{n}", row["search_s"], "<=", 0.5))

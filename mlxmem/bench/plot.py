@@ -110,14 +110,14 @@ def plot_scale(result: ScaleResult, path: str | Path, title: str = "") -> Path:
     except ImportError:
         raise MlxmemError("--plot needs matplotlib: pip install 'mlxmem[plot]'") from None
     rows = result.to_dict()["sizes"]
-    x = [r["messages"] for r in rows]
+    x = [r["turns"] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for key, label in SCALE_SERIES:
         factor = 1e-3 if key.endswith("_ms") else 1.0
         ax.plot(x, [r[key] * factor for r in rows], marker="o", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("messages in the log")
+    ax.set_xlabel("turns in the log")
     ax.set_ylabel("seconds (median)")
     ax.grid(True, which="both", linewidth=0.3)
     ax.legend(loc="upper left", fontsize="small")

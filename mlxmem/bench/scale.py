@@ -1,5 +1,5 @@
 """`mlxmem bench scale`: what a long-lived log costs. For each size, a data directory with that
-many messages (ten years of daily chats in `conversations` conversations, 1,000 by default)
+many turns (ten years of daily chats in `conversations` conversations, 1,000 by default)
 and 300 facts, built with bulk SQL; then the operations a person runs, timed:
 
 - turn_overhead_ms: a turn without the model (Companion.begin and finish on the fake engine);
@@ -17,7 +17,7 @@ and 300 facts, built with bulk SQL; then the operations a person runs, timed:
   that writes one new turn of this device; sync_folder_bytes: the folder's size after them.
 
 The conversation chatted in (SCALE_CONVERSATION) is the newest, with CURRENT_TURNS of the
-messages or an equal share if that is more, all but its newest SCALE_WINDOW_TURNS folded into a
+turns or an equal share if that is more, all but its newest SCALE_WINDOW_TURNS folded into a
 summary; the other conversations share the rest evenly. So at every size the turn reads a
 summary and a full window (as with one conversation of the whole log, `--conversations 1`, the
 layout of runs before the option), while search, mentions, erases and sync read the whole log
@@ -74,14 +74,16 @@ RECALL_QUESTION = f"Remember the {NEEDLE} Anna and I saw at the lake when I went
 
 @dataclass
 class SizeResult:
-    messages: int
+    turns: int
     db_bytes: int
     build_s: float
     trials: dict[str, list[float]]
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"messages": self.messages, "db_bytes": self.db_bytes}
+        # "messages": the old name of "turns", for scripts and runs saved before.
+        row: dict[str, Any] = {"turns": self.turns, "messages": self.turns}
+        row["db_bytes"] = self.db_bytes
         row["build_s"] = self.build_s
         row.update(self.extra)
         for name, values in self.trials.items():
@@ -198,16 +200,16 @@ def _time(times: dict[str, list[float]], name: str, action: Callable[[], Any]) -
     times.setdefault(name, []).append(time.perf_counter() - start)
 
 
-def log_layout(messages: int, conversations: int) -> list[tuple[str, int]]:
+def log_layout(turns: int, conversations: int) -> list[tuple[str, int]]:
     """The log's conversations, oldest first, as (name, turns): SCALE_CONVERSATION last, with
     CURRENT_TURNS or an equal share if that is more (all if it is the only one), and the other
-    conversations (as many as asked, at most one per message left) sharing the rest evenly, in
-    blocks: conversation j holds messages ceil(j * rest / n) + 1 up to ceil((j + 1) * rest / n)."""
-    current = min(messages, max(messages // max(1, conversations), CURRENT_TURNS))
-    others = min(conversations - 1, messages - current)
+    conversations (as many as asked, at most one per turn left) sharing the rest evenly, in
+    blocks: conversation j holds turns ceil(j * rest / n) + 1 up to ceil((j + 1) * rest / n)."""
+    current = min(turns, max(turns // max(1, conversations), CURRENT_TURNS))
+    others = min(conversations - 1, turns - current)
     if others < 1:
-        return [(SCALE_CONVERSATION, messages)]
-    rest = messages - current
+        return [(SCALE_CONVERSATION, turns)]
+    rest = turns - current
     starts = [-(-j * rest // others) for j in range(others + 1)]
     names = [f"chat-{j + 1:04d}" for j in range(others)]
     counts = [b - a for a, b in zip(starts, starts[1:], strict=False)]
@@ -216,25 +218,25 @@ def log_layout(messages: int, conversations: int) -> list[tuple[str, int]]:
 
 def build_log(
     path: Path,
-    messages: int,
+    size: int,
     seed: int = DEFAULT_BENCH_SEED,
     conversations: int = DEFAULT_SCALE_CONVERSATIONS,
 ) -> Store:
-    """A store with `messages` turns over ten years (in each conversation alternating user and
+    """A store with `size` turns over ten years (in each conversation alternating user and
     assistant), laid out in conversations as log_layout says, the newest being
     SCALE_CONVERSATION, with a summary covering all but its newest SCALE_WINDOW_TURNS; and
-    SCALE_FACTS facts; loaded as a dated log is imported (one statement per table). Message
-    ids follow time, and message `NEEDLE_ID` (in the oldest conversation) alone holds NEEDLE."""
+    SCALE_FACTS facts; loaded as a dated log is imported (one statement per table). Turn
+    ids follow time, and turn `NEEDLE_ID` (in the oldest conversation) alone holds NEEDLE."""
     store = Store(path)
     first_day = datetime(2016, 1, 1, tzinfo=timezone.utc)
-    step_s = YEARS * 365 * 86400 / max(1, messages)
+    step_s = YEARS * 365 * 86400 / max(1, size)
     words = [*PEOPLE, *PLACES, *ACTIVITIES, *FEELINGS]
     pick = random.Random(seed).choices
-    layout = log_layout(messages, conversations)
+    layout = log_layout(size, conversations)
     turns, i = [], 0
     for name, count in layout:
         for seq in range(1, count + 1):
-            i += 1  # message i, from 1: six phrases, and NEEDLE in message NEEDLE_ID
+            i += 1  # turn i, from 1: six phrases, and NEEDLE in turn NEEDLE_ID
             text = f"Day {i // 6}: " + " ".join(pick(words, k=6))
             text += f" {NEEDLE}" if i == NEEDLE_ID else ""
             role = "user" if seq % 2 else "assistant"

@@ -432,7 +432,7 @@ def restart(
 @app.command("scale")
 def scale(
     sizes: str = typer.Option(
-        ",".join(map(str, DEFAULT_SIZES)), "--sizes", help="Log sizes in messages, comma-separated."
+        ",".join(map(str, DEFAULT_SIZES)), "--sizes", help="Log sizes in turns, comma-separated."
     ),
     trials: int = typer.Option(
         DEFAULT_SCALE_TRIALS, "--trials", min=1, max=MAX_SCALE_TRIALS, help="Trials each."
@@ -450,7 +450,7 @@ def scale(
     as_json: bool = JSON,
 ) -> None:
     """What a ten-year log costs: for each size, a scratch data directory with that many
-    messages in --conversations conversations and 300 facts, and the time of a turn without the
+    turns in --conversations conversations and 300 facts, and the time of a turn without the
     model, a turn's read of the store with recall (open included; recall searches every
     conversation), history search, memory list, memory rm (one fact, erased for good) and
     history rm (one turn). No model runs."""
@@ -465,13 +465,13 @@ def scale(
     if as_json:
         return _print_json(run)
     table = Table(title=f"bench scale: median of {trials} trials")
-    for column in ("messages", "conversations", "file MB", "turn ms", "recall ms", "search s"):
+    for column in ("turns", "conversations", "file MB", "turn ms", "recall ms", "search s"):
         table.add_column(column, justify="right")
     for column in ("memory list s", "memory rm s", "history rm s"):
         table.add_column(column, justify="right")
     for row in result.to_dict()["sizes"]:
         table.add_row(
-            f"{row['messages']:,}",
+            f"{row['turns']:,}",
             f"{row['conversations']:,}",
             f"{row['db_bytes'] / 1e6:.1f}",
             _number(row["turn_overhead_ms"], 1),

@@ -301,16 +301,16 @@ def _layer_lines(results: dict) -> None:
         if "summaries" not in layers:  # each session its own conversation
             f = layers["facts"]
             err.print(
-                f"{cid}: {layers['messages']} messages in {layers['conversations']} "
-                f"conversations, {f['kept']} facts kept ({_num(f['per_100_messages'])} per 100 "
-                "messages)",
+                f"{cid}: {layers['turns']} turns in {layers['conversations']} "
+                f"conversations, {f['kept']} facts kept ({_num(f['per_100_turns'])} per 100 "
+                "turns)",
                 markup=False,
             )
             continue
         s, e = layers["summaries"], layers["entity_survival"]
         share = "-" if e["share"] is None else f"{e['share']:.0%}"
         err.print(
-            f"{cid}: {layers['messages']} messages, facts {layers['facts']['extraction']} "
+            f"{cid}: {layers['turns']} turns, facts {layers['facts']['extraction']} "
             f"({layers['facts']['added']} added), {s['count']} summaries "
             f"({s['sources'].get('extractive', 0)} extractive, "
             f"{s['sources'].get('model+extractive', 0)} the model's with specifics added, mean "

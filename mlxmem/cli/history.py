@@ -22,7 +22,7 @@ app = plain_typer(
 # More turns than any log holds, and inside DuckDB's 64-bit LIMIT.
 MAX_SEARCH_LIMIT = 10**9
 
-MESSAGE_IDS = typer.Argument(
+TURN_IDS = typer.Argument(
     None, metavar="ID", help="Ids of the turns to delete (see `history show`)."
 )
 
@@ -41,7 +41,7 @@ def list_conversations(as_json: bool = JSON) -> None:
     table = Table("name", "turns", "started", "recall")
     for c in conversations:
         recall = "private" if c.private else "shared"
-        table.add_row(shown(c.name), str(c.message_count), local_time(c.created_at), recall)
+        table.add_row(shown(c.name), str(c.turn_count), local_time(c.created_at), recall)
     out().print(table)
 
 
@@ -75,16 +75,16 @@ def show(
     """Show the turns of a conversation, oldest first, with their ids; or, with --summaries,
     its rolling summaries and who wrote each."""
     store = Store()
-    messages = store.turns(conversation)
-    if not messages and conversation != DEFAULT_CONVERSATION:
+    turns = store.turns(conversation)
+    if not turns and conversation != DEFAULT_CONVERSATION:
         store.conversation(conversation)  # an unknown name is an error, not an empty list
     if summaries:
         print_summaries(store.summaries(conversation), as_json, last)
         return
     if last is not None:
-        messages = messages[-last:]
-    print_messages(messages, as_json, show_conversation=False)
-    folded = store.latest_summary(conversation) if messages and not as_json else None
+        turns = turns[-last:]
+    print_turns(turns, as_json, show_conversation=False)
+    folded = store.latest_summary(conversation) if turns and not as_json else None
     if folded is not None:
         say(
             f"Turns #{folded.first_seq}-#{folded.last_seq} are folded into a summary "
@@ -102,13 +102,13 @@ def search(
     as_json: bool = JSON,
 ) -> None:
     """Find turns containing QUERY, newest first."""
-    messages = Store().search(query, conversation=conversation, limit=limit)
-    print_messages(messages, as_json, show_conversation=True)
+    turns = Store().search(query, conversation=conversation, limit=limit)
+    print_turns(turns, as_json, show_conversation=True)
 
 
 @app.command("rm")
 def remove(
-    message_ids: list[int] = MESSAGE_IDS,
+    turn_ids: list[int] = TURN_IDS,
     conversation: str = typer.Option(None, "--conversation", "-c", help="The conversation."),
     from_seq: int = typer.Option(None, "--from", help="First turn number (#) of a range."),
     to_seq: int = typer.Option(None, "--to", help="Last turn number (#) of a range."),
@@ -117,7 +117,7 @@ def remove(
     with_mentions: bool = typer.Option(
         False,
         "--with-mentions",
-        help="With IDs: also delete the turns that may repeat a deleted message (its reply, "
+        help="With IDs: also delete the turns that may repeat a deleted turn (its reply, "
         "a turn quoting it whole).",
     ),
 ) -> None:
@@ -132,15 +132,15 @@ def remove(
     """
     store = Store()
     ranged = from_seq is not None or to_seq is not None
-    if with_mentions and not message_ids:
+    if with_mentions and not turn_ids:
         raise InputError("--with-mentions goes with turn IDs: `history rm ID... --with-mentions`")
-    if message_ids and conversation is None and not ranged and not everything:
-        deletion = store.delete_turns(message_ids, with_mentions)
-    elif conversation is not None and not message_ids and everything and not ranged:
-        turns = store.conversation(conversation).message_count  # an unknown name fails here
+    if turn_ids and conversation is None and not ranged and not everything:
+        deletion = store.delete_turns(turn_ids, with_mentions)
+    elif conversation is not None and not turn_ids and everything and not ranged:
+        turns = store.conversation(conversation).turn_count  # an unknown name fails here
         confirm(f"Delete conversation {conversation!r} ({plural(turns, 'turn')}) for good?", yes)
         deletion = store.delete_conversation(conversation)
-    elif conversation is not None and not message_ids and ranged and not everything:
+    elif conversation is not None and not turn_ids and ranged and not everything:
         first = 1 if from_seq is None else from_seq
         span = f"{first}..{'' if to_seq is None else to_seq}"
         confirm(f"Delete turns {span} of conversation {conversation!r} for good?", yes)
@@ -179,20 +179,20 @@ def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -
     out().print(table)
 
 
-def print_messages(messages: list[Turn], as_json: bool, show_conversation: bool) -> None:
+def print_turns(turns: list[Turn], as_json: bool, show_conversation: bool) -> None:
     if as_json:
-        print_json([json_ready(m) for m in messages])
+        print_json([json_ready(m) for m in turns])
         return
-    if not messages:
+    if not turns:
         say("No turns.")
         return
     columns = ["id", "conversation", "#", "role", "text"]
     table = Table(*(columns if show_conversation else columns[:1] + columns[2:]))
-    for i, m in enumerate(messages):
+    for i, m in enumerate(turns):
         text = shown(m.text)
         if m.interrupted:
             text.append(" [interrupted]", style="dim")
-        after = messages[i + 1] if i + 1 < len(messages) else None
+        after = turns[i + 1] if i + 1 < len(turns) else None
         if m.role == "user" and after and after.role == "user" and not show_conversation:
             text.append(" [unanswered]", style="dim")
         cells: list[str | Text] = [str(m.id), shown(m.conversation), str(m.seq), m.role, text]

@@ -121,7 +121,7 @@ def _passphrase(ask: bool) -> str | None:
 
 
 def _merged(merged: MergeResult) -> str:
-    parts = [f"{plural(merged.messages, 'turn')} added"]
+    parts = [f"{plural(merged.turns, 'turn')} added"]
     if merged.facts or merged.fact_edits:
         parts.append(f"{plural(merged.facts, 'fact')} added, {merged.fact_edits} updated")
     if merged.deleted_turns or merged.deleted_facts:
@@ -169,7 +169,7 @@ def _print_status(found: dict, as_json: bool) -> None:
     )
     p = found["pending"]
     say(
-        f"Pending here: {plural(p['messages'], 'turn')}, {plural(p['facts'], 'fact version')}, "
+        f"Pending here: {plural(p['turns'], 'turn')}, {plural(p['facts'], 'fact version')}, "
         f"{plural(p['tombstones'], 'deletion')}, "
         f"{plural(p['conversations'], 'private flag')} to write"
         + (f"; {plural(p['files_to_rewrite'], 'file')} to rewrite" if p["files_to_rewrite"] else "")

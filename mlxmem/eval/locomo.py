@@ -791,14 +791,14 @@ def _run_one(
 def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, answers) -> dict:
     sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
     questions = pick_questions(conv.questions, limit)
-    messages = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
-    total = messages // 2 + len(questions)
+    turns = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
+    total = turns // 2 + len(questions)
     start, done, added, last_at = time.perf_counter(), 0, 0, None
     outcomes: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
         store = Store(Path(tmp) / "eval.duckdb")
         settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
-        where: dict[str, int] = {}  # dialogue id -> logged message id
+        where: dict[str, int] = {}  # dialogue id -> turn id
         for name, _, pairs, seq_of, times in sessions:
             companion = Companion(engine, store, name, *budget, settings)
             for i, (user, reply) in enumerate(pairs):
@@ -823,21 +823,24 @@ def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, ans
             items.append(item)
         for config in PER_SESSION_CONFIGS:
             engine.drop_slot(f"probe/{config}")
+    per_100 = 100 * added / turns if turns else None
     layers = {
-        "messages": messages,
+        "turns": turns,
+        "messages": turns,  # the old name of "turns", for scripts
         "conversations": len(sessions),
         "facts": {
             "extraction": "on",
             "added": added,
             "kept": len(kept),
-            "per_100_messages": 100 * added / messages if messages else None,
+            "per_100_turns": per_100,
+            "per_100_messages": per_100,
             "outcomes": dict(outcomes),
             "texts": texts,
         },
         "replay_seconds": replay_s,
         "probe_seconds": time.perf_counter() - start - replay_s,
     }
-    return {"id": conv.id, "exchanges": messages // 2, "items": items, "layers": layers}
+    return {"id": conv.id, "exchanges": turns // 2, "items": items, "layers": layers}
 
 
 def _layer_stats(companion, conv, seq_of, n_pairs, facts, added, outcomes) -> dict:
@@ -845,13 +848,16 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added, outcomes) -> di
     summaries = store.summaries(CONVERSATION)
     latest = summaries[-1] if summaries else None
     sizes = [s.token_count or 0 for s in summaries]
-    messages = 2 * n_pairs
+    turns = 2 * n_pairs
+    per_100 = 100 * added / turns if facts and turns else None
     return {
-        "messages": messages,
+        "turns": turns,
+        "messages": turns,  # the old name of "turns", for scripts
         "facts": {
             "extraction": "on" if facts else "off (for speed)",
             "added": added,
-            "per_100_messages": 100 * added / messages if facts and messages else None,
+            "per_100_turns": per_100,
+            "per_100_messages": per_100,
             # What became of each message sent to the extractor: kept, duplicate, or the
             # filter that rejected the answer (see mlxmem.memory.extraction).
             "outcomes": dict(outcomes),

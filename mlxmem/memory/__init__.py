@@ -4,7 +4,8 @@ facts in one store (db, migrations, turns, summaries, facts, store), what derive
 
 The words, one per concept:
 - a *turn* (`Turn`) is one logged message of the person or the model, a row of the table
-  `messages`; its `seq` numbers it within its conversation;
+  `turns`; its `seq` numbers it within its conversation (the sync format keeps the name
+  "message" for it, which older devices read);
 - a *message* (`engine.Message`) is one entry of an assembled prompt (system, user or
   assistant), made from turns, facts and the summary: never stored;
 - a *fact* (`Fact`, table `facts`) is one line of "memory about you", `manual` or `automatic`;

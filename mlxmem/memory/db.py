@@ -65,7 +65,7 @@ FORGET_EPOCH = "forget_epoch"
 _COMPACT_ALIAS = "mlxmem_compacted"
 _COMPACT_SUFFIXES = (".compact", ".compact.wal")
 # Tables of the main file whose rows can hold text a deletion removes.
-_MAIN_TEXT_TABLES = ("messages", "summaries", "conversations")
+_MAIN_TEXT_TABLES = ("turns", "summaries", "conversations")
 T = TypeVar("T")
 
 

@@ -30,7 +30,7 @@ class Fact:
     source: str
     created_at: datetime
     updated_at: datetime
-    message_id: int | None  # the turn an automatic fact was extracted from
+    turn_id: int | None  # the turn an automatic fact was extracted from
     # The fact that replaced this one, and when (`memory add --replaces`): a replaced fact is
     # out of the prompt; it is current again if the fact that replaced it is deleted.
     replaced_by: int | None = None
@@ -38,7 +38,7 @@ class Fact:
 
 
 SELECT_FACTS = (
-    "SELECT id, text, source, created_at, updated_at, message_id,"
+    "SELECT id, text, source, created_at, updated_at, turn_id,"
     " (SELECT r.id FROM facts r WHERE r.uid = facts.replaced_by), replaced_at FROM facts"
 )
 
@@ -57,11 +57,11 @@ class FactList(Database):
         self,
         text: str,
         source: str = "manual",
-        message_id: int | None = None,
+        turn_id: int | None = None,
         epoch: int | None = None,
         replaces: int | None = None,
     ) -> Fact:
-        """Add a fact; `message_id` names the turn it was extracted from, if any; `replaces`
+        """Add a fact; `turn_id` names the turn it was extracted from, if any; `replaces`
         the id of a current fact it makes out of date ("I moved to Porto" over "I live in
         Lisbon"), which leaves the prompt and stays listed. With `epoch`, refused (StaleError)
         if anything was deleted since that forget epoch."""
@@ -69,8 +69,8 @@ class FactList(Database):
         check_source(source)
         now = utc_now()
         with self.guarded(epoch) as con:
-            if message_id is not None:
-                get_turn(con, message_id)
+            if turn_id is not None:
+                get_turn(con, turn_id)
             if replaces is not None:
                 old = get_fact(con, replaces)
                 if old.replaced_by is not None:
@@ -79,7 +79,7 @@ class FactList(Database):
                         f" (`mlxmem memory add TEXT --replaces {old.replaced_by}` replaces that)"
                     )
             refuse_duplicate(con, text)
-            fact = insert_fact(con, text, source, message_id, now)
+            fact = insert_fact(con, text, source, turn_id, now)
             if replaces is not None:
                 mark_replaced(con, replaces, fact.id, now)
             return fact
@@ -103,7 +103,7 @@ def insert_fact(
     con: duckdb.DuckDBPyConnection,
     text: str,
     source: str,
-    message_id: int | None = None,
+    turn_id: int | None = None,
     now: datetime | None = None,
 ) -> Fact:
     """Add a fact inside an open transaction; its id comes from the facts file's counter, so
@@ -112,11 +112,11 @@ def insert_fact(
     counter = "UPDATE fact_counter SET last_id = last_id + 1 RETURNING last_id"
     (fid,) = one_row(con.execute(counter))
     con.execute(
-        "INSERT INTO facts (id, text, source, created_at, updated_at, message_id, message_uid)"
-        " SELECT ?, ?, ?, ?, ?, ?, (SELECT uid FROM messages WHERE id = ?)",
-        [fid, text, source, to_db(now), to_db(now), message_id, message_id],
+        "INSERT INTO facts (id, text, source, created_at, updated_at, turn_id, turn_uid)"
+        " SELECT ?, ?, ?, ?, ?, ?, (SELECT uid FROM turns WHERE id = ?)",
+        [fid, text, source, to_db(now), to_db(now), turn_id, turn_id],
     )
-    return Fact(fid, text, source, now, now, message_id)
+    return Fact(fid, text, source, now, now, turn_id)
 
 
 def same_text(a: str, b: str) -> bool:

@@ -42,7 +42,7 @@ from mlxmem.memory.turns import (
     Turn,
     conversation_id,
     conversation_uid,
-    delete_messages,
+    delete_turn_rows,
     get_turn,
     keep_private_after_deletion,
     turn_of,
@@ -245,7 +245,7 @@ def apply_tombstones(db: Database, tombstones: Sequence[Tombstone]) -> Deletion:
         turns = _delete_turns(erasure, [turn_of(row) for row in rows], name_forks=False)
         # Facts by uid, and those taken from a tombstoned turn not (yet) linked to it here.
         rows = con.execute(
-            f"{SELECT_FACTS} WHERE list_contains(?, uid) OR list_contains(?, message_uid)",
+            f"{SELECT_FACTS} WHERE list_contains(?, uid) OR list_contains(?, turn_uid)",
             [uids, uids],
         ).fetchall()
         gone = {f.id for f in turns.facts}
@@ -317,7 +317,7 @@ def _delete_turns(erasure: Erasure, victims: list[Turn], name_forks: bool = True
     either (`name_forks`: see _delete_facts)."""
     con = erasure.con
     ids = [t.id for t in victims]
-    rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, message_id)", [ids]).fetchall()
+    rows = con.execute(f"{SELECT_FACTS} WHERE list_contains(?, turn_id)", [ids]).fetchall()
     taken = [fact_of(row) for row in rows]
     names = list(dict.fromkeys(t.conversation for t in victims))
     hit: list[Summary] = []
@@ -325,8 +325,8 @@ def _delete_turns(erasure: Erasure, victims: list[Turn], name_forks: bool = True
         seqs = [t.seq for t in victims if t.conversation == name]
         hit += summaries.delete_derived(con, name, seqs=seqs)
     deletion = _delete_facts(erasure, taken, name_forks)
-    add_tombstones(con, "message", "messages", ids)
-    delete_messages(con, ids)  # with their rows in recall's index
+    add_tombstones(con, "message", "turns", ids)
+    delete_turn_rows(con, ids)  # with their rows in recall's index
     return Deletion(
         victims, hit + deletion.summaries, names, taken, current_again=deletion.current_again
     )
@@ -376,7 +376,7 @@ def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True
 
 
 def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: list[int]) -> None:
-    """Record that the rows `ids` of `table` (messages or facts) were deleted here and now: their
+    """Record that the rows `ids` of `table` (turns or facts) were deleted here and now: their
     uids and the time, never their text, so that the deletion can travel to other devices."""
     con.execute(
         f"INSERT OR IGNORE INTO tombstones SELECT uid, ?, ?, NULL FROM {table}"

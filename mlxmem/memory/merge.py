@@ -3,7 +3,7 @@ the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is
 
 - Tombstones first: what they name is deleted through the store's erase path, and they are
   kept, so a change for a tombstoned uid is ignored, now and later.
-- Messages are immutable: the union by uid. A conversation's turns are ordered by (time,
+- Turns are immutable: the union by uid. A conversation's turns are ordered by (time,
   device, uid) on every device; a turn that sorts among existing ones renumbers the turns after
   it (to fresh seq numbers, never reused), the summaries that saw them are deleted (the next
   reply folds the log again) and the KV caches are wiped.
@@ -54,7 +54,7 @@ from mlxmem.text import to_db, utc_now
 
 @dataclass
 class MergeResult:
-    messages: int = 0  # turns added
+    turns: int = 0  # turns added
     facts: int = 0  # facts added
     fact_edits: int = 0  # facts given a newer version
     deleted_turns: int = 0
@@ -72,31 +72,29 @@ def merge_records(db: Database, records: list[Record], device: str) -> MergeResu
     result = MergeResult()
     _merge_tombstones(db, [r for r in records if r["kind"] == "tombstone"], result)
     crash_point("sync:tombstones-merged")
-    messages = [r for r in records if r["kind"] == "message"]
+    turns = [r for r in records if r["kind"] == "message"]  # the sync format names a turn so
     # Before the turns: a private conversation's turns must never be recallable here, not even
     # between two steps of a merge cut short.
-    _merge_private(
-        db, [r for r in records if r["kind"] == "conversation"], messages, device, result
-    )
-    _merge_messages(db, messages, device, result)
-    crash_point("sync:messages-merged")
+    _merge_private(db, [r for r in records if r["kind"] == "conversation"], turns, device, result)
+    _merge_turns(db, turns, device, result)
+    crash_point("sync:turns-merged")
     _merge_facts(db, [r for r in records if r["kind"] == "fact"], device, result)
     crash_point("sync:facts-merged")
     return result
 
 
 def _merge_private(
-    db: Database, records: list[Record], messages: list[Record], device: str, result: MergeResult
+    db: Database, records: list[Record], turns: list[Record], device: str, result: MergeResult
 ) -> None:
     """A conversation's private flag: the higher version wins, private wins a tie (two changes
     made beside each other keep it out of recall). A flag older than the conversation's
     deletion here is stale. A conversation not here yet is created (at its first turn among
-    `messages`, else at the change), so that its turns are private from the first; but one
+    `turns`, else at the change), so that its turns are private from the first; but one
     deleted here is made again only by turns, never by a flag alone (its name would stay)."""
     if not records:
         return
     first: dict[str, datetime] = {}
-    for m in messages:
+    for m in turns:
         at = timestamp(m["created_at"])
         first[m["conversation"]] = min(at, first.get(m["conversation"], at))
     with db.connect() as con:
@@ -148,29 +146,29 @@ def _merge_tombstones(db: Database, records: list[Record], result: MergeResult) 
         result.deleted_facts += len(deletion.facts)
 
 
-def _merge_messages(db: Database, records: list[Record], device: str, result: MergeResult) -> None:
+def _merge_turns(db: Database, records: list[Record], device: str, result: MergeResult) -> None:
     with db.connect() as con:
-        have = _uids(con, "SELECT uid FROM messages UNION ALL SELECT uid FROM tombstones")
+        have = _uids(con, "SELECT uid FROM turns UNION ALL SELECT uid FROM tombstones")
         new = {r["uid"]: r for r in records if r["uid"] not in have}
         if not new:
             return
         ordered = sorted(new.values(), key=lambda r: (r["conversation"], turn_key(r)))
         for name, group in groupby(ordered, key=lambda r: r["conversation"]):
-            if _merge_turns(con, name, list(group), device):
+            if _merge_conversation(con, name, list(group), device):
                 result.renumbered.append(name)
         if result.renumbered:
             # Turns moved under what a running chat read: it must not write a summary or a
             # cache from before; the caches may mirror the old order.
             _invalidate(db, con)
-        result.messages += len(new)
+        result.turns += len(new)
     with db.connect() as con:  # facts that came before their turn: linked to it now
         con.execute(
-            "UPDATE facts SET message_id = m.id FROM messages m"
-            " WHERE facts.message_id IS NULL AND facts.message_uid = m.uid"
+            "UPDATE facts SET turn_id = m.id FROM turns m"
+            " WHERE facts.turn_id IS NULL AND facts.turn_uid = m.uid"
         )
 
 
-def _merge_turns(
+def _merge_conversation(
     con: duckdb.DuckDBPyConnection, name: str, incoming: list[Record], device: str
 ) -> bool:
     """Insert a conversation's new turns (sorted by turn_key) in order; return whether turns
@@ -189,7 +187,7 @@ def _merge_turns(
         # says with its flag.
         keep_private_after_deletion(con, cid, deleted[0])
     rows = con.execute(
-        "SELECT id, seq, created_at, coalesce(device_uid, ?), uid FROM messages"
+        "SELECT id, seq, created_at, coalesce(device_uid, ?), uid FROM turns"
         " WHERE conversation_id = ? ORDER BY seq",
         [device, cid],
     ).fetchall()
@@ -225,8 +223,8 @@ def _merge_turns(
     con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq + len(merged), cid])
     if moved:
         con.execute(
-            "UPDATE messages SET seq = m.seq FROM (SELECT unnest(?) AS id, unnest(?) AS seq) m"
-            " WHERE messages.id = m.id",
+            "UPDATE turns SET seq = m.seq FROM (SELECT unnest(?) AS id, unnest(?) AS seq) m"
+            " WHERE turns.id = m.id",
             [[mid for _, mid in renumbered], [seq for seq, _ in renumbered]],
         )
         summaries.delete_derived(con, name, seqs=[row[1] for row in moved])
@@ -248,7 +246,7 @@ def _merge_facts(db: Database, records: list[Record], device: str, result: Merge
             row[0]: row[1:]
             for row in con.execute(
                 "SELECT f.uid, f.id, f.text, f.source, f.updated_at, coalesce(f.device_uid, ?),"
-                " coalesce(f.version, 0), f.message_id, f.clock FROM facts f",
+                " coalesce(f.version, 0), f.turn_id, f.clock FROM facts f",
                 [device],
             ).fetchall()
         }
@@ -266,7 +264,7 @@ def _merge_facts(db: Database, records: list[Record], device: str, result: Merge
                 _insert_fact(con, r, device)
                 result.facts += 1
                 continue
-            fid, text, source, updated_at, dev, ver, message_id, clock = local[uid]
+            fid, text, source, updated_at, dev, ver, turn_id, clock = local[uid]
             order = clock_order(stored_clock(clock, ver), fact_clock(r))
             if order in ("same", "older"):
                 continue
@@ -283,7 +281,7 @@ def _merge_facts(db: Database, records: list[Record], device: str, result: Merge
                 # Both devices edited the fact since they last met: the tie-break picks the
                 # text the fact keeps, and the other text is kept as a fact of its own.
                 fork = _fork_fact(
-                    con, uid, (text, source, updated_at, dev, ver, message_id), device, dead
+                    con, uid, (text, source, updated_at, dev, ver, turn_id), device, dead
                 )
                 if fork is not None:
                     result.conflicts.append((fid, fork, dev))
@@ -324,12 +322,12 @@ def _fork_fact(
     derived from the edit (fact, version, device), so every device that forks the same edit
     makes the same fact, and a deletion of it travels like any other. Its id, or None if it is
     already here or was deleted. `loser`: the local row (text, source, updated_at, device,
-    version, message_id); `device`: this device."""
-    text, source, updated_at, dev, ver, message_id = loser
+    version, turn_id); `device`: this device."""
+    text, source, updated_at, dev, ver, turn_id = loser
     fork = fork_uid(uid, ver, dev)
     if fork in dead or con.execute("SELECT 1 FROM facts WHERE uid = ?", [fork]).fetchone():
         return None
-    fact = insert_fact(con, text, source, message_id, updated_at)
+    fact = insert_fact(con, text, source, turn_id, updated_at)
     con.execute(
         "UPDATE facts SET uid = ?, device_uid = ?, fork_of = ? WHERE id = ?",
         [fork, None if dev == device else dev, uid, fact.id],
@@ -338,11 +336,11 @@ def _fork_fact(
 
 
 def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None:
-    row = con.execute("SELECT id FROM messages WHERE uid = ?", [r["message_uid"]]).fetchone()
-    message_id = row[0] if row else None
-    fact = insert_fact(con, r["text"], r["source"], message_id, timestamp(r["created_at"]))
+    row = con.execute("SELECT id FROM turns WHERE uid = ?", [r["message_uid"]]).fetchone()
+    turn_id = row[0] if row else None
+    fact = insert_fact(con, r["text"], r["source"], turn_id, timestamp(r["created_at"]))
     con.execute(
-        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, message_uid = ?,"
+        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, turn_uid = ?,"
         " fork_of = ?, clock = ?, replaced_by = ?, replaced_at = ? WHERE id = ?",
         [
             r["uid"],

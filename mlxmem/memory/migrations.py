@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from mlxmem.memory.rows import one_row
-from mlxmem.memory.terms import count_vocabulary, index_missing
+from mlxmem.memory.terms import index_missing
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 MIGRATIONS: list[Migration] = []
@@ -280,9 +280,9 @@ def m007_sync_ids(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-# Recall's index: each message's stemmed terms and length, written at insert by the
-# store (mlxmem.memory.terms) and deleted with the message in the same erase. Messages already
-# in the log are indexed here, in the migration's transaction.
+# Recall's index: each turn's stemmed terms and length, written at insert by the store
+# (mlxmem.memory.terms) and deleted with the turn in the same erase. Turns already in the log
+# are indexed by m018, in its transaction.
 @migration
 def m008_recall_index(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE TABLE recall_docs (message_id BIGINT NOT NULL, length INTEGER NOT NULL)")
@@ -290,7 +290,6 @@ def m008_recall_index(con: duckdb.DuckDBPyConnection) -> None:
         "CREATE TABLE recall_terms (message_id BIGINT NOT NULL, term VARCHAR NOT NULL,"
         " tf INTEGER NOT NULL)"
     )
-    index_missing(con)
 
 
 # Fact versions: each device increments a fact's version when it edits it,
@@ -391,17 +390,44 @@ def m016_private_versions(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-# Recall's vocabulary: each term's count of index rows and bounds on their message ids, kept
-# with the index at every insert and delete (mlxmem.memory.terms), so that a search reads a
-# few rows per term instead of counting the whole index (ten million rows at a million
-# messages). The key makes a message's upsert a lookup per term, not a read of every term.
+# Recall's vocabulary: each term's count of index rows and bounds on their turn ids, kept with
+# the index at every insert and delete (mlxmem.memory.terms), so that a search reads a few rows
+# per term instead of counting the whole index (ten million rows at a million turns). The key
+# makes a turn's upsert a lookup per term, not a read of every term. Counted by m018.
 @migration
 def m017_recall_vocabulary(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         "CREATE TABLE recall_vocab (term VARCHAR PRIMARY KEY, df BIGINT NOT NULL,"
         " first_id BIGINT NOT NULL, last_id BIGINT NOT NULL)"
     )
-    count_vocabulary(con)
+
+
+# One word for a logged message, the person's or the model's: a turn. The table and the columns
+# that point at one take that name (the sync format keeps "message", which other devices read).
+# A rename moves no row, so no text is left behind. DuckDB cannot rename a sequence: a new one
+# starts past every id the old one handed out, deleted ones included. The facts file is its own
+# transaction, committed first; the column checks make a rerun after a crash safe.
+# The index of recall (m008, m017) is filled here, after the rename, by the live indexing code,
+# which names the tables as they are now: a migration calls no code that names the schema of a
+# later one. On a log indexed before, only the vocabulary is counted again.
+@migration
+def m018_turns(con: duckdb.DuckDBPyConnection) -> None:
+    attach_facts(con)
+    for old, new in (("message_id", "turn_id"), ("message_uid", "turn_uid")):
+        if _has_column(con, FACTS_DB, "facts", old):
+            con.execute(f"ALTER TABLE {FACTS_DB}.facts RENAME COLUMN {old} TO {new}")
+    con.commit()
+    con.begin()
+    con.execute(f"ALTER TABLE {_main_table(con, 'messages')} RENAME TO turns")
+    for table in ("recall_docs", "recall_terms"):
+        con.execute(f"ALTER TABLE {_main_table(con, table)} RENAME COLUMN message_id TO turn_id")
+    turns = _main_table(con, "turns")
+    (last,) = one_row(con.execute(f"SELECT coalesce(max(id), 0) FROM {turns}"))
+    start = max(last, _sequence_value(con, "messages_id_seq")) + 1
+    con.execute(f"CREATE SEQUENCE turns_id_seq START {int(start)}")
+    con.execute(f"ALTER TABLE {turns} ALTER COLUMN id SET DEFAULT nextval('turns_id_seq')")
+    con.execute("DROP SEQUENCE messages_id_seq")
+    index_missing(con)
 
 
 FACTS_DB = "facts_db"
@@ -443,3 +469,12 @@ def _sequence_value(con: duckdb.DuckDBPyConnection, name: str) -> int:
         [name],
     ).fetchone()
     return int(row[0] or 0) if row else 0
+
+
+def _has_column(con: duckdb.DuckDBPyConnection, database: str, table: str, column: str) -> bool:
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE database_name = ? AND table_name = ?"
+        " AND column_name = ?",
+        [database, table, column],
+    ).fetchone()
+    return bool(row and row[0])

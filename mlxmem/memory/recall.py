@@ -95,7 +95,7 @@ _WHO_IS_WHO_RE = re.compile(
 )
 # A message with more distinct terms (a pasted document with a "?" in it) searches for its first
 # and last halves of this many: every term costs a scan of its index rows, and a thousand of
-# them took 0.8 s at 100,000 messages. LoCoMo's questions have under 20.
+# them took 0.8 s at 100,000 turns. LoCoMo's questions have under 20.
 MAX_QUERY_TERMS = 64
 MAX_DAY_RANGES = 4  # a message naming more searches by its first four
 
@@ -271,7 +271,7 @@ def days_factor(boost: float = DAYS_BOOST) -> str:
 
 
 def in_days(ranges: int) -> str:
-    """Whether message m was written in one of `ranges` ranges of local days ($from0 to
+    """Whether turn m was written in one of `ranges` ranges of local days ($from0 to
     $until0, ...: UTC times of their midnights, the last excluded); false for none."""
     tests = [f"(m.created_at >= $from{i} AND m.created_at < $until{i})" for i in range(ranges)]
     return " OR ".join(tests) or "false"
@@ -386,7 +386,7 @@ RANKING = Ranking()
 # seeds with the rows of its turns logged last (a companion's prior: the latest mention; and a
 # third cheaper than its rows of highest count), and the commoner terms seed none. Every term
 # still scores every seeded turn and its neighbours. A word in every seventh turn of a
-# 1,000,000-message log has 140,000 rows: the limit bounds a search's work by what it can show.
+# 1,000,000-turn log has 140,000 rows: the limit bounds a search's work by what it can show.
 # The development conversations' questions reach at most 631 rows: their results are unchanged.
 SEED_POSTINGS = 1024
 # A sum over a turn's terms is rounded to this many decimals: threads add in any order, and
@@ -397,14 +397,14 @@ _LAST_POS = 2**31 - 1  # seq is an INTEGER: a conversation searched to its end
 # bucket takes less than 32 bits): one key joins several times faster than two.
 _BUCKET_KEY = 2**32
 
-# The turns a search does not read, by message id: a private conversation's (kept out of the
+# The turns a search does not read, by turn id: a private conversation's (kept out of the
 # others) and the current conversation's after $last_seq (those left in the verbatim window are
 # in the prompt already).
 _UNSEARCHED = """unsearched AS (
-    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    SELECT m.id FROM turns m JOIN conversations c ON c.id = m.conversation_id
     WHERE c.private AND c.name <> $conversation
     UNION ALL
-    SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    SELECT m.id FROM turns m JOIN conversations c ON c.id = m.conversation_id
     WHERE c.name = $conversation AND NOT coalesce(m.seq <= $last_seq, false)
 )"""
 
@@ -427,7 +427,7 @@ asked AS MATERIALIZED (
     SELECT t.term, t.df, t.first_id, t.last_id FROM {VOCAB_TABLE} t WHERE {_matches(longer)}
 ),
 unsearched_rows AS (
-    SELECT t.term, count(*) AS n FROM {TERMS_TABLE} t SEMI JOIN unsearched u ON u.id = t.message_id
+    SELECT t.term, count(*) AS n FROM {TERMS_TABLE} t SEMI JOIN unsearched u ON u.id = t.turn_id
     WHERE t.term IN (SELECT term FROM asked) GROUP BY t.term
 )
 SELECT term, df - coalesce(n, 0) AS df, first_id, last_id
@@ -442,9 +442,9 @@ def _newest_sql(terms: int) -> str:
     searched, read between ids $lo{i} and $hi{i}: the index is written in id order, so DuckDB's
     zone maps skip the row groups outside."""
     newest = "\nUNION ALL\n".join(
-        f"(SELECT {i} AS i, message_id FROM {TERMS_TABLE} WHERE term = $term{i}"
-        f" AND message_id BETWEEN $lo{i} AND $hi{i}"
-        f" AND message_id NOT IN (SELECT id FROM unsearched) ORDER BY message_id DESC LIMIT $k{i})"
+        f"(SELECT {i} AS i, turn_id FROM {TERMS_TABLE} WHERE term = $term{i}"
+        f" AND turn_id BETWEEN $lo{i} AND $hi{i}"
+        f" AND turn_id NOT IN (SELECT id FROM unsearched) ORDER BY turn_id DESC LIMIT $k{i})"
         for i in range(terms)
     )
     return f"WITH {_UNSEARCHED}\n{newest}"
@@ -497,8 +497,8 @@ def _newest(
         lo = first if lows is None else lows[i]
         params |= {f"term{i}": term, f"k{i}": k, f"lo{i}": lo, f"hi{i}": last}
     rows: dict[int, list[int]] = {i: [] for i in range(len(wanted))}
-    for i, message_id in con.execute(_newest_sql(len(wanted)), params).fetchall():
-        rows[i].append(message_id)
+    for i, turn_id in con.execute(_newest_sql(len(wanted)), params).fetchall():
+        rows[i].append(turn_id)
     return rows
 
 
@@ -515,7 +515,7 @@ def _search_sql(ranking: Ranking, day_ranges: int, longer: int) -> str:
     the vocabulary by _terms_sql), the turns they seed ($seeds, by _seeds), the turns within
     a passage of a seed (`docs`: a few seq buckets around each), the index rows of the query's
     terms in those turns (`hits`), and for BM25's document count and mean length, the index's
-    totals less those of the turns not searched (every message has one row in DOCS_TABLE,
+    totals less those of the turns not searched (every turn has one row in DOCS_TABLE,
     written and deleted with it). A passage's document frequency is counted over the turns
     read (passage_df). A turn's neighbours are found by seq in its conversation; a deleted
     turn leaves a gap."""
@@ -534,23 +534,23 @@ WITH searched AS (
 {_UNSEARCHED},
 stats AS (
     SELECT n, greatest(CAST(dl AS DOUBLE) / nullif(n, 0), 1) AS avgdl FROM (
-        SELECT (SELECT count(*) FROM messages) - (SELECT count(*) FROM unsearched) AS n,
+        SELECT (SELECT count(*) FROM turns) - (SELECT count(*) FROM unsearched) AS n,
             (SELECT coalesce(sum(length), 0) FROM {DOCS_TABLE})
             - (SELECT coalesce(sum(length), 0) FROM {DOCS_TABLE}
-               WHERE message_id IN (SELECT id FROM unsearched)) AS dl
+               WHERE turn_id IN (SELECT id FROM unsearched)) AS dl
     )
 ),
 df AS MATERIALIZED (
     SELECT unnest($df_terms) AS term, unnest($df) AS df, unnest($df_before) AS before
 ),
 seeds AS MATERIALIZED (
-    SELECT m.conversation_id AS cid, m.seq AS pos FROM messages m
+    SELECT m.conversation_id AS cid, m.seq AS pos FROM turns m
     SEMI JOIN (SELECT unnest($seeds) AS id) r ON r.id = m.id
 ),
 docs AS MATERIALIZED (
     SELECT m.id, m.conversation_id AS cid, m.seq AS pos, m.role,
         {in_days(day_ranges)} AS named_day, s.current
-    FROM messages m JOIN searched s ON s.cid = m.conversation_id
+    FROM turns m JOIN searched s ON s.cid = m.conversation_id
     SEMI JOIN (
         SELECT DISTINCT cid * {_BUCKET_KEY} + (pos + o) // {bucket} AS bucket
         FROM seeds CROSS JOIN (VALUES (-{span}), ({span})) r(o)
@@ -560,8 +560,8 @@ docs AS MATERIALIZED (
 hits AS MATERIALIZED (
     SELECT docs.cid, docs.pos, t.term, t.tf AS f,
         list_position($terms, t.term) AS asked, coalesce(d.length, 0) AS dl
-    FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.message_id
-    LEFT JOIN {DOCS_TABLE} d ON d.message_id = t.message_id
+    FROM {TERMS_TABLE} t JOIN docs ON docs.id = t.turn_id
+    LEFT JOIN {DOCS_TABLE} d ON d.turn_id = t.turn_id
     WHERE {_matches(longer)}
 ),
 turn_score AS MATERIALIZED (
@@ -622,8 +622,8 @@ def _prior_sql(ranking: Ranking) -> str:
     return f"""
 {SELECT_TURNS}
 JOIN (SELECT unnest($ids) AS id, unnest($s) AS s, unnest($own) AS own) r ON r.id = m.id
-LEFT JOIN (SELECT * FROM {DOCS_TABLE} WHERE list_contains($ids, message_id)) d
-    ON d.message_id = m.id
+LEFT JOIN (SELECT * FROM {DOCS_TABLE} WHERE list_contains($ids, turn_id)) d
+    ON d.turn_id = m.id
 WHERE list_contains($ids, m.id)
 ORDER BY r.s + {ranking.prior()} DESC, r.own DESC, m.conversation_id DESC, m.seq DESC
 LIMIT $limit

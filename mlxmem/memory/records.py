@@ -1,7 +1,8 @@
 """Changes as records: what a sync folder's change files and an export file hold.
 
 Four kinds, one JSON object each, every one naming the device that wrote it:
-- message: a turn, immutable, by uid, with its conversation's name (and uid, derived from it);
+- message: a turn (the format keeps the name older devices read), immutable, by uid, with its
+  conversation's name (and uid, derived from it); a fact names its turn by `message_uid`;
 - fact: one version of a fact: its version vector (`clock`: how many of the fact's edits each
   device made, this one included) tells whether it descends from the version a device holds
   or was made beside it; between two made beside each other, its version counter (each edit
@@ -73,17 +74,17 @@ class Tombstone:
 def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     """Everything the store holds as records: every turn, every fact's current version and
     every tombstone; rows written here (device NULL) are named as `device`."""
-    messages = con.execute(
+    turns = con.execute(
         "SELECT m.uid, c.name, m.role, m.text, m.created_at, coalesce(m.device_uid, ?),"
-        " m.interrupted FROM messages m JOIN conversations c ON c.id = m.conversation_id"
+        " m.interrupted FROM turns m JOIN conversations c ON c.id = m.conversation_id"
         " ORDER BY c.id, m.seq",
         [device],
     ).fetchall()
     facts = con.execute(
         "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
-        " coalesce(m.uid, f.message_uid), coalesce(f.version, 0), f.fork_of, f.clock,"
+        " coalesce(m.uid, f.turn_uid), coalesce(f.version, 0), f.fork_of, f.clock,"
         " f.replaced_by, f.replaced_at FROM facts f"
-        " LEFT JOIN messages m ON m.id = f.message_id ORDER BY f.id",
+        " LEFT JOIN turns m ON m.id = f.turn_id ORDER BY f.id",
         [device],
     ).fetchall()
     tombstones = con.execute(
@@ -97,14 +98,14 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
         [device],
     ).fetchall()
     return (
-        [message_record(*row) for row in messages]
+        [turn_record(*row) for row in turns]
         + [fact_record(*row) for row in facts]
         + [tombstone_record(*row) for row in tombstones]
         + [conversation_record(*row) for row in conversations]
     )
 
 
-def message_record(uid, conversation, role, text, created_at, device, interrupted) -> Record:
+def turn_record(uid, conversation, role, text, created_at, device, interrupted) -> Record:
     return {
         "kind": "message",
         "uid": uid,
@@ -125,7 +126,7 @@ def fact_record(
     created_at,
     updated_at,
     device,
-    message_uid,
+    turn_uid,
     version=0,
     fork_of=None,
     clock=None,
@@ -140,7 +141,7 @@ def fact_record(
         "created_at": iso(created_at),
         "updated_at": iso(updated_at),
         "device": device,
-        "message_uid": message_uid,
+        "message_uid": turn_uid,  # the format's name
         "version": version,
     }
     if fork_of is not None:  # the losing text of a sync conflict: the fact it came from

@@ -178,7 +178,7 @@ def _span(
     are in time order)."""
     first, last = one_row(
         con.execute(
-            "SELECT min(m.created_at), max(m.created_at) FROM messages m JOIN conversations c"
+            "SELECT min(m.created_at), max(m.created_at) FROM turns m JOIN conversations c"
             " ON c.id = m.conversation_id WHERE c.name = ? AND m.seq BETWEEN ? AND ?",
             [conversation, first_seq, last_seq],
         )

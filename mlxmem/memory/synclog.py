@@ -82,7 +82,7 @@ def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
     (digest,) = one_row(
         con.execute(
             "SELECT concat_ws(':',"
-            " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, device_uid)), 0) FROM messages"
+            " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, device_uid)), 0) FROM turns"
             "  WHERE device_uid IS NULL OR NOT list_contains($1::VARCHAR[], device_uid)),"
             " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, coalesce(list_contains("
             "  $1::VARCHAR[], device_uid), false))), 0) FROM facts f),"

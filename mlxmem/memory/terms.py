@@ -1,24 +1,24 @@
-"""Recall's index: the terms of every message, written when the message is, in the same file.
+"""Recall's index: the terms of every turn, written when the turn is, in the same file.
 
-A message's words are lowercased, stopwords dropped, and stemmed by Snowball's English stemmer
+A turn's words are lowercased, stopwords dropped, and stemmed by Snowball's English stemmer
 (PyStemmer): a well-kept stemmer, where a hand-written suffix rule met "paintings" and "paint"
 but not "adopted" and "adoption", and left "stories" apart from "story". The index holds one
-row per (message, term) with the term's count, and one row per message with its length in
+row per (turn, term) with the term's count, and one row per turn with its length in
 indexed words, so BM25 (mlxmem.memory.recall) reads counts instead of splitting every turn's
 text in SQL on every query.
 
 A third table, the vocabulary, holds one row per term: how many index rows it has (its
-document frequency) and the ids of the first and last messages that hold it. A search reads
+document frequency) and the ids of the first and last turns that hold it. A search reads
 its terms' counts there instead of counting them over every index row, and reads a term's
 rows between its bounds, which DuckDB's zone maps turn into a read of a few row groups for a
 rare word or a recent one (mlxmem.memory.recall). In `mlxmem bench scale`'s log of
-1,000,000 messages the index has 10.3 million rows and the vocabulary 167,000.
+1,000,000 turns the index has 10.3 million rows and the vocabulary 167,000.
 
-The index is derived data, like a summary: it holds stems of a message's words, so deleting a
-message deletes its rows in the same transaction (`unindex`, called by the store's delete),
-down to a term's vocabulary row when no message holds it any more, and the erase that follows
-compacts them out of the file with the message (invariant 5). Every path that inserts messages
-indexes them (`index_messages`); a change to how terms are made needs a migration that
+The index is derived data, like a summary: it holds stems of a turn's words, so deleting a
+turn deletes its rows in the same transaction (`unindex`, called by the store's delete),
+down to a term's vocabulary row when no turn holds it any more, and the erase that follows
+compacts them out of the file with the turn (invariant 5). Every path that inserts turns
+indexes them (`index_turns`); a change to how terms are made needs a migration that
 rebuilds the index (`reindex`).
 """
 
@@ -32,8 +32,8 @@ from collections.abc import Iterable, Sequence
 import duckdb
 import Stemmer
 
-TERMS_TABLE = "recall_terms"  # message_id, term, tf
-DOCS_TABLE = "recall_docs"  # message_id, length (indexed words)
+TERMS_TABLE = "recall_terms"  # turn_id, term, tf
+DOCS_TABLE = "recall_docs"  # turn_id, length (indexed words)
 VOCAB_TABLE = "recall_vocab"  # term, df (index rows), first_id, last_id (bounds on their ids)
 
 _WORD_RE = re.compile(r"[^\W_]+")  # letters and digits, any script
@@ -78,9 +78,9 @@ def terms(text: str) -> list[str]:
     return [s for s in _stemmer().stemWords(words) if s not in _STOP_STEMS]
 
 
-def index_messages(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str]]) -> None:
-    """Index messages (id, text) inside the caller's transaction, vocabulary included: one
-    or two statements per table, whatever the number of messages."""
+def index_turns(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str]]) -> None:
+    """Index turns (id, text) inside the caller's transaction, vocabulary included: one
+    or two statements per table, whatever the number of turns."""
     ids, words = _index(con, rows)
     if ids:
         _count_in(con, ids, words)
@@ -89,16 +89,16 @@ def index_messages(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str
 def _index(
     con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str]]
 ) -> tuple[list[int], list[str]]:
-    """Write messages' rows in the index and their lengths; return the index rows written
-    (message id, term), for the vocabulary."""
+    """Write turns' rows in the index and their lengths; return the index rows written
+    (turn id, term), for the vocabulary."""
     term_rows: list[tuple[int, str, int]] = []
     doc_ids: list[int] = []
     lengths: list[int] = []
-    for message_id, text in rows:
+    for turn_id, text in rows:
         found = terms(text)
-        doc_ids.append(message_id)
+        doc_ids.append(turn_id)
         lengths.append(len(found))
-        term_rows += [(message_id, term, n) for term, n in Counter(found).items()]
+        term_rows += [(turn_id, term, n) for term, n in Counter(found).items()]
     if not doc_ids:
         return [], []
     con.execute(
@@ -117,7 +117,7 @@ def _index(
 
 
 def _count_in(con: duckdb.DuckDBPyConnection, ids: list[int], words: list[str]) -> None:
-    """Add new index rows (message id, term) to the vocabulary: one upsert, which finds a
+    """Add new index rows (turn id, term) to the vocabulary: one upsert, which finds a
     term's row by the table's key instead of reading every term."""
     con.execute(
         f"INSERT INTO {VOCAB_TABLE} SELECT term, count(*), min(id), max(id)"
@@ -129,30 +129,30 @@ def _count_in(con: duckdb.DuckDBPyConnection, ids: list[int], words: list[str]) 
     )
 
 
-def unindex(con: duckdb.DuckDBPyConnection, message_ids: Sequence[int]) -> None:
-    """Delete messages' index rows, in the transaction that deletes the messages, and count
-    their terms' vocabulary rows again from the rows left: a term no message holds any more
-    leaves, and no bound keeps a deleted message's id (which would tell that it held the
+def unindex(con: duckdb.DuckDBPyConnection, turn_ids: Sequence[int]) -> None:
+    """Delete turns' index rows, in the transaction that deletes the turns, and count
+    their terms' vocabulary rows again from the rows left: a term no turn holds any more
+    leaves, and no bound keeps a deleted turn's id (which would tell that it held the
     term)."""
-    ids = list(message_ids)
+    ids = list(turn_ids)
     held = [
         term
         for (term,) in con.execute(
-            f"SELECT DISTINCT term FROM {TERMS_TABLE} WHERE list_contains(?, message_id)", [ids]
+            f"SELECT DISTINCT term FROM {TERMS_TABLE} WHERE list_contains(?, turn_id)", [ids]
         ).fetchall()
     ]
     for table in (TERMS_TABLE, DOCS_TABLE):
-        con.execute(f"DELETE FROM {table} WHERE list_contains(?, message_id)", [ids])
+        con.execute(f"DELETE FROM {table} WHERE list_contains(?, turn_id)", [ids])
     if held:
         count_vocabulary(con, held)
 
 
 def index_missing(con: duckdb.DuckDBPyConnection) -> int:
-    """Index the messages that have no index rows yet (those written before the index, or by
+    """Index the turns that have no index rows yet (those written before the index, or by
     a bulk load), and count the vocabulary afresh; return how many. (The migration that made
     the index ran before there was a vocabulary: the one that made it counts it.)"""
     rows = con.execute(
-        f"SELECT id, text FROM messages WHERE id NOT IN (SELECT message_id FROM {DOCS_TABLE})"
+        f"SELECT id, text FROM turns WHERE id NOT IN (SELECT turn_id FROM {DOCS_TABLE})"
     ).fetchall()
     _index(con, rows)
     has_vocabulary = con.execute(
@@ -171,7 +171,7 @@ def count_vocabulary(con: duckdb.DuckDBPyConnection, only: list[str] | None = No
     params = {} if only is None else {"only": only}
     con.execute(f"DELETE FROM {VOCAB_TABLE}{which}", params)
     con.execute(
-        f"INSERT INTO {VOCAB_TABLE} SELECT term, count(*), min(message_id), max(message_id)"
+        f"INSERT INTO {VOCAB_TABLE} SELECT term, count(*), min(turn_id), max(turn_id)"
         f" FROM {TERMS_TABLE}{which} GROUP BY term",
         params,
     )

@@ -14,7 +14,7 @@ import duckdb
 from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory.db import Database
 from mlxmem.memory.rows import one_row
-from mlxmem.memory.terms import index_messages, unindex
+from mlxmem.memory.terms import index_turns, unindex
 from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
 
 SEARCH_LIMIT = 50
@@ -28,7 +28,7 @@ class Conversation:
     id: int
     name: str
     created_at: datetime
-    message_count: int
+    turn_count: int
     private: bool = False  # kept out of recall in every other conversation
 
 
@@ -60,9 +60,9 @@ class DatedTurn:
 
 SELECT_TURNS = """SELECT m.id, c.name, m.seq, m.role, m.text, m.created_at, m.token_count,
     m.interrupted, m.sampled_ids, m.sampled_by
-    FROM messages m JOIN conversations c ON c.id = m.conversation_id"""
+    FROM turns m JOIN conversations c ON c.id = m.conversation_id"""
 _CONVERSATIONS = """SELECT c.id, c.name, c.created_at, count(m.id), c.private FROM conversations c
-    LEFT JOIN messages m ON m.conversation_id = c.id"""
+    LEFT JOIN turns m ON m.conversation_id = c.id"""
 
 
 class TurnLog(Database):
@@ -182,7 +182,7 @@ def insert_turn(
     # A turn is never older than the turns before it, whatever this device's clock says:
     # devices order a conversation by time, so each device's own order must agree with it.
     (latest,) = one_row(
-        con.execute("SELECT max(created_at) FROM messages WHERE conversation_id = ?", [cid])
+        con.execute("SELECT max(created_at) FROM turns WHERE conversation_id = ?", [cid])
     )
     if latest is not None and as_utc(latest) >= now:
         now = as_utc(latest) + timedelta(microseconds=1)
@@ -194,13 +194,13 @@ def insert_turn(
     )
     (mid,) = one_row(
         con.execute(
-            "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count,"
+            "INSERT INTO turns (conversation_id, seq, role, text, created_at, token_count,"
             " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " RETURNING id",
             [cid, seq, role, text, to_db(now), token_count, interrupted, sampled_ids, sampled_by],
         )
     )
-    index_messages(con, [(mid, text)])  # recall's index, in the same transaction
+    index_turns(con, [(mid, text)])  # recall's index, in the same transaction
     ids = None if sampled_ids is None else tuple(sampled_ids)
     return Turn(mid, conversation, seq, role, text, now, token_count, interrupted, ids, sampled_by)
 
@@ -218,12 +218,12 @@ def insert_synced_turns(
         return
     columns = [list(column) for column in zip(*rows, strict=True)]
     inserted = con.execute(
-        "INSERT INTO messages (conversation_id, seq, role, text, created_at, interrupted, uid,"
+        "INSERT INTO turns (conversation_id, seq, role, text, created_at, interrupted, uid,"
         " device_uid) SELECT ?, unnest(?), unnest(?), unnest(?), unnest(?), unnest(?),"
         " unnest(?), unnest(?::VARCHAR[]) RETURNING id, text",
         [conversation_id, *columns],
     ).fetchall()
-    index_messages(con, inserted)
+    index_turns(con, inserted)
 
 
 def import_turns(con: duckdb.DuckDBPyConnection, turns: Sequence[DatedTurn]) -> int:
@@ -246,7 +246,7 @@ def import_turns(con: duckdb.DuckDBPyConnection, turns: Sequence[DatedTurn]) -> 
             last_seq, newest = one_row(
                 con.execute(
                     "SELECT c.last_seq, max(m.created_at) FROM conversations c LEFT JOIN"
-                    " messages m ON m.conversation_id = c.id WHERE c.id = ? GROUP BY ALL",
+                    " turns m ON m.conversation_id = c.id WHERE c.id = ? GROUP BY ALL",
                     [cid],
                 )
             )
@@ -263,7 +263,7 @@ def import_turns(con: duckdb.DuckDBPyConnection, turns: Sequence[DatedTurn]) -> 
         return 0
     columns = [list(column) for column in zip(*rows, strict=True)]
     inserted = con.execute(
-        "INSERT INTO messages (conversation_id, seq, role, text, created_at, token_count)"
+        "INSERT INTO turns (conversation_id, seq, role, text, created_at, token_count)"
         " SELECT cid, seq, role, text, created, tokens FROM (SELECT unnest(?::BIGINT[]) AS cid,"
         " unnest(?::BIGINT[]) AS seq, unnest(?::VARCHAR[]) AS role, unnest(?::VARCHAR[]) AS text,"
         " unnest(?::TIMESTAMP[]) AS created, unnest(?::INTEGER[]) AS tokens,"
@@ -272,14 +272,14 @@ def import_turns(con: duckdb.DuckDBPyConnection, turns: Sequence[DatedTurn]) -> 
     ).fetchall()
     for cid, last_seq, _ in ends.values():
         con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq, cid])
-    index_messages(con, inserted)
+    index_turns(con, inserted)
     return len(rows)
 
 
-def delete_messages(con: duckdb.DuckDBPyConnection, ids: list[int]) -> None:
-    """Delete messages and their rows in recall's index, inside the caller's erase."""
+def delete_turn_rows(con: duckdb.DuckDBPyConnection, ids: list[int]) -> None:
+    """Delete turns and their rows in recall's index, inside the caller's erase."""
     unindex(con, ids)
-    con.execute("DELETE FROM messages WHERE list_contains(?, id)", [ids])
+    con.execute("DELETE FROM turns WHERE list_contains(?, id)", [ids])
 
 
 def turn_time(at: datetime) -> datetime:

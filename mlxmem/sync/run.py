@@ -207,7 +207,8 @@ def status(log: SyncLog, root: Path | None = None, passphrase: str | None = None
         "device": {"device": device, "name": name},
         "devices": devices,
         "pending": {
-            "messages": kinds.count("message"),
+            "turns": kinds.count("message"),
+            "messages": kinds.count("message"),  # the old name, for scripts
             "facts": kinds.count("fact"),
             "tombstones": kinds.count("tombstone"),
             "conversations": kinds.count("conversation"),

@@ -314,7 +314,7 @@ async function loadConversations() {
         { private: !c.private });
       loadConversations();
     });
-    return el("li", {}, open, el("span", { class: "count" }, `${c.message_count} turns`),
+    return el("li", {}, open, el("span", { class: "count" }, `${c.turn_count} turns`),
       privacy, remove);
   }));
 }
