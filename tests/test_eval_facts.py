@@ -97,6 +97,9 @@ def test_a_relation_named_as_the_other_speaker_is_an_attribution_error():
     assert fe.makes_user_the_other("The user's sister is called Melanie.", "Melanie")
     assert fe.makes_user_the_other("The user's name is Melanie.", "Melanie")
     assert not fe.makes_user_the_other("The user painted with Melanie.", "Melanie")
+    assert fe.makes_user_the_other("Melanie is the user's sister.", "Melanie")
+    assert fe.makes_user_the_other("Mel is the user.", "Melanie")
+    assert not fe.makes_user_the_other("Melanie is the user's favourite painter's name.", "Ana")
 
 
 @pytest.mark.e2e
@@ -132,3 +135,35 @@ def test_the_matcher_gives_each_restated_observation_to_its_speaker():
 def test_a_short_form_of_the_other_speakers_name_counts_too():
     assert fe.makes_user_the_other("The user's sister is called Mel.", "Melanie")
     assert not fe.makes_user_the_other("The user is melancholic.", "Melanie")
+
+
+def test_the_users_life_under_the_other_speakers_name_is_an_attribution_error():
+    # John said "Woah, Maria, that sounds cool! I'm doing kickboxing": the fact names Maria.
+    observations = [
+        fe.Observation("user", "John is currently doing kickboxing as a workout.", "D1:4", 1),
+        fe.Observation("other", "Maria started doing aerial yoga.", "D1:3", 1),
+    ]
+    names = ("John", "Maria")
+    assert fe.other_as_subject("Maria is doing kickboxing.", "Maria")
+    assert fe.other_as_subject("Mar's kickboxing is going well.", "Maria")
+    assert not fe.other_as_subject("The user is doing kickboxing with Maria.", "Maria")
+    assert not fe.other_as_subject("Marathons are the user's passion.", "Maria")
+    label = fe.score_fact("Maria is doing kickboxing.", "D1:4", observations, names).label
+    assert label == "attribution_error"
+    label = fe.score_fact("The user is doing kickboxing.", "D1:4", observations, names).label
+    assert label == "precise"
+
+
+def test_the_answers_a_filter_refused_are_reported_with_their_filter(tmp_path):
+    data = write_conversation(tmp_path / "locomo")
+    answers = ANSWERS | {"painting": "Ben takes a painting class."}  # not about the user
+
+    def refusing(prompt: str) -> str:
+        message = prompt.rsplit("user", 1)[-1]
+        return next((a for key, a in answers.items() if key in message), "NONE")
+
+    report = fe.run_fact_eval(FakeEngine(refusing), data, "conv-1", budget=2048)
+    assert report["rejected"] == [
+        {"answer": "Ben takes a painting class.", "turn": "D1:9", "outcome": "not_about_user"}
+    ]
+    assert report["kept"] == 3 and report["outcomes"]["not_about_user"] == 1

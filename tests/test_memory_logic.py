@@ -354,8 +354,8 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
          "sister Gina lives in Lisbon."),
         ("I am going to see my best friend from college, Maria.", "The user's best friend is "
          "Maria."),
-        ("Oh Mark called me yesterday, he is moving to Denver next month!", "Mark is moving to "
-         "Denver."),
+        ("Oh Mark called me yesterday, he is moving to Denver next month!", "The user's friend "
+         "Mark is moving to Denver."),
         ("We moved to a flat in the city last weekend, Denver!", "The user moved to Denver."),
         ("Thanks, Gina! My brother Tom starts his new job as a nurse on Monday.", "The user's "
          "brother Tom is a nurse."),
@@ -377,6 +377,16 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
     ]  # fmt: skip
     for message, fact in kept:
         assert judge(fact, (), message) == (fact, "kept"), message
+
+
+def test_a_fact_that_does_not_name_the_user_is_someone_elses_life():
+    # Qwen2.5-Coder-1.5B on LoCoMo conv-41: John speaks to Maria, and the fact makes her him.
+    cool = "Woah, Maria, that sounds cool! I'm doing kickboxing and it's giving me so much energy."
+    assert judge("Maria is doing kickboxing.", (), cool) == (None, "not_about_user")
+    called = "Oh Mark called me yesterday, he is moving to Denver next month!"
+    assert judge("Mark is moving to Denver.", (), called) == (None, "not_about_user")
+    for fact in ("The user is doing kickboxing.", "Kickboxing gives the user energy."):
+        assert judge(fact, (), cool) == (fact, "kept")
 
 
 def test_the_instructions_example_name_where_the_message_has_none_is_the_example():

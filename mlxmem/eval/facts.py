@@ -10,7 +10,7 @@ names out, since a fact says "the user" where an observation says "Caroline"). A
   the other speaker's;
 - an attribution error: it matches an observation of the other speaker more closely, or it
   makes the user the other speaker ("The user is called Melanie", "The user's sister is
-  Melanie");
+  Melanie", or "Maria is doing kickboxing" where the user, John, is);
 - unsupported: it matches nothing.
 Coverage is the share of the user's observations on the messages sent that some kept fact
 matches as its closest one.
@@ -86,17 +86,26 @@ def overlap(fact: set[str], observation: set[str]) -> float:
 
 def makes_user_the_other(fact: str, other: str) -> bool:
     """The fact gives the user the other speaker's name, or a relation to the user named as the
-    other speaker ("The user's sister is called Melanie", or "Mel"): the person talked to,
-    taken for someone in the user's life."""
+    other speaker ("The user's sister is called Melanie", or "Mel"; "Maria is the user's
+    sister"): the person talked to, taken for someone in the user's life."""
     first = other.split()[0].casefold()
     named = re.findall(
         r"\bthe user(?:'s [\w ]{1,30})? (?:is|was) (?:named |called )?(\w+)"
-        r"|\bthe user(?:'s)? name is (\w+)",
-        fact,
+        r"|\bthe user(?:'s)? name is (\w+)"
+        r"|^(\w+) is the user(?:'s [\w ]{1,30})?\W*$",
+        fact.strip(),
         re.I,
     )
     # The name or a short form of it ("Mel" for Melanie), as the user calls them.
     return any(len(n) >= 3 and first.startswith(n.casefold()) for pair in named for n in pair)
+
+
+def other_as_subject(fact: str, other: str) -> bool:
+    """The fact's subject is the other speaker, by name or a short form of it ("Maria is
+    doing kickboxing", "Mel's kids ...")."""
+    first = other.split()[0].casefold()
+    match = re.match(r"(\w+)(?:'s)?\b", fact.strip())
+    return bool(match) and len(match[1]) >= 3 and first.startswith(match[1].casefold())
 
 
 def score_fact(
@@ -114,7 +123,9 @@ def score_fact(
     # The closer side decides: a fact about something both speakers did matches both, and is
     # the user's only if it reads more like the user's observation (a tie is the user's).
     if best["user"][0] >= MATCH_OVERLAP and best["user"][0] >= best["other"][0]:
-        return ScoredFact(fact, turn, "precise", best["user"][1], round(best["user"][0], 3))
+        # The user's life under the other speaker's name is still given to the wrong person.
+        label = "attribution_error" if other_as_subject(fact, names[1]) else "precise"
+        return ScoredFact(fact, turn, label, best["user"][1], round(best["user"][0], 3))
     if best["other"][0] >= MATCH_OVERLAP:
         share, text = best["other"]
         return ScoredFact(fact, turn, "attribution_error", text, round(share, 3))
@@ -189,12 +200,17 @@ def run_fact_eval(
         users = users[:messages]
     extractor = FactExtractor(engine, budget)
     kept: list[tuple[str, str]] = []
+    rejected: list[dict[str, str]] = []  # the answers a filter refused, to check the filters
     outcomes: Counter[str] = Counter()
     for i, turn in enumerate(users, 1):
         look = extractor.extract(turn["text"], [f for f, _ in kept])
         outcomes[look.outcome] += 1
         if look.fact is not None:
             kept.append((look.fact, turn["id"]))
+        elif look.answer is not None and look.outcome != "none":
+            rejected.append(
+                {"answer": look.answer.strip(), "turn": turn["id"], "outcome": look.outcome}
+            )
         if progress is not None:
             progress(i, len(users))
     result = score_facts(
@@ -213,6 +229,7 @@ def run_fact_eval(
             },
         },
         "outcomes": dict(outcomes),
+        "rejected": rejected,
     }
 
 

@@ -67,6 +67,10 @@ _ADDRESSED_RE = re.compile(
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+")
 _SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you've|you’ve)\b", re.I)
 _FIRST_RE = re.compile(r"\b(I|I'm|I’m|Im|I've|I’ve|my|me|mine|myself|we|we're|our|us)\b", re.I)
+# A fact about the user names them ("The user ...", "... the user's sister ..."); one that does
+# not is about someone else, most often the person the message speaks to, taken for the user
+# ("Woah, Maria, that sounds cool! I'm doing kickboxing." -> "Maria is doing kickboxing.").
+_USER_RE = re.compile(r"\buser\b", re.I)
 # The instructions ask for nothing about the assistant; a fact that names it is the chat.
 _ASSISTANT_RE = re.compile(r"\bthe assistant\b", re.I)
 # Strings that only a chat template or a confused model would write.
@@ -115,8 +119,9 @@ def judge(
     `message` it came from), or
     "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!",
     or every sentence it comes from speaks to the other person, "your store": the other side
-    of the chat, whom a small model takes for the user), or "about_assistant" (it names the
-    assistant: the chat, not the person).
+    of the chat, whom a small model takes for the user), "about_assistant" (it names the
+    assistant: the chat, not the person), or "not_about_user" (it does not name the user:
+    someone else's life).
     Strict on purpose: a wrong fact is worse than none."""
     text = raw.strip().strip('"').strip()
     if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
@@ -141,6 +146,8 @@ def judge(
         return None, "about_addressee"
     if _ASSISTANT_RE.search(text):
         return None, "about_assistant"
+    if not _USER_RE.search(text):
+        return None, "not_about_user"
     return text, "kept"
 
 
