@@ -105,7 +105,9 @@ def other_as_subject(fact: str, other: str) -> bool:
     doing kickboxing", "Mel's kids ...")."""
     first = other.split()[0].casefold()
     match = re.match(r"(\w+)(?:'s)?\b", fact.strip())
-    return bool(match) and len(match[1]) >= 3 and first.startswith(match[1].casefold())
+    if match is None:
+        return False
+    return len(match[1]) >= 3 and first.startswith(match[1].casefold())
 
 
 def score_fact(
