@@ -138,7 +138,7 @@ def test_a_short_form_of_the_other_speakers_name_counts_too():
 
 
 def test_the_users_life_under_the_other_speakers_name_is_an_attribution_error():
-    # John said "Woah, Maria, that sounds cool! I'm doing kickboxing": the fact names Maria.
+    # John told Maria that he does kickboxing, and the fact names her.
     observations = [
         fe.Observation("user", "John is currently doing kickboxing as a workout.", "D1:4", 1),
         fe.Observation("other", "Maria started doing aerial yoga.", "D1:3", 1),

@@ -312,7 +312,7 @@ def extracting_reader(prompt: str) -> str:
     message that tells one."""
     if "durable facts about the user" in prompt:
         trip = re.search(r"went to (\w+) with my friend (\w+)", prompt)
-        return f"Jon went to {trip.group(1)} with {trip.group(2)}." if trip else "NONE"
+        return f"The user went to {trip.group(1)} with {trip.group(2)}." if trip else "NONE"
     asked = re.search(r"Question: Where did Jon go with (\w+)\?", prompt)
     told = asked and re.findall(rf"went to (\w+) with (?:my friend )?{asked.group(1)}", prompt)
     return told[-1] if told else reader(prompt)

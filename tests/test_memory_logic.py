@@ -380,12 +380,13 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
 
 
 def test_a_fact_that_does_not_name_the_user_is_someone_elses_life():
-    # Qwen2.5-Coder-1.5B on LoCoMo conv-41: John speaks to Maria, and the fact makes her him.
-    cool = "Woah, Maria, that sounds cool! I'm doing kickboxing and it's giving me so much energy."
-    assert judge("Maria is doing kickboxing.", (), cool) == (None, "not_about_user")
+    # As Qwen2.5-Coder-1.5B did on LoCoMo conv-41: the user speaks to Nadia, and the fact makes
+    # her the user.
+    cool = "Whoa, Nadia, how fun! Me, I took up fencing and it gives me energy all week."
+    assert judge("Nadia is doing fencing.", (), cool) == (None, "not_about_user")
     called = "Oh Mark called me yesterday, he is moving to Denver next month!"
     assert judge("Mark is moving to Denver.", (), called) == (None, "not_about_user")
-    for fact in ("The user is doing kickboxing.", "Kickboxing gives the user energy."):
+    for fact in ("The user is doing fencing.", "Fencing gives the user energy."):
         assert judge(fact, (), cool) == (fact, "kept")
 
 

@@ -69,7 +69,7 @@ _SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you'v
 _FIRST_RE = re.compile(r"\b(I|I'm|I’m|Im|I've|I’ve|my|me|mine|myself|we|we're|our|us)\b", re.I)
 # A fact about the user names them ("The user ...", "... the user's sister ..."); one that does
 # not is about someone else, most often the person the message speaks to, taken for the user
-# ("Woah, Maria, that sounds cool! I'm doing kickboxing." -> "Maria is doing kickboxing.").
+# ("Whoa, Nadia, how fun! Me, I took up fencing." -> "Nadia is doing fencing.").
 _USER_RE = re.compile(r"\buser\b", re.I)
 # The instructions ask for nothing about the assistant; a fact that names it is the chat.
 _ASSISTANT_RE = re.compile(r"\bthe assistant\b", re.I)
