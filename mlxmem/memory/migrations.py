@@ -1,4 +1,5 @@
-"""The database schema, grown by numbered migrations that are never edited once landed.
+"""The database schema, grown by numbered migrations that are never edited once landed, and
+that call no code naming a later schema (m018 took such calls out of m008 and m017).
 
 Each migration is a function `mNNN_name(con)`; `migrate()` applies the ones not yet recorded in
 the `migrations` table, each in its own transaction, in order.
