@@ -42,6 +42,7 @@ from mlxmem.memory.recall import RECALL_TURNS, recall_query, search_before
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import index_missing
 from mlxmem.memory.turns import insert_turn
+from mlxmem.text import OLD_COUNT_NAMES, with_old_names
 
 DEPTHS = tuple(sorted({1, 4, RECALL_TURNS, 10}))
 SCALE_QUESTIONS = 20  # timed at --scale
@@ -178,7 +179,9 @@ def main() -> None:
         "conversations": conversation_ids(data),
         "by_category": summarize(rows),
         "search_ms_mean": 1000 * sum(r["seconds"] for r in rows) / max(len(rows), 1),
-        "scale": {"turns": args.scale, "messages": args.scale, "search_ms_median": 1000 * at_scale}
+        "scale": with_old_names(
+            {"turns": args.scale, "search_ms_median": 1000 * at_scale}, OLD_COUNT_NAMES
+        )
         if args.scale
         else None,
     }

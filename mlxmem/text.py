@@ -62,8 +62,15 @@ def to_db(value: datetime) -> datetime:
 
 # Token ids kept for the model's KV cache: not for people or scripts reading the log.
 INTERNAL_FIELDS = {"sampled_ids", "sampled_by"}
-# Fields renamed since scripts first read them: the JSON keeps the old key beside the new one.
+# Keys renamed since scripts first read them (new -> old): the JSON keeps the old key beside the
+# new one. A record's fields, and the counts of a log's turns in reports.
 OLD_FIELD_NAMES = {"turn_id": "message_id", "turn_count": "message_count"}
+OLD_COUNT_NAMES = {"turns": "messages", "per_100_turns": "per_100_messages"}
+
+
+def with_old_names(fields: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """`fields` with each key renamed in `renamed` (new -> old) also under its old name."""
+    return fields | {old: fields[new] for new, old in renamed.items() if new in fields}
 
 
 def json_ready(value: Any) -> dict[str, Any]:
@@ -74,7 +81,7 @@ def json_ready(value: Any) -> dict[str, Any]:
         for key, item in asdict(value).items()
         if key not in INTERNAL_FIELDS
     }
-    return fields | {old: fields[new] for new, old in OLD_FIELD_NAMES.items() if new in fields}
+    return with_old_names(fields, OLD_FIELD_NAMES)
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

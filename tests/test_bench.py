@@ -449,6 +449,7 @@ def test_bench_scale_builds_logs_and_times_the_store(tmp_path):
     png = tmp_path / "scale.png"
     report = invoke("scale", "--sizes", "1000,2000", "--trials", "2", "--plot", str(png))
     assert [row["turns"] for row in report["sizes"]] == [1000, 2000]
+    assert [row["messages"] for row in report["sizes"]] == [1000, 2000]  # the old name too
     for row in report["sizes"]:
         for key in ("turn_overhead_ms", "search_s", "memory_list_s", "memory_rm_s"):
             assert row[key] > 0

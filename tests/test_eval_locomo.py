@@ -327,6 +327,9 @@ def test_each_session_its_own_conversation_and_the_questions_in_a_new_one(tmp_pa
     assert result["settings"]["facts"] is True  # extraction is on, as in a chat
     layers = result["layers"]["conv-1"]
     assert layers["conversations"] == 4 and layers["facts"]["kept"] == 4, layers
+    # Scripts written before "turns" read "messages": still there, with the same figures.
+    assert layers["messages"] == layers["turns"] == 32
+    assert layers["facts"]["per_100_messages"] == layers["facts"]["per_100_turns"]
     reached = {c: result[c]["evidence_in_prompt"]["overall"]["mean"] for c in result["configs"]}
     # A new chat: no turn of the log is in it, unless recall brings it from the sessions.
     assert reached == {"no_memory": 0.0, "facts": 0.0, "recall": 1.0, "oracle": 1.0}

@@ -50,6 +50,7 @@ from mlxmem.memory.synclog import SyncLog
 from mlxmem.memory.turns import DatedTurn
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
+from mlxmem.text import OLD_COUNT_NAMES, with_old_names
 
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 DEFAULT_SCALE_TRIALS = 3
@@ -81,8 +82,7 @@ class SizeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        # "messages": the old name of "turns", for scripts and runs saved before.
-        row: dict[str, Any] = {"turns": self.turns, "messages": self.turns}
+        row: dict[str, Any] = with_old_names({"turns": self.turns}, OLD_COUNT_NAMES)
         row["db_bytes"] = self.db_bytes
         row["build_s"] = self.build_s
         row.update(self.extra)

@@ -46,6 +46,7 @@ from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store, Summary, Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow
 from mlxmem.model_thread import ModelJobs
+from mlxmem.text import with_old_names
 
 N = TypeVar("N", int, float)
 
@@ -172,11 +173,6 @@ OLD_NAMES = {
 }
 
 
-def with_old_names(summary: dict) -> dict:
-    """`summary` with its renamed figures also under their old names (OLD_NAMES)."""
-    return summary | {old: summary[new] for new, old in OLD_NAMES.items() if new in summary}
-
-
 @dataclass
 class TurnsResult:
     records: list[TurnRecord]
@@ -262,7 +258,7 @@ class TurnsResult:
         return {
             "kind": "turns",
             "settings": self.settings,
-            **with_old_names(self.summary()),
+            **with_old_names(self.summary(), OLD_NAMES),
             "per_turn": [r.to_dict() for r in self.records],
         }
 
@@ -711,7 +707,7 @@ class OneShotResult:
         return {
             "kind": "turns",
             "settings": self.settings,
-            **with_old_names(self.summary()),
+            **with_old_names(self.summary(), OLD_NAMES),
             "per_turn": [r.to_dict() for r in self.records],
         }
 

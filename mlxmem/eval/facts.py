@@ -88,7 +88,6 @@ def makes_user_the_other(fact: str, other: str) -> bool:
     """The fact gives the user the other speaker's name, or a relation to the user named as the
     other speaker ("The user's sister is called Melanie", or "Mel"; "Maria is the user's
     sister"): the person talked to, taken for someone in the user's life."""
-    first = other.split()[0].casefold()
     named = re.findall(
         r"\bthe user(?:'s [\w ]{1,30})? (?:is|was) (?:named |called )?(\w+)"
         r"|\bthe user(?:'s)? name is (\w+)"
@@ -96,18 +95,20 @@ def makes_user_the_other(fact: str, other: str) -> bool:
         fact.strip(),
         re.I,
     )
-    # The name or a short form of it ("Mel" for Melanie), as the user calls them.
-    return any(len(n) >= 3 and first.startswith(n.casefold()) for pair in named for n in pair)
+    return any(calls_by_name(n, other) for pair in named for n in pair)
 
 
 def other_as_subject(fact: str, other: str) -> bool:
     """The fact's subject is the other speaker, by name or a short form of it ("Maria is
     doing kickboxing", "Mel's kids ...")."""
-    first = other.split()[0].casefold()
     match = re.match(r"(\w+)(?:'s)?\b", fact.strip())
-    if match is None:
-        return False
-    return len(match[1]) >= 3 and first.startswith(match[1].casefold())
+    return match is not None and calls_by_name(match[1], other)
+
+
+def calls_by_name(word: str, other: str) -> bool:
+    """`word` is the other speaker's first name or a short form of it ("Mel" for Melanie), as
+    the user calls them."""
+    return len(word) >= 3 and other.split()[0].casefold().startswith(word.casefold())
 
 
 def score_fact(

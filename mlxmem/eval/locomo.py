@@ -49,6 +49,7 @@ from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import STOPWORDS
 from mlxmem.memory.window import as_messages
+from mlxmem.text import OLD_COUNT_NAMES, with_old_names
 
 CONFIGS = ("no_memory", "window", "mlxmem", "recall", "oracle")
 # With each session its own conversation (run_locomo's per_session), the questions are asked
@@ -823,23 +824,22 @@ def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, ans
             items.append(item)
         for config in PER_SESSION_CONFIGS:
             engine.drop_slot(f"probe/{config}")
-    per_100 = 100 * added / turns if turns else None
+    facts = {
+        "extraction": "on",
+        "added": added,
+        "kept": len(kept),
+        "per_100_turns": 100 * added / turns if turns else None,
+        "outcomes": dict(outcomes),
+        "texts": texts,
+    }
     layers = {
         "turns": turns,
-        "messages": turns,  # the old name of "turns", for scripts
         "conversations": len(sessions),
-        "facts": {
-            "extraction": "on",
-            "added": added,
-            "kept": len(kept),
-            "per_100_turns": per_100,
-            "per_100_messages": per_100,
-            "outcomes": dict(outcomes),
-            "texts": texts,
-        },
+        "facts": with_old_names(facts, OLD_COUNT_NAMES),
         "replay_seconds": replay_s,
         "probe_seconds": time.perf_counter() - start - replay_s,
     }
+    layers = with_old_names(layers, OLD_COUNT_NAMES)
     return {"id": conv.id, "exchanges": turns // 2, "items": items, "layers": layers}
 
 
@@ -849,19 +849,17 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added, outcomes) -> di
     latest = summaries[-1] if summaries else None
     sizes = [s.token_count or 0 for s in summaries]
     turns = 2 * n_pairs
-    per_100 = 100 * added / turns if facts and turns else None
-    return {
+    stats = {
+        "extraction": "on" if facts else "off (for speed)",
+        "added": added,
+        "per_100_turns": 100 * added / turns if facts and turns else None,
+        # What became of each message sent to the extractor: kept, duplicate, or the filter
+        # that rejected the answer (see mlxmem.memory.extraction).
+        "outcomes": dict(outcomes),
+    }
+    layers = {
         "turns": turns,
-        "messages": turns,  # the old name of "turns", for scripts
-        "facts": {
-            "extraction": "on" if facts else "off (for speed)",
-            "added": added,
-            "per_100_turns": per_100,
-            "per_100_messages": per_100,
-            # What became of each message sent to the extractor: kept, duplicate, or the
-            # filter that rejected the answer (see mlxmem.memory.extraction).
-            "outcomes": dict(outcomes),
-        },
+        "facts": with_old_names(stats, OLD_COUNT_NAMES),
         "summaries": {
             "count": len(summaries),
             "tokens_mean": sum(sizes) / len(sizes) if sizes else None,
@@ -876,6 +874,7 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added, outcomes) -> di
             conv, seq_of, latest.text if latest else "", latest.last_seq if latest else 0
         ),
     }
+    return with_old_names(layers, OLD_COUNT_NAMES)
 
 
 def headline(results: dict) -> dict:

@@ -43,7 +43,7 @@ from mlxmem.sync.cursor import (
     own_state,
 )
 from mlxmem.sync.folder import DEVICE_INFO, ChangeFile, DeviceFolder, device_folders
-from mlxmem.text import to_db, utc_now
+from mlxmem.text import OLD_COUNT_NAMES, to_db, utc_now, with_old_names
 
 # A file unreadable for longer than a sync tool takes to copy one is damaged or tampered with,
 # not still arriving.
@@ -206,14 +206,16 @@ def status(log: SyncLog, root: Path | None = None, passphrase: str | None = None
         "folder": str(root),
         "device": {"device": device, "name": name},
         "devices": devices,
-        "pending": {
-            "turns": kinds.count("message"),
-            "messages": kinds.count("message"),  # the old name, for scripts
-            "facts": kinds.count("fact"),
-            "tombstones": kinds.count("tombstone"),
-            "conversations": kinds.count("conversation"),
-            "files_to_rewrite": len(plan.rewrites),
-        },
+        "pending": with_old_names(
+            {
+                "turns": kinds.count("message"),  # the sync format's name for a turn
+                "facts": kinds.count("fact"),
+                "tombstones": kinds.count("tombstone"),
+                "conversations": kinds.count("conversation"),
+                "files_to_rewrite": len(plan.rewrites),
+            },
+            OLD_COUNT_NAMES,
+        ),
         "storage": storage,
     }
 
