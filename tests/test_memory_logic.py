@@ -13,6 +13,9 @@ from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.extraction import (
+    EXAMPLES,
+    FactExtractor,
+    extraction_messages,
     is_duplicate,
     judge,
     normalize,
@@ -312,7 +315,7 @@ TEA = "The user drinks tea with Ana" + " and tea" * 12  # 124 characters
         ("The user <|eot_id|> likes tea.", None, "markup"),
         ("<|start_header_id|>system", None, "markup"),
         ("...", None, "no_letters"),
-        ("The user's sister is called Ana.", None, "example"),  # with no Ana in the message
+        ("The user's daughter Lily takes violin lessons.", None, "example"),  # an example's fact
         ("I'm glad you found the right spot for your studio.", None, "not_third_person"),
         ("The user dances. The user dances every day.", None, "not_one_sentence"),
         (
@@ -348,6 +351,17 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
     assert judge(fact, (), asked) == (None, "about_addressee")
     cheers = "Yeah, Gina, thanks for always backing me up. Cheers to us!"
     assert judge("The user's sister is called Gina.", (), cheers) == (None, "about_addressee")
+    # The same model with the worked examples (one has "The user's daughter Lily ..."): the
+    # person spoken to, named anywhere in the fact.
+    kids = "Hey Gina! My kids love painting, we spent all Sunday at the art table."
+    fact = "The user's daughter Gina enjoys painting."
+    assert judge(fact, (), kids) == (None, "about_addressee")
+    yeah = "Yeah Gina, let's keep cheering each other on! Thanks for the support."
+    assert judge("The user's sister Gina is supportive.", (), yeah)[1] == "about_addressee"
+    race = "Wow Gina, so proud of you for finishing the charity race in the rain!"
+    assert judge("The user is proud of Gina for the charity race.", (), race)[1] == (
+        "about_addressee"
+    )
     # A name the message only mentions or talks about is fine, even next to a comma.
     kept = [
         ("My sister Gina moved to Lisbon last spring and I miss her so much.", "The user's "
@@ -370,13 +384,30 @@ def test_a_fact_about_the_person_the_message_addresses_is_not_about_the_user():
         ("Sarah, my older sister, just got engaged to Tom!", "The user's sister is called Sarah."),
         ("Thanks! Bella, our new puppy, chewed through my shoes.", "The user has a puppy named "
          "Bella."),
-        ("Hi! Emma started first grade today, so proud of her.", "The user's daughter is named "
+        ("Hi! Emma started first grade, I'm so proud!", "The user's daughter is named "
          "Emma."),
         ("Thanks, Anna! My daughter is also called Anna, after my mother.", "The user's "
          "daughter is called Anna."),
     ]  # fmt: skip
     for message, fact in kept:
         assert judge(fact, (), message) == (fact, "kept"), message
+
+
+def test_a_fact_from_sentences_not_in_the_first_person_is_not_the_users_news():
+    # As Qwen2.5-Coder-1.5B did with the worked examples: praise and questions for the other
+    # person, made into the user's news.
+    congrats = "Woohoo! Congrats on the new choir. Which choir did you join in the end?"
+    assert judge("The user joined a new choir.", (), congrats) == (None, "not_said_of_self")
+    praise = "Awesome! Finishing a marathon in that heat must have been such a rush!"
+    assert judge("The user finished a marathon.", (), praise) == (None, "not_said_of_self")
+    # The same words in a sentence where the writer speaks of themself are the writer's.
+    mine = "Congrats on the new choir! I joined one too, we sing on Tuesdays."
+    assert judge("The user joined a choir.", (), mine) == ("The user joined a choir.", "kept")
+    ours = "Our choir sings at the town hall on Sunday, so excited."
+    assert judge("The user's choir sings at the town hall.", (), ours)[1] == "kept"
+    # Strict: news without "I" gives no fact, a fact missed rather than a wrong one.
+    terse = "Finished a marathon last weekend, in that heat!"
+    assert judge("The user finished a marathon.", (), terse) == (None, "not_said_of_self")
 
 
 def test_a_fact_that_does_not_name_the_user_is_someone_elses_life():
@@ -390,18 +421,45 @@ def test_a_fact_that_does_not_name_the_user_is_someone_elses_life():
         assert judge(fact, (), cool) == (fact, "kept")
 
 
-def test_the_instructions_example_name_where_the_message_has_none_is_the_example():
-    # Qwen2.5-Coder-1.5B on LoCoMo conv-30: the instructions' example, with a word of the message.
+def test_an_example_name_where_the_message_has_none_is_the_example():
+    # As Qwen2.5-Coder-1.5B answered on LoCoMo: an example's name, with a word of the message.
     message = "Sure! It feels like having a partner in all of this!"
-    assert judge("The user's partner is called Ana.", (), message) == (None, "example")
-    named = "My partner Ana and I dance every Friday."
-    assert judge("The user's partner is called Ana.", (), named)[1] == "kept"
+    assert judge("The user's partner is called Lily.", (), message) == (None, "example")
+    assert judge("The user is moving to Leeds.", (), "Moving is such a partner.")[1] == "example"
+    # or an example's thing, given to someone the message names
+    lessons = "Thanks Gina, the children loved the concert yesterday evening!"
+    assert judge("The user's daughter takes violin lessons.", (), lessons)[1] == "example"
+    violin = "My son plays the violin in the school orchestra, concert on Friday."
+    assert judge("The user's son plays the violin.", (), violin)[1] == "kept"
+    assert judge("The user has a son who plays an instrument.", (), violin)[1] == "kept"
+    named = "My partner Lily and I dance every Friday."
+    assert judge("The user's partner is called Lily.", (), named)[1] == "kept"
     # Other names need not be spelled in the message as in the fact.
     for message, fact in [
         ("I moved to NYC last year and I love it.", "The user moved to New York City."),
         ("I was born and raised in Canada, near the lakes.", "The user is Canadian."),
     ]:
         assert judge(fact, (), message) == (fact, "kept"), message
+
+
+def test_the_worked_examples_come_before_the_message_and_their_prefix_is_reused():
+    engine = FakeEngine(lambda prompt: "NONE")
+    extractor = FactExtractor(engine, budget=1024)
+    first = "Last spring I planted tomatoes and beans in the garden behind our house."
+    second = "My brother Karl moved to Vienna for work and I visit him every summer."
+    assert extractor.extract(first, []).outcome == "none"
+    assert extractor.extract(second, []).outcome == "none"
+    shown = engine.calls[-1].prompt
+    at = 0
+    for text, answer in EXAMPLES:  # each example, then its answer, in order, then the message
+        at = shown.index(answer, shown.index(text, at))
+    assert shown.index(second, at)
+    # Everything but the message is the same text each time: the second call prefills only it.
+    frame = engine.count_chat(extraction_messages(""))
+    assert engine.calls[-1].cached_tokens >= frame - 8
+    assert engine.calls[-1].prompt_tokens - engine.calls[-1].cached_tokens <= (
+        engine.count_text(second) + 8
+    )
 
 
 def test_a_fact_from_sentences_that_speak_to_the_other_person_is_not_about_the_user():

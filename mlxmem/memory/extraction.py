@@ -17,16 +17,38 @@ from mlxmem.memory.facts import normalize
 from mlxmem.memory.terms import terms as stemmed_terms
 from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
-EXAMPLE_NAME = "Ana"
-EXAMPLE_FACT = f"The user's sister is called {EXAMPLE_NAME}."
 EXTRACTION_INSTRUCTIONS = (
     "You keep a short list of durable facts about the user: their name, important people, "
     "preferences, habits, plans, work, health, where they live. Read the user's message and "
     "answer with at most one new durable fact about the user as one short sentence in the "
-    f"third person (for example: {EXAMPLE_FACT}). Ignore small talk, moods "
-    "of the moment, questions and anything about the assistant. If there is no such fact, "
-    "answer exactly NONE."
+    "third person. The user may write to a friend by name: the fact is about the user, who "
+    "writes, never the friend. Ignore small talk, moods of the moment, praise, questions and "
+    "anything about the assistant. If there is no such fact, answer exactly NONE."
 )
+# Worked examples, shown to the model as earlier turns of the same exchange (few-shot
+# prompting, the usual way to show a small model the form of an answer): a fact about the
+# user from a message to a friend, a message with only praise and a mood (NONE), and a fact
+# about someone in the user's life. Made up; their names are in no fact of a real message
+# (is_example). Fixed text, so their KV prefix stays cached in the facts slot.
+EXAMPLES = (
+    (
+        "Hey Sam! I finally signed the lease on a flat in Leeds, I move in next month. "
+        "How was your trip?",
+        "The user is moving to a flat in Leeds next month.",
+    ),
+    (
+        "Wow Priya, your garden looks amazing, you must be so proud! I'm pretty tired "
+        "today, long week.",
+        "NONE",
+    ),
+    (
+        "Thanks, Tom! My daughter Lily started violin lessons this week and she loves them.",
+        "The user's daughter Lily takes violin lessons.",
+    ),
+)
+# The examples' names and things: in a fact from a message that has none of them, the model
+# is copying an example ("The user's daughter Gina takes violin lessons.").
+EXAMPLE_WORDS = ("Sam", "Leeds", "lease", "flat", "Priya", "garden", "Tom", "Lily", "violin")
 MIN_MESSAGE_CHARS = 60
 # The design's limit: a fact is one short sentence, at most 120 characters; a longer answer is
 # a retelling, not a fact.
@@ -44,25 +66,26 @@ _COMMON_WORDS = {
     "all its also very".split()
 }
 # Whom a message speaks to, at the start of a sentence: a greeting or thanks and a name ("Hey
-# Gina!", "Thanks, Gina."), a word such as "yeah" and a name set off by commas ("Yeah, Gina,
-# thanks"), or a name set off by a comma that no apposition follows ("Gina, you ever been in
-# a show?", but not "Max, my golden retriever, ..."); or a name called out at the end of one
-# ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my friend from college,
-# Maria.", "Hi! Emma started school" or "Oh Mark called me" name people the user talks about,
-# whose facts are kept.
+# Gina!", "Thanks, Gina."), a word such as "yeah" and a name a comma follows ("Yeah, Gina,
+# thanks", "Yeah Gina, thanks"), or a name set off by a comma that no apposition follows
+# ("Gina, you ever been in a show?", but not "Max, my golden retriever, ..."); or a name called
+# out at the end of one ("Nice one, Gina!"). Narrower than the summary's rule on purpose: "my
+# friend from college, Maria.", "Hi! Emma started school" or "Oh Mark called me" name people
+# the user talks about, whose facts are kept.
 _SENTENCE_START = r"(?:^|[.!?]\s+)"
 _APPOSITION = r"(?:my|our|the|a|an|his|her|their|its|who|which|whose)\b"
-_ADDRESSED_RE = re.compile(
+_GREETED_RE = re.compile(
     "|".join(
         [
             rf"{_SENTENCE_START}(?i:{GREETING_WORDS}|{THANKS_WORDS})[\s,]+([A-Z][a-z]+)\b",
-            rf"{_SENTENCE_START}(?i:{INTERJECTION_WORDS}),\s+([A-Z][a-z]+),",
+            rf"{_SENTENCE_START}(?i:{INTERJECTION_WORDS}),?\s+([A-Z][a-z]+),",
             # a lookahead: "Cool, Gina!" keeps its comma for the name called out
             rf"{_SENTENCE_START}(?=([A-Z][a-z]+),\s+(?!(?i:{_APPOSITION})))",
-            r",\s+([A-Z][a-z]+)\s*[!?]",
         ]
     )
 )
+# A name called out at the end is read as spoken to, but less surely ("..., Denver!").
+_CALLED_OUT_RE = re.compile(r",\s+([A-Z][a-z]+)\s*[!?]")
 # Sentences a message is read in, and whom each speaks of: the other person or the speaker.
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+")
 _SECOND_RE = re.compile(r"\b(you|your|yours|yourself|you're|you’re|youre|you've|you’ve)\b", re.I)
@@ -120,8 +143,10 @@ def judge(
     "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!",
     or every sentence it comes from speaks to the other person, "your store": the other side
     of the chat, whom a small model takes for the user), "about_assistant" (it names the
-    assistant: the chat, not the person), or "not_about_user" (it does not name the user:
-    someone else's life).
+    assistant: the chat, not the person), "not_about_user" (it does not name the user:
+    someone else's life), or "not_said_of_self" (no sentence it comes from is in the first
+    person: praise or a question for the other person, "Winning that game must have felt
+    amazing!", taken for the user's news).
     Strict on purpose: a wrong fact is worse than none."""
     text = raw.strip().strip('"').strip()
     if normalize(text) in ("none", "none none") or normalize(text).startswith("none "):
@@ -148,19 +173,34 @@ def judge(
         return None, "about_assistant"
     if not _USER_RE.search(text):
         return None, "not_about_user"
+    if message is not None and not said_of_self(text, message):
+        return None, "not_said_of_self"
     return text, "kept"
 
 
 def is_example(fact: str, message: str | None) -> bool:
-    """The instructions' example leaking: the example itself, or a fact with its name that
-    `message` does not hold ("The user's partner is called Ana." from a message that names no
-    one)."""
-    if normalize(fact) == normalize(EXAMPLE_FACT):
+    """The examples leaking: one of their facts, or a fact with one of their names or things
+    (EXAMPLE_WORDS) that `message` does not hold ("The user's daughter Lily ..." from a message
+    that names no Lily)."""
+    if any(normalize(fact) == normalize(answer) for _, answer in EXAMPLES):
         return True
-    name = rf"\b{EXAMPLE_NAME}\b"
-    return (
-        message is not None and bool(re.search(name, fact)) and not re.search(name, message, re.I)
-    )
+    if message is None:
+        return False
+    for word in EXAMPLE_WORDS:
+        pattern = rf"\b{word}s?\b"
+        if re.search(pattern, fact, re.I) and not re.search(pattern, message, re.I):
+            return True
+    return False
+
+
+def said_of_self(fact: str, message: str) -> bool:
+    """Some sentence of `message` that holds a word of the fact is in the first person (I,
+    my, we): the writer speaking of themself. Chat that only speaks to or about the other
+    person ("Congrats on the new job! Which bakery hired you?") tells nothing about the
+    writer. Strict: "Currently reading a novel." with no "I" gives no fact either."""
+    words = content_words(fact)
+    hits = [s for s in _SENTENCE_END_RE.split(message) if content_words(s) & words]
+    return any(_FIRST_RE.search(s) for s in hits)
 
 
 def said_of_the_addressee(fact: str, message: str) -> bool:
@@ -174,22 +214,29 @@ def said_of_the_addressee(fact: str, message: str) -> bool:
 
 def addressed(message: str) -> set[str]:
     """The names `message` greets or calls out: the other side of the chat."""
-    return {name for names in _ADDRESSED_RE.findall(message.strip()) for name in names if name}
+    return greeted(message) | set(_CALLED_OUT_RE.findall(message.strip()))
+
+
+def greeted(message: str) -> set[str]:
+    """The names `message` greets, thanks or opens a sentence with: surely the person spoken
+    to, where a name called out at the end may be a place ("... last weekend, Denver!")."""
+    return {name for names in _GREETED_RE.findall(message.strip()) for name in names if name}
 
 
 def _is_about(fact: str, name: str, message: str) -> bool:
     """The fact is about `name`, whom `message` speaks to: it starts with the name ("Gina's
-    store ..."), makes the user that person ("The user is Gina."), or gives someone that name
-    when the message names them only to speak to them ("Thanks, Gina! ..." -> "The user's
-    sister is called Gina.": the person spoken to, taken for someone the user speaks of)."""
-    name = re.escape(name)
+    store ..."), makes the user that person ("The user is Gina."), or, where the message names
+    them only to speak to them, gives someone that name ("Thanks, Gina! ..." -> "The user's
+    sister is called Gina.") or, if the message greets them, names them at all ("Hey Gina! My
+    kids ..." -> "The user's daughter Gina paints."; "Wow Gina, so proud of you" -> "The user is
+    proud of Gina."): the person spoken to, taken for someone the user speaks of."""
+    pattern = rf"\b{re.escape(name)}\b"
+    once = len(re.findall(pattern, message)) == 1
     return bool(
-        re.match(rf"{name}\b", fact)
-        or re.search(rf"\bthe user is {name}\b", fact, re.IGNORECASE)
-        or (
-            re.search(rf"\b(?:named|called) {name}\b", fact, re.IGNORECASE)
-            and len(re.findall(rf"\b{name}\b", message)) == 1
-        )
+        re.match(pattern, fact)
+        or re.search(rf"\bthe user is {re.escape(name)}\b", fact, re.IGNORECASE)
+        or (once and re.search(rf"\b(?:named|called) {re.escape(name)}\b", fact, re.I))
+        or (once and name in greeted(message) and re.search(pattern, fact))
     )
 
 
@@ -286,6 +333,14 @@ def still_true(answer: str) -> bool:
     return not normalize(answer).startswith("no")
 
 
+def extraction_messages(message: str) -> list[Message]:
+    """The instructions, the worked examples as earlier turns, then `message`."""
+    shots = []
+    for text, answer in EXAMPLES:
+        shots += [Message("user", text), Message("assistant", answer)]
+    return [Message("system", EXTRACTION_INSTRUCTIONS), *shots, Message("user", message)]
+
+
 def should_extract(message: str) -> bool:
     return len(message.strip()) >= MIN_MESSAGE_CHARS
 
@@ -312,16 +367,12 @@ class FactExtractor:
     def prompt(self, message: str) -> list[int] | None:
         """The extraction prompt, with the message shortened so that the prompt plus the
         answer fits the budget; None if even a short message would not fit."""
-        frame = self.engine.count_chat(
-            [Message("system", EXTRACTION_INSTRUCTIONS), Message("user", "")]
-        )
+        frame = self.engine.count_chat(extraction_messages(""))
         room = self.budget - MAX_FACT_TOKENS - frame - 8
         if room < 16:
             return None
         message = shorten(self.engine, message, room)
-        tokens = self.engine.encode_chat(
-            [Message("system", EXTRACTION_INSTRUCTIONS), Message("user", message)]
-        )
+        tokens = self.engine.encode_chat(extraction_messages(message))
         return tokens if len(tokens) + MAX_FACT_TOKENS <= self.budget else None
 
     def replaces(self, fact: str, existing: Sequence[tuple[int, str]]) -> int | None:
