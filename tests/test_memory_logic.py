@@ -1,6 +1,7 @@
 """The memory layers with the fake engine (same interface as the MLX one) and a real DuckDB
 file: fold boundaries, the budget invariant, facts in the prompt, extraction filters."""
 
+import re
 from typing import NamedTuple
 
 import pytest
@@ -13,6 +14,7 @@ from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.extraction import (
+    EXAMPLE_WORDS,
     EXAMPLES,
     FactExtractor,
     extraction_messages,
@@ -419,6 +421,14 @@ def test_a_fact_that_does_not_name_the_user_is_someone_elses_life():
     assert judge("Mark is moving to Denver.", (), called) == (None, "not_about_user")
     for fact in ("The user is doing fencing.", "Fencing gives the user energy."):
         assert judge(fact, (), cool) == (fact, "kept")
+
+
+def test_every_example_word_is_in_the_examples():
+    # is_example reads the examples through EXAMPLE_WORDS: a word left behind by a new
+    # example would refuse true facts and let the new example's echo through.
+    text = " ".join(f"{message} {answer}" for message, answer in EXAMPLES)
+    for word in EXAMPLE_WORDS:
+        assert re.search(rf"\b{word}s?\b", text, re.I), word
 
 
 def test_an_example_name_where_the_message_has_none_is_the_example():

@@ -165,7 +165,7 @@ def judge(
         return None, "not_one_sentence"
     if message is not None and not (content_words(text) & content_words(message)):
         return None, "ungrounded"
-    if message is not None and any(_is_about(text, name, message) for name in addressed(message)):
+    if message is not None and about_addressee(text, message):
         return None, "about_addressee"
     if message is not None and said_of_the_addressee(text, message):
         return None, "about_addressee"
@@ -198,23 +198,21 @@ def said_of_self(fact: str, message: str) -> bool:
     my, we): the writer speaking of themself. Chat that only speaks to or about the other
     person ("Congrats on the new job! Which bakery hired you?") tells nothing about the
     writer. Strict: "Currently reading a novel." with no "I" gives no fact either."""
-    words = content_words(fact)
-    hits = [s for s in _SENTENCE_END_RE.split(message) if content_words(s) & words]
-    return any(_FIRST_RE.search(s) for s in hits)
+    return any(_FIRST_RE.search(s) for s in source_sentences(fact, message))
 
 
 def said_of_the_addressee(fact: str, message: str) -> bool:
     """Every sentence of `message` that holds a word of the fact speaks to the other person
     and not of the speaker ("How did you come to open a bike shop?" against "The user
     opened a bike shop"): the other side's life, given to the user."""
-    words = content_words(fact)
-    hits = [s for s in _SENTENCE_END_RE.split(message) if content_words(s) & words]
+    hits = source_sentences(fact, message)
     return bool(hits) and all(_SECOND_RE.search(s) and not _FIRST_RE.search(s) for s in hits)
 
 
-def addressed(message: str) -> set[str]:
-    """The names `message` greets or calls out: the other side of the chat."""
-    return greeted(message) | set(_CALLED_OUT_RE.findall(message.strip()))
+def source_sentences(fact: str, message: str) -> list[str]:
+    """The sentences of `message` that hold a word of the fact: where it comes from."""
+    words = content_words(fact)
+    return [s for s in _SENTENCE_END_RE.split(message) if content_words(s) & words]
 
 
 def greeted(message: str) -> set[str]:
@@ -223,7 +221,14 @@ def greeted(message: str) -> set[str]:
     return {name for names in _GREETED_RE.findall(message.strip()) for name in names if name}
 
 
-def _is_about(fact: str, name: str, message: str) -> bool:
+def about_addressee(fact: str, message: str) -> bool:
+    """The fact is about someone `message` greets or calls out (_is_about)."""
+    greets = greeted(message)
+    called_out = set(_CALLED_OUT_RE.findall(message.strip()))
+    return any(_is_about(fact, name, message, name in greets) for name in greets | called_out)
+
+
+def _is_about(fact: str, name: str, message: str, is_greeted: bool) -> bool:
     """The fact is about `name`, whom `message` speaks to: it starts with the name ("Gina's
     store ..."), makes the user that person ("The user is Gina."), or, where the message names
     them only to speak to them, gives someone that name ("Thanks, Gina! ..." -> "The user's
@@ -236,7 +241,7 @@ def _is_about(fact: str, name: str, message: str) -> bool:
         re.match(pattern, fact)
         or re.search(rf"\bthe user is {re.escape(name)}\b", fact, re.IGNORECASE)
         or (once and re.search(rf"\b(?:named|called) {re.escape(name)}\b", fact, re.I))
-        or (once and name in greeted(message) and re.search(pattern, fact))
+        or (once and is_greeted and re.search(pattern, fact))
     )
 
 
