@@ -463,10 +463,10 @@ def test_the_worked_examples_come_before_the_message_and_their_prefix_is_reused(
     at = 0
     for text, answer in EXAMPLES:  # each example, then its answer, in order, then the message
         at = shown.index(answer, shown.index(text, at))
-    assert shown.index(second, at)
+    assert second in shown[at:]
     # Everything but the message is the same text each time: the second call prefills only it.
-    frame = engine.count_chat(extraction_messages(""))
-    assert engine.calls[-1].cached_tokens >= frame - 8
+    assert extractor.frame == engine.count_chat(extraction_messages(""))
+    assert engine.calls[-1].cached_tokens >= extractor.frame - 8
     assert engine.calls[-1].prompt_tokens - engine.calls[-1].cached_tokens <= (
         engine.count_text(second) + 8
     )

@@ -6,6 +6,7 @@ its answer is kept only if it looks like one short plain sentence that is not al
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -235,12 +236,13 @@ def _is_about(fact: str, name: str, message: str, is_greeted: bool) -> bool:
     sister is called Gina.") or, if the message greets them, names them at all ("Hey Gina! My
     kids ..." -> "The user's daughter Gina paints."; "Wow Gina, so proud of you" -> "The user is
     proud of Gina."): the person spoken to, taken for someone the user speaks of."""
-    pattern = rf"\b{re.escape(name)}\b"
+    escaped = re.escape(name)
+    pattern = rf"\b{escaped}\b"
     once = len(re.findall(pattern, message)) == 1
     return bool(
         re.match(pattern, fact)
-        or re.search(rf"\bthe user is {re.escape(name)}\b", fact, re.IGNORECASE)
-        or (once and re.search(rf"\b(?:named|called) {re.escape(name)}\b", fact, re.I))
+        or re.search(rf"\bthe user is {escaped}\b", fact, re.IGNORECASE)
+        or (once and re.search(rf"\b(?:named|called) {escaped}\b", fact, re.I))
         or (once and is_greeted and re.search(pattern, fact))
     )
 
@@ -369,11 +371,16 @@ class FactExtractor:
         self.engine = engine
         self.budget = budget
 
+    @functools.cached_property
+    def frame(self) -> int:
+        """The tokens of the prompt around the message (instructions and worked examples):
+        fixed text, counted once."""
+        return self.engine.count_chat(extraction_messages(""))
+
     def prompt(self, message: str) -> list[int] | None:
         """The extraction prompt, with the message shortened so that the prompt plus the
         answer fits the budget; None if even a short message would not fit."""
-        frame = self.engine.count_chat(extraction_messages(""))
-        room = self.budget - MAX_FACT_TOKENS - frame - 8
+        room = self.budget - MAX_FACT_TOKENS - self.frame - 8
         if room < 16:
             return None
         message = shorten(self.engine, message, room)
