@@ -585,7 +585,7 @@ def load_engine(model: str, cache_dir: Path | None = None):
     from mlxmem.models import ensure_local, resolve
 
     spec = resolve(model)
-    return MLXEngine(ensure_local(spec), cache_dir=cache_dir), spec
+    return MLXEngine(ensure_local(spec), cache_dir=cache_dir, restart_policy=spec.restart), spec
 
 
 def model_identity(path: Path) -> str:

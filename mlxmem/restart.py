@@ -7,10 +7,14 @@ a token, that is when `read_bytes_per_s >= kv_bytes_per_token * prefill_tokens_p
 slows down as a prompt grows, so at long lengths loading only gains.) On a laptop SSD with a
 3B model loading wins; on a datacenter GPU prefilling 3,000 tokens in a second, it can lose.
 
-The numbers are measured once, from the engine's own work (the first stored slot it loads, the
-first prefill of at least MIN_PREFILL_TOKENS), and kept in `restart-profile.json` beside the
-cache folder, per model. Until both are known, stored slots are loaded. Delete the file to
-measure again. It holds speeds only, nothing from a conversation.
+The numbers come from the engine's own work (the first SAMPLES stored slots it loads, the first
+SAMPLES prefills of at least MIN_PREFILL_TOKENS), each the fastest of its samples: another job
+on the machine, a cold disk or a process's first call only ever slow a sample down, and one slow
+read must not make a machine recompute for good (once it recomputes, it loads nothing more to
+measure). They are kept in `restart-profile.json` beside the cache folder, per model. Until
+every sample is in, stored slots are loaded. Delete the file to measure again, or set the
+model's `restart` in models.toml to "load" or "recompute". It holds speeds only, nothing from a
+conversation.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from mlxmem.paths import make_private
 
 PROFILE_FILENAME = "restart-profile.json"
 MIN_PREFILL_TOKENS = 256  # a shorter prefill says little about the model's speed
+SAMPLES = 3  # of each speed, the fastest kept
 POLICIES = ("auto", "load", "recompute")
 
 
@@ -32,11 +37,13 @@ class RestartProfile:
     read_bytes_per_s: float | None = None  # loading a stored slot: digest check, read, eval
     kv_bytes_per_token: float | None = None
     prefill_tokens_per_s: float | None = None
+    loads_measured: int = 0  # samples behind read_bytes_per_s
+    prefills_measured: int = 0  # samples behind prefill_tokens_per_s
 
     @property
     def measured(self) -> bool:
-        speeds = (self.read_bytes_per_s, self.kv_bytes_per_token, self.prefill_tokens_per_s)
-        return None not in speeds
+        """Every sample of both speeds is in."""
+        return min(self.loads_measured, self.prefills_measured) >= SAMPLES
 
     @property
     def load_over_recompute(self) -> float | None:
@@ -46,7 +53,7 @@ class RestartProfile:
             self.kv_bytes_per_token,
             self.prefill_tokens_per_s,
         )
-        if read is None or kv is None or prefill is None:  # not self.measured
+        if read is None or kv is None or prefill is None:  # a speed not measured yet
             return None
         return read / (kv * prefill)
 
@@ -59,7 +66,8 @@ class RestartProfile:
 
 class RestartPolicy:
     """The load-or-recompute decision of one model on this machine, under `policy`: "auto"
-    (measure once, then decide), "load" or "recompute" (forced, for benchmarks)."""
+    (measure, then decide), "load" or "recompute" (forced: by benchmarks, or by the model's
+    `restart` in models.toml)."""
 
     def __init__(self, path: Path | None, model_id: str, policy: str = "auto"):
         if policy not in POLICIES:
@@ -72,21 +80,21 @@ class RestartPolicy:
     def should_load(self) -> bool:
         if self.policy != "auto":
             return self.policy == "load"
-        return self.profile.loads
+        return not self.profile.measured or self.profile.loads
 
     def record_load(self, nbytes: int, tokens: int, seconds: float) -> None:
-        if self.profile.read_bytes_per_s is None and tokens and nbytes and seconds > 0:
-            self.profile.read_bytes_per_s = nbytes / seconds
-            self.profile.kv_bytes_per_token = nbytes / tokens
+        p = self.profile
+        if p.loads_measured < SAMPLES and tokens and nbytes and seconds > 0:
+            p.read_bytes_per_s = max(p.read_bytes_per_s or 0.0, nbytes / seconds)
+            p.kv_bytes_per_token = nbytes / tokens
+            p.loads_measured += 1
             self._write()
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
-        if (
-            self.profile.prefill_tokens_per_s is None
-            and tokens >= MIN_PREFILL_TOKENS
-            and seconds > 0
-        ):
-            self.profile.prefill_tokens_per_s = tokens / seconds
+        p = self.profile
+        if p.prefills_measured < SAMPLES and tokens >= MIN_PREFILL_TOKENS and seconds > 0:
+            p.prefill_tokens_per_s = max(p.prefill_tokens_per_s or 0.0, tokens / seconds)
+            p.prefills_measured += 1
             self._write()
 
     def _read(self) -> RestartProfile:
@@ -94,9 +102,18 @@ class RestartPolicy:
             return RestartProfile()
         try:
             entry = json.loads(self.path.read_text()).get(self.model_id, {})
-            return RestartProfile(**{k: entry.get(k) for k in RestartProfile.__dataclass_fields__})
+            fields = RestartProfile.__dataclass_fields__
+            profile = RestartProfile(**{k: entry[k] for k in fields if entry.get(k) is not None})
+            if not all(isinstance(v, int | float) for v in asdict(profile).values() if v):
+                raise TypeError("not a number")
         except (OSError, ValueError, TypeError, AttributeError):
             return RestartProfile()  # unreadable: measure again
+        # A profile written before the counts (one sample of each): keep sampling.
+        if profile.read_bytes_per_s is not None and not profile.loads_measured:
+            profile.loads_measured = 1
+        if profile.prefill_tokens_per_s is not None and not profile.prefills_measured:
+            profile.prefills_measured = 1
+        return profile
 
     def _write(self) -> None:
         if self.path is None or not self.path.parent.exists():

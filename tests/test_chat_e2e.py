@@ -18,7 +18,7 @@ from mlxmem.memory.db import wipe_caches
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import summary_cap
 from mlxmem.models.tiny import make_tiny
-from mlxmem.restart import PROFILE_FILENAME
+from mlxmem.restart import PROFILE_FILENAME, SAMPLES
 
 pytestmark = pytest.mark.e2e
 runner = CliRunner()
@@ -72,6 +72,26 @@ def loading_wins() -> None:
     for entry in profiles.values():
         entry.update(read_bytes_per_s=1e15, kv_bytes_per_token=1.0)
     path.write_text(json.dumps(profiles))
+
+
+def test_a_models_toml_restart_setting_overrides_the_measured_rule(tiny):
+    """`restart = "load"` for a model in the data directory's models.toml loads its stored
+    prefix even where this machine measured recomputing to be faster ("auto" then recomputes),
+    as `bench turns --one-shot` needs: it checks the stored prefix, not the machine."""
+    entries = [f'[models."{n}"]\npath = "{tiny}"\nrestart = "{n}"\n' for n in ("load", "auto")]
+    paths.data_dir().mkdir(parents=True, exist_ok=True)
+    (paths.data_dir() / "models.toml").write_text("\n".join(entries))
+    first, _ = one_shot("load", "Hello, I am Ana and I live in Porto with my cat Miso.")
+    assert first["cached_tokens"] == 0
+    # Every sample in, and the disk ten times slower than recomputing.
+    slow = dict(read_bytes_per_s=1.0, kv_bytes_per_token=1.0, prefill_tokens_per_s=10.0)
+    slow.update(loads_measured=SAMPLES, prefills_measured=SAMPLES)
+    profile = {MLXEngine(tiny).model_id: slow}
+    (paths.data_dir() / PROFILE_FILENAME).write_text(json.dumps(profile))
+    loaded, _ = one_shot("load", "Where do I live?")
+    assert loaded["cached_tokens"] >= first["prompt_tokens"]
+    recomputed, _ = one_shot("auto", "What is my cat called?")
+    assert recomputed["cached_tokens"] == 0
 
 
 def test_one_shot_turns_in_new_processes_reuse_the_persisted_cache(tiny):

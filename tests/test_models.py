@@ -67,12 +67,13 @@ def test_tiny_is_generated_inside_the_data_directory(mlxmem_home):
 def test_data_dir_models_toml_overrides_fields_and_adds_entries(mlxmem_home, tmp_path):
     mlxmem_home.mkdir(parents=True, exist_ok=True)
     (mlxmem_home / "models.toml").write_text(
-        '[models."llama-3.2-3b"]\ncontext_tokens = 2048\n\n'
+        '[models."llama-3.2-3b"]\ncontext_tokens = 2048\nrestart = "recompute"\n\n'
         f'[models.mine]\npath = "{tmp_path / "mine"}"\nresponse_reserve = 256\n'
     )
     registry = load_registry()
     assert registry["llama-3.2-3b"].context_tokens == 2048
     assert registry["llama-3.2-3b"].repo == LLAMA_REPO  # the fields not overridden stay
+    assert (registry["llama-3.2-3b"].restart, registry["mine"].restart) == ("recompute", "auto")
     assert registry["mine"].path == tmp_path / "mine"
     assert (registry["mine"].context_tokens, registry["mine"].response_reserve) == (4096, 256)
 
@@ -83,6 +84,7 @@ def test_data_dir_models_toml_overrides_fields_and_adds_entries(mlxmem_home, tmp
         ('[models.x]\nrepo = "a/b"\ncontext = 5\n', "unknown field"),
         ('[models.x]\ndescription = "no source"\n', "needs a repo or a path"),
         ('[models.x]\nrepo = "a/b"\nresponse_reserve = 5000\n', "response_reserve <"),
+        ('[models.x]\nrepo = "a/b"\nrestart = "sometimes"\n', "restart must be one of"),
         ("[models.x\n", "invalid TOML"),
     ],
 )

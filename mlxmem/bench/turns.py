@@ -742,9 +742,13 @@ def run_one_shot_turns(
     records: list[OneShotTurn] = []
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-one-shot-") as home:
         # The model under an alias with the run's budget, as models.toml in a data dir can add.
+        # Stored prefixes are always loaded: the run measures whether the last process's cache
+        # holds the next prompt's prefix, not whether this machine would rather recompute it
+        # (mlxmem.restart: a fast model on a busy machine can rightly decide so).
         Path(home, "models.toml").write_text(
             f'[models."{ONE_SHOT_ALIAS}"]\npath = {json.dumps(str(Path(model_path).resolve()))}\n'
             f"context_tokens = {context_tokens}\nresponse_reserve = {response_reserve}\n"
+            'restart = "load"\n'
         )
         env = {**os.environ, "MLXMEM_HOME": home, "HF_HUB_OFFLINE": "1"}
         command = [sys.executable, "-m", "mlxmem.cli", "chat", "--model", ONE_SHOT_ALIAS]

@@ -80,7 +80,8 @@ def serve(
     config = ServeConfig(model, budget, spec.response_reserve, settings)
     try:
         server = make_server(
-            lambda: MLXEngine(path, cache_dir=paths.cache_dir()),  # on the model's own thread
+            # On the model's own thread.
+            lambda: MLXEngine(path, cache_dir=paths.cache_dir(), restart_policy=spec.restart),
             config,
             host=host,
             port=port,

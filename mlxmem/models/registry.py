@@ -22,6 +22,7 @@ from typing import Any
 from mlxmem import paths
 from mlxmem.defaults import DEFAULT_CONTEXT_TOKENS, DEFAULT_MODEL, DEFAULT_RESPONSE_RESERVE
 from mlxmem.errors import MlxmemError, ModelLoadError, ModelNotFoundError
+from mlxmem.restart import POLICIES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,6 +56,7 @@ _FIELDS = {
     "gguf_sha256",
     "gguf_bytes",
     "license",
+    "restart",
 }
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -79,6 +81,7 @@ class ModelSpec:
     gguf_parts: int = 1  # >1: split across wheels; gguf_wheel and gguf_file are {i} templates
     gguf_sha256: str | None = None  # of the (assembled) GGUF file
     gguf_bytes: int | None = None
+    restart: str = "auto"  # after a restart, load a stored KV prefix or recompute (mlxmem.restart)
 
     @property
     def source(self) -> str:
@@ -257,6 +260,9 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
     generated = fields.get("generate")
     if generated is not None and generated not in GENERATORS:
         raise MlxmemError(f"{origin}: model {alias!r}: generate must be one of {GENERATORS}")
+    restart = fields.get("restart", "auto")
+    if restart not in POLICIES:
+        raise MlxmemError(f"{origin}: model {alias!r}: restart must be one of {POLICIES}")
     context = fields.get("context_tokens", DEFAULT_CONTEXT_TOKENS)
     reserve = fields.get("response_reserve", DEFAULT_RESPONSE_RESERVE)
     if not (type(context) is int and type(reserve) is int and 0 <= reserve < context):
@@ -278,6 +284,7 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         gguf_parts=parts,
         gguf_sha256=sha256,
         gguf_bytes=size,
+        restart=restart,
     )
 
 
