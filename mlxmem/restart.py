@@ -20,6 +20,7 @@ conversation.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,7 +60,8 @@ class RestartProfile:
 
     @property
     def loads(self) -> bool:
-        """Load stored prefixes, unless measured to be slower than recomputing them."""
+        """Whether the speeds known so far favour loading (RestartPolicy.should_load also waits
+        for every sample)."""
         ratio = self.load_over_recompute
         return ratio is None or ratio >= 1.0
 
@@ -85,8 +87,8 @@ class RestartPolicy:
     def record_load(self, nbytes: int, tokens: int, seconds: float) -> None:
         p = self.profile
         if p.loads_measured < SAMPLES and tokens and nbytes and seconds > 0:
-            p.read_bytes_per_s = max(p.read_bytes_per_s or 0.0, nbytes / seconds)
-            p.kv_bytes_per_token = nbytes / tokens
+            if nbytes / seconds > (p.read_bytes_per_s or 0.0):  # both from the fastest sample
+                p.read_bytes_per_s, p.kv_bytes_per_token = nbytes / seconds, nbytes / tokens
             p.loads_measured += 1
             self._write()
 
@@ -104,10 +106,10 @@ class RestartPolicy:
             entry = json.loads(self.path.read_text()).get(self.model_id, {})
             fields = RestartProfile.__dataclass_fields__
             profile = RestartProfile(**{k: entry[k] for k in fields if entry.get(k) is not None})
-            if not all(isinstance(v, int | float) for v in asdict(profile).values() if v):
-                raise TypeError("not a number")
+            if not _valid(profile):
+                raise ValueError("not a speed")
         except (OSError, ValueError, TypeError, AttributeError):
-            return RestartProfile()  # unreadable: measure again
+            return RestartProfile()  # unreadable or edited by hand: measure again
         # A profile written before the counts (one sample of each): keep sampling.
         if profile.read_bytes_per_s is not None and not profile.loads_measured:
             profile.loads_measured = 1
@@ -132,3 +134,13 @@ class RestartPolicy:
             os.replace(tmp, self.path)
         except OSError:
             tmp.unlink(missing_ok=True)  # a speed hint is not worth an error
+
+
+def _valid(profile: RestartProfile) -> bool:
+    """Speeds are finite positive numbers, counts non-negative integers (a JSON file may say
+    NaN, 0 or "fast", and one of them would divide by zero or stick for good)."""
+    speeds = (profile.read_bytes_per_s, profile.kv_bytes_per_token, profile.prefill_tokens_per_s)
+    counts = (profile.loads_measured, profile.prefills_measured)
+    return all(
+        s is None or (type(s) in (int, float) and math.isfinite(s) and s > 0) for s in speeds
+    ) and all(type(c) is int and c >= 0 for c in counts)

@@ -59,12 +59,15 @@ def test_the_fastest_of_a_few_samples_decides_and_one_slow_read_does_not(tmp_pat
     policy.record_load(100_000, 100, 1.0)  # 0.1 MB/s: slower than recomputing
     assert policy.profile.loads_measured == 1 and not policy.profile.loads
     assert policy.should_load()  # one sample of each: keep loading, keep measuring
-    for _ in range(SAMPLES - 1):
-        policy.record_prefill(1000, 1.0)
-        policy.record_load(100_000, 100, 0.05)  # 2 MB/s: the disk when the machine is quiet
-    policy.record_load(100_000, 100, 10.0)  # past the samples: not recorded
+    policy.record_prefill(1000, 2.0)  # slower prefills: the fastest stays
+    policy.record_prefill(1000, 4.0)
+    policy.record_load(100_000, 100, 0.05)  # 2 MB/s: the disk when the machine is quiet
+    policy.record_load(100_000, 100, 0.5)
+    policy.record_load(100_000, 100, 0.001)  # past the samples: not recorded
     again = RestartPolicy(path, "m")  # as the next process reads it
-    assert again.profile.measured and again.profile.read_bytes_per_s == pytest.approx(2e6)
+    assert (again.profile.loads_measured, again.profile.prefills_measured) == (SAMPLES, SAMPLES)
+    assert again.profile.read_bytes_per_s == pytest.approx(2e6)
+    assert again.profile.prefill_tokens_per_s == pytest.approx(1000.0)
     assert again.profile.load_over_recompute == pytest.approx(2.0) and again.should_load()
 
     # The same samples the other way round: the disk is slower at its best, so recompute.
@@ -78,11 +81,22 @@ def test_the_fastest_of_a_few_samples_decides_and_one_slow_read_does_not(tmp_pat
 def test_a_profile_from_before_the_sample_counts_and_a_damaged_entry(tmp_path):
     path = tmp_path / PROFILE_FILENAME
     old = {"read_bytes_per_s": 1.0, "kv_bytes_per_token": 1e3, "prefill_tokens_per_s": 1e3}
-    path.write_text(json.dumps({"m": old, "bad": {**old, "loads_measured": "three"}}))
+    counted = {"loads_measured": SAMPLES, "prefills_measured": SAMPLES}
+    bad = {
+        "words": {**old, "loads_measured": "three"},
+        "zero": {**old, **counted, "kv_bytes_per_token": 0},
+        "nan": {**old, **counted, "read_bytes_per_s": float("nan")},
+        "empty": {**old, **counted, "read_bytes_per_s": ""},
+        "bool": {**old, "prefills_measured": True},
+        "negative": {**old, "loads_measured": -1},
+    }
+    path.write_text(json.dumps({"m": old, **bad}))
     policy = RestartPolicy(path, "m")  # one sample of each, not yet enough to recompute
     assert (policy.profile.loads_measured, policy.profile.prefills_measured) == (1, 1)
     assert not policy.profile.loads and policy.should_load()
-    assert RestartPolicy(path, "bad").profile == RestartProfile()
+    for name in bad:  # each read as nothing measured: load, and measure again
+        damaged = RestartPolicy(path, name)
+        assert damaged.profile == RestartProfile() and damaged.should_load()
 
 
 @pytest.mark.e2e

@@ -107,9 +107,10 @@ class BenchRun:
 @contextlib.contextmanager
 def bench_engine(model: BenchModel, persist: bool = True) -> Iterator[MLXEngine]:
     """The model loaded with a scratch KV cache directory (slots persist there, as in a chat;
-    with `persist` False they stay in memory, where an eval wants them)."""
+    with `persist` False they stay in memory, where an eval wants them). Its restart profile
+    is the scratch directory's too (a run's own measure, never one left by an earlier run)."""
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-kv-") as tmp:
-        yield MLXEngine(model.path, cache_dir=Path(tmp) if persist else None)
+        yield MLXEngine(model.path, cache_dir=Path(tmp, "kv") if persist else None)
 
 
 # -- storing and reading runs -------------------------------------------------------------------

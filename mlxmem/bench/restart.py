@@ -88,8 +88,9 @@ class RestartResult:
         }
 
     def auto_policy(self, loading_won: bool) -> dict:
-        """What the engine's rule decides from the speeds measured in the trials: the read
-        bandwidth of the restored ones, the prefill speed of the rebuilt ones."""
+        """What the engine's rule decides from the speeds measured in the trials, each the
+        fastest as the engine keeps it: the read bandwidth of the restored ones, the prefill
+        speed of the rebuilt ones."""
         read = [
             (p.read_bytes_per_s, p.kv_bytes_per_token)
             for p in (t.profile for t in self.restored)
@@ -99,11 +100,8 @@ class RestartResult:
         speeds = [s for s in prefill if s]
         if not (read and speeds):
             return {"decision": None, "why": "a trial measured nothing"}
-        profile = RestartProfile(
-            Spread.of([r for r, _ in read]).median,
-            Spread.of([k for _, k in read]).median,
-            Spread.of(speeds).median,
-        )
+        fastest_read, kv = max(read)
+        profile = RestartProfile(fastest_read, kv, max(speeds))
         return {
             "decision": "load" if profile.loads else "recompute",
             "load_over_recompute": profile.load_over_recompute,
