@@ -14,6 +14,12 @@ differences facts - no_memory and recall - facts. All of it is the eval's own
 arithmetic (`aggregate`, `paired_difference`, `evicted_evidence`) over the pooled questions.
 `--out` keeps those figures only: no question, answer or summary of the corpus (its licence
 keeps its text out of this repository).
+
+    python benchmarks/eval_pool.py RUN.json ... --versus OTHER.json ... [--pair A:B ...]
+
+compares two sets of runs on the questions they share (matched by their text), e.g. the same
+conversation in the one-conversation mode and with `--conversation-per-session`: the paired
+difference of config A of the first runs minus config B of the others (default recall:recall).
 """
 
 import argparse
@@ -55,10 +61,34 @@ def figures(items: list[dict], per_session: bool = False) -> dict:
     return out
 
 
+def versus(items: list[dict], others: list[dict], pairs: list[tuple[str, str]]) -> dict:
+    """Config a of `items` minus config b of `others`, paired over the questions both hold."""
+    theirs = {i["question"]: i for i in others}
+    both = [
+        {
+            "category": i["category"],
+            **{f"{a}|": i[a] for a, _ in pairs},
+            **{f"|{b}": theirs[i["question"]][b] for _, b in pairs},
+        }  # fmt: skip
+        for i in items
+        if i["question"] in theirs
+    ]
+    return {f"{a}_vs_{b}": paired_difference(both, f"{a}|", f"|{b}") for a, b in pairs}
+
+
+def _pair(text: str) -> tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not (sep and a and b):
+        raise argparse.ArgumentTypeError(f"expected CONFIG:CONFIG, not {text!r}")
+    return a, b
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--versus", type=Path, nargs="+", default=[])
+    parser.add_argument("--pair", type=_pair, action="append", default=None)
     args = parser.parse_args()
     runs, pooled, modes = [], [], set()
     for path in args.runs:
@@ -84,6 +114,16 @@ def main() -> None:
     per_session = modes.pop()
     configs, pairs = mode(per_session)
     result = {"runs": runs, "pooled": figures(pooled, per_session)}
+    if args.versus:
+        others = [i for p in args.versus for c in json.loads(p.read_text())["conversations"]
+                  for i in c["items"]]  # fmt: skip
+        compared = args.pair or [("recall", "recall")]
+        names = {*CONFIGS, *PER_SESSION_CONFIGS}
+        for a, b in compared:
+            if not ({a, b} <= names and a in pooled[0] and b in others[0]):
+                parser.error(f"no config {a!r} in the runs, or no {b!r} in the --versus runs")
+        found = versus(pooled, others, compared)
+        result["versus"] = {"runs": [p.name for p in args.versus], **found}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     for label, fig in [*((",".join(r["conversations"]), r["figures"]) for r in runs),
@@ -101,6 +141,11 @@ def main() -> None:
         evicted = fig["evicted_evidence"]
         print(f"  evidence left the window for {evicted['questions']}; recall brought it back"
               f" for {evicted['evidence_recalled']}")  # fmt: skip
+    for key, d in result.get("versus", {}).items():
+        if key != "runs":
+            a, b = key.split("_vs_")
+            clear = "  (clear of zero)" if d["beats"] else ""
+            print(f"{a} - {b} of --versus, {d['n']} shared questions: {_figure(d, '+.3f')}{clear}")
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -92,3 +92,31 @@ def test_runs_of_one_conversation_per_session_pool_their_own_configurations(tmp_
         [sys.executable, str(SCRIPT), str(paths[0]), str(one)], capture_output=True, text=True
     )
     assert mixed.returncode == 2 and "mix" in mixed.stderr
+
+
+def test_versus_pairs_the_questions_two_sets_of_runs_share(tmp_path):
+    """The same conversation in both modes: a config of one minus a config of the other, over
+    the questions both asked (matched by text; a question only one run holds is left out)."""
+    one = run_file(tmp_path / "one.json", "conv-1", [(0.5, 0.0), (0.4, 0.1), (0.9, 0.9)])
+    items = [
+        {"question": f"SECRET question {i}?", "answer": "SECRET", "category": 4}
+        | {config: {"f1": {"recall": r}.get(config, 0.0)} for config in PER_SESSION_CONFIGS}
+        for i, r in [(0, 0.2), (1, 0.6), (7, 0.0)]
+    ]
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"configs": list(PER_SESSION_CONFIGS), "conversations": [
+        {"id": "conv-1", "items": items}]}))  # fmt: skip
+    out = tmp_path / "versus.json"
+    command = [sys.executable, str(SCRIPT), str(one), "--versus", str(new), "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--pair", "recall:recall", "--pair", "window:facts"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    versus = json.loads(out.read_text())["versus"]
+    assert versus["recall_vs_recall"]["n"] == 2  # questions 0 and 1
+    assert abs(versus["recall_vs_recall"]["mean"] - ((0.5 - 0.2) + (0.4 - 0.6)) / 2) < 1e-9
+    assert abs(versus["window_vs_facts"]["mean"] - (0.0 + 0.1) / 2) < 1e-9
+    assert "recall - recall of --versus, 2 shared questions" in done.stdout
+    assert "SECRET" not in out.read_text()
+    wrong = subprocess.run([*command, "--pair", "facts:recall"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "no config 'facts'" in wrong.stderr
