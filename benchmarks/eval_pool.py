@@ -64,16 +64,12 @@ def figures(items: list[dict], per_session: bool = False) -> dict:
 def versus(items: list[dict], others: list[dict], pairs: list[tuple[str, str]]) -> dict:
     """Config a of `items` minus config b of `others`, paired over the questions both hold."""
     theirs = {i["question"]: i for i in others}
-    both = [
-        {
-            "category": i["category"],
-            **{f"{a}|": i[a] for a, _ in pairs},
-            **{f"|{b}": theirs[i["question"]][b] for _, b in pairs},
-        }  # fmt: skip
-        for i in items
-        if i["question"] in theirs
-    ]
-    return {f"{a}_vs_{b}": paired_difference(both, f"{a}|", f"|{b}") for a, b in pairs}
+    shared = [(i, theirs[i["question"]]) for i in items if i["question"] in theirs]
+    out = {}
+    for a, b in pairs:  # one item per question, the two configs under names that cannot clash
+        both = [{"category": i["category"], "a": i[a], "b": j[b]} for i, j in shared]
+        out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b")
+    return out
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -114,6 +110,7 @@ def main() -> None:
     per_session = modes.pop()
     configs, pairs = mode(per_session)
     result = {"runs": runs, "pooled": figures(pooled, per_session)}
+    compared_figures: dict = {}
     if args.versus:
         others = [i for p in args.versus for c in json.loads(p.read_text())["conversations"]
                   for i in c["items"]]  # fmt: skip
@@ -122,8 +119,8 @@ def main() -> None:
         for a, b in compared:
             if not ({a, b} <= names and a in pooled[0] and b in others[0]):
                 parser.error(f"no config {a!r} in the runs, or no {b!r} in the --versus runs")
-        found = versus(pooled, others, compared)
-        result["versus"] = {"runs": [p.name for p in args.versus], **found}
+        compared_figures = versus(pooled, others, compared)
+        result["versus"] = {"runs": [p.name for p in args.versus], **compared_figures}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     for label, fig in [*((",".join(r["conversations"]), r["figures"]) for r in runs),
@@ -141,11 +138,10 @@ def main() -> None:
         evicted = fig["evicted_evidence"]
         print(f"  evidence left the window for {evicted['questions']}; recall brought it back"
               f" for {evicted['evidence_recalled']}")  # fmt: skip
-    for key, d in result.get("versus", {}).items():
-        if key != "runs":
-            a, b = key.split("_vs_")
-            clear = "  (clear of zero)" if d["beats"] else ""
-            print(f"{a} - {b} of --versus, {d['n']} shared questions: {_figure(d, '+.3f')}{clear}")
+    for key, d in compared_figures.items():
+        a, b = key.split("_vs_")
+        clear = "  (clear of zero)" if d["beats"] else ""
+        print(f"{a} - {b} of --versus, {d['n']} shared questions: {_figure(d, '+.3f')}{clear}")
 
 
 def _num(value: float | None, spec: str) -> str:

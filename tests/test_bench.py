@@ -20,13 +20,14 @@ from typer.testing import CliRunner
 import mlxmem
 from mlxmem import bench
 from mlxmem.bench import synth
-from mlxmem.bench.common import resolve_arch, source_commit, versions
+from mlxmem.bench.common import BenchModel, resolve_arch, source_commit, versions
 from mlxmem.bench.turns import read_transcript, run_turns
 from mlxmem.cli.bench import _seconds_list
 from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.errors import InputError
 from mlxmem.models.tiny import make_tiny
+from mlxmem.restart import PROFILE_FILENAME
 from mlxmem.testing import FakeEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -318,6 +319,15 @@ def test_bench_turns_one_shot_runs_every_turn_in_a_new_process(tiny_model, trans
     reuse = next(g for g in report["goals"] if g["name"].startswith("turns reusing"))
     assert reuse["met"] is True and reuse["value"] == 1
     assert invoke("history", "--db", str(db))[0]["settings"]["mode"] == "one-shot"
+
+
+def test_a_bench_engine_keeps_its_restart_profile_in_its_own_scratch_folder(tiny_model):
+    """Not beside its cache folder's parent when that is the system's temp folder, where every
+    run would share (and sample) one profile."""
+    with bench.bench_engine(BenchModel(tiny_model, "tiny", "tiny", True)) as engine:
+        scratch = engine.slots.directory.parent
+        assert engine.restart.path == scratch / PROFILE_FILENAME
+        assert scratch.name.startswith("mlxmem-bench-kv-")
 
 
 def test_a_one_shot_turn_that_misses_the_previous_reply_is_flagged():

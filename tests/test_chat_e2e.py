@@ -62,25 +62,21 @@ def one_shot(tiny, text, *extra):
     return json.loads(out.stdout), out.stderr
 
 
-def loading_wins() -> None:
-    """Record for every model in the data directory's restart profile that loading a stored
-    prefix beats recomputing it: what the engine measures for itself (mlxmem.restart) depends
-    on the machine's load, and the tiny model recomputes fast, so a busy machine can measure
-    the other way and rightly recompute. These tests are about the cache being reused."""
-    path = paths.data_dir() / PROFILE_FILENAME
-    profiles = json.loads(path.read_text()) if path.exists() else {}
-    for entry in profiles.values():
-        entry.update(read_bytes_per_s=1e15, kv_bytes_per_token=1.0)
-    path.write_text(json.dumps(profiles))
+def aliases(tiny, *restarts: str) -> None:
+    """The tiny model under aliases named after their `restart` in the data directory's
+    models.toml. What the engine measures for itself (mlxmem.restart) depends on the machine's
+    load, and the tiny model recomputes fast, so a busy machine can rightly choose to recompute:
+    a test about the cache being reused runs the "load" alias."""
+    entries = [f'[models."{r}"]\npath = "{tiny}"\nrestart = "{r}"\n' for r in restarts]
+    paths.data_dir().mkdir(parents=True, exist_ok=True)
+    (paths.data_dir() / "models.toml").write_text("\n".join(entries))
 
 
 def test_a_models_toml_restart_setting_overrides_the_measured_rule(tiny):
     """`restart = "load"` for a model in the data directory's models.toml loads its stored
     prefix even where this machine measured recomputing to be faster ("auto" then recomputes),
     as `bench turns --one-shot` needs: it checks the stored prefix, not the machine."""
-    entries = [f'[models."{n}"]\npath = "{tiny}"\nrestart = "{n}"\n' for n in ("load", "auto")]
-    paths.data_dir().mkdir(parents=True, exist_ok=True)
-    (paths.data_dir() / "models.toml").write_text("\n".join(entries))
+    aliases(tiny, "load", "auto")
     first, _ = one_shot("load", "Hello, I am Ana and I live in Porto with my cat Miso.")
     assert first["cached_tokens"] == 0
     # Every sample in, and the disk ten times slower than recomputing.
@@ -100,12 +96,12 @@ def test_one_shot_turns_in_new_processes_reuse_the_persisted_cache(tiny):
         "in the sun. I work as a nurse on night shifts, and on weekends I walk by the river "
         "with my sister Rita and her two kids, then we have lunch at our favourite bakery."
     )
-    first, _ = one_shot(tiny, intro)
+    aliases(tiny, "load")
+    first, _ = one_shot("load", intro)
     assert first["cached_tokens"] == 0 and first["generated_tokens"] > 0
     assert first["reply"] == Store().turns("default")[1].text  # the reply shown is the one logged
     for text in ["What is my cat called?", "Where do I live?", "Thanks!"]:
-        loading_wins()
-        later, _ = one_shot(tiny, text)
+        later, _ = one_shot("load", text)
         assert later["cached_tokens"] >= 0.9 * later["prompt_tokens"]
         assert later["cached_tokens"] + later["prefilled_tokens"] == later["prompt_tokens"]
     log = Store().turns("default")
