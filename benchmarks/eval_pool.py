@@ -26,18 +26,22 @@ import argparse
 import json
 from pathlib import Path
 
+from mlxmem.errors import InputError
 from mlxmem.eval.locomo import (
     CONFIGS,
     PER_SESSION_CONFIGS,
+    PER_SESSION_PAIRS,
     SCORED,
     aggregate,
+    by_subject,
+    default_data_dir,
     evicted_evidence,
+    load_conversation,
     paired_difference,
+    subject,
 )
 
 PAIRS = (("recall", "window"), ("recall", "mlxmem"), ("mlxmem", "window"), ("oracle", "no_memory"))
-# Runs of --conversation-per-session: what a new chat gets from the facts, then from recall.
-PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no_memory"))
 SHARES = ("evidence_in_prompt", "answer_in_prompt")
 
 
@@ -56,9 +60,29 @@ def figures(items: list[dict], per_session: bool = False) -> dict:
         out[config] = {m: scores[config][m]["overall"] for m in ("f1", *SHARES)}
     for a, b in pairs:
         out[f"{a}_vs_{b}"] = paired_difference(items, a, b)
-    if not per_session:
+    if per_session:
+        out["by_subject"] = by_subject(items, pairs)
+    else:
         out["evicted_evidence"] = evicted_evidence(items)["overall"]
     return out
+
+
+def run_items(run: dict) -> list[dict]:
+    """A run's items, each saying whom its question names (`about`): a run made before the
+    eval recorded it has it derived from the corpus's speaker names, when the corpus is here."""
+    items = []
+    for conv in run["conversations"]:
+        items += conv["items"]
+        missing = [i for i in conv["items"] if "about" not in i]
+        if not missing:
+            continue
+        try:
+            names = load_conversation(default_data_dir(), conv["id"])
+        except InputError:
+            continue  # the split leaves these questions out
+        for i in missing:
+            i["about"] = subject(names, i["question"])
+    return items
 
 
 def versus(items: list[dict], others: list[dict], pairs: list[tuple[str, str]]) -> dict:
@@ -89,7 +113,7 @@ def main() -> None:
     runs, pooled, modes = [], [], set()
     for path in args.runs:
         run = json.loads(path.read_text())
-        items = [i for conv in run["conversations"] for i in conv["items"]]
+        items = run_items(run)
         pooled += items
         settings = run["settings"]
         per_session = run.get("configs") == list(PER_SESSION_CONFIGS)
@@ -134,6 +158,10 @@ def main() -> None:
             clear = "  (clear of zero)" if d["beats"] else ""
             print(f"  {a} - {b}: {_figure(d, '+.3f')}{clear}")
         if per_session:
+            for name, group in fig["by_subject"].items():
+                d = group["facts_vs_no_memory"]
+                print(f"  about {name} ({group['questions']}): facts - no_memory"
+                      f" {_figure(d, '+.3f')}")  # fmt: skip
             continue
         evicted = fig["evicted_evidence"]
         print(f"  evidence left the window for {evicted['questions']}; recall brought it back"

@@ -11,6 +11,7 @@ import pytest
 from conftest import cli
 
 from mlxmem.bench import history
+from mlxmem.cli import eval as eval_cli
 from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
 from mlxmem.memory import window
@@ -318,7 +319,7 @@ def extracting_reader(prompt: str) -> str:
     return told[-1] if told else reader(prompt)
 
 
-def test_each_session_its_own_conversation_and_the_questions_in_a_new_one(tmp_path):
+def test_each_session_its_own_conversation_and_the_questions_in_a_new_one(tmp_path, capsys):
     data = write_dataset(tmp_path, sessions=4, chatter=3, coda=" It was the best trip all year.")
     engine = FakeEngine(extracting_reader)
     result = ev.run_locomo(engine, data, ["conv-1"], 2200, 120, per_session=True).to_dict()
@@ -339,6 +340,17 @@ def test_each_session_its_own_conversation_and_the_questions_in_a_new_one(tmp_pa
     f1 = {c: result[c]["f1"]["overall"]["mean"] for c in result["configs"]}
     assert f1["no_memory"] == 0.0 and f1["recall"] == 1.0 and f1["oracle"] == 1.0
     assert result["recall_vs_facts"]["n"] == 4 and result["facts_vs_no_memory"]["mean"] > 0
+    # Every question asks about Jon, the person: the facts' figure about them is the whole one.
+    assert result["by_subject"] == {
+        "user": {"questions": 4}
+        | {k: result[k] for k in ("facts_vs_no_memory", "recall_vs_facts", "oracle_vs_no_memory")}
+    }
+    eval_cli._tables(result, "conv-1")  # the report `mlxmem eval locomo` prints
+    gain = result["facts_vs_no_memory"]["mean"]
+    assert (
+        f"questions about the person (4): F1 facts - no_memory {gain:+.3f}"
+        in capsys.readouterr().err
+    )
     items = result["conversations"][0]["items"]
     assert all(i["recall"]["evidence_recalled"] == 1 for i in items if i["category"] == 4)
     # The questions were asked in a conversation that was never logged, and every session
@@ -346,6 +358,14 @@ def test_each_session_its_own_conversation_and_the_questions_in_a_new_one(tmp_pa
     slots = {c.slot for c in engine.calls}
     assert {f"session {n:02d}/chat" for n in range(1, 5)} <= slots
     assert "questions/chat" not in slots
+
+
+def test_a_question_is_about_the_speakers_it_names_as_whole_words():
+    conv = ev.LocomoConversation("conv-1", "Jon", "Gina", [], [])
+    assert ev.subject(conv, "Where did Jon go with Ana?") == "user"
+    assert ev.subject(conv, "What is Gina's dog called?") == "other"
+    assert ev.subject(conv, "When did Jon and Gina meet?") == "both"
+    assert ev.subject(conv, "Where did Jonathan go?") == "neither"  # a name inside another
 
 
 def test_per_session_without_answers_measures_the_prompts_only(tmp_path):

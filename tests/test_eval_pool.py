@@ -1,6 +1,7 @@
 """benchmarks/eval_pool.py: runs of one conversation each, pooled; figures only in --out."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,43 @@ def test_versus_pairs_the_questions_two_sets_of_runs_share(tmp_path):
     assert "SECRET" not in out.read_text()
     wrong = subprocess.run([*command, "--pair", "facts:recall"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "no config 'facts'" in wrong.stderr
+
+
+def test_per_session_runs_split_what_the_facts_carry_by_whom_a_question_names(tmp_path):
+    """The facts are about the person: their gain is read on the questions about them. A run
+    made before the eval recorded `about` has it derived from the corpus's speaker names."""
+
+    def run(conv: str, scores: list[tuple[str, float]], recorded: bool) -> Path:
+        items = []
+        for question, facts in scores:
+            item = {"question": question, "answer": "SECRET", "category": 4}
+            item |= {c: {"f1": facts if c == "facts" else 0.0} for c in PER_SESSION_CONFIGS}
+            if recorded:
+                item["about"] = "user" if "Jon" in question else "other"
+            items.append(item)
+        path = tmp_path / f"{conv}.json"
+        path.write_text(json.dumps({
+            "model": {"label": "fake"}, "configs": list(PER_SESSION_CONFIGS),
+            "settings": {"conversations": [conv]},
+            "conversations": [{"id": conv, "items": items}],
+        }))  # fmt: skip
+        return path
+
+    new = run("conv-1", [("Where did Jon go?", 0.5), ("Where did Gina go?", 0.0)], True)
+    old = run("conv-2", [("What did Jon eat?", 0.3), ("Did Jonathan call Gina?", 0.0)], False)
+    corpus = tmp_path / "locomo"
+    (corpus / "qa").mkdir(parents=True)
+    (corpus / "conv-2.jsonl").write_text("")
+    (corpus / "qa" / "conv-2.qa.json").write_text(
+        json.dumps({"user": "Jon", "assistant": "Gina", "qa": []})
+    )
+    out = tmp_path / "pooled.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(new), str(old), "--out", str(out)],
+        capture_output=True, text=True, check=True, env=os.environ | {"MLXMEM_LOCOMO": str(corpus)},
+    )  # fmt: skip
+    split = json.loads(out.read_text())["pooled"]["by_subject"]
+    assert {name: group["questions"] for name, group in split.items()} == {"user": 2, "other": 2}
+    assert abs(split["user"]["facts_vs_no_memory"]["mean"] - (0.5 + 0.3) / 2) < 1e-9
+    assert split["other"]["facts_vs_no_memory"]["mean"] == 0.0
+    assert "about user (2): facts - no_memory +0.400" in done.stdout

@@ -261,9 +261,15 @@ def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
         if d is None:  # a run stored before this difference was recorded
             continue
         if d["mean"] is not None:
-            ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
             verdict = "beats" if d["beats"] else "does not beat (interval includes 0 or below)"
-            err.print(f"{key}: F1 difference {d['mean']:+.3f}{ci}, n={d['n']}: {verdict}")
+            err.print(f"{key}: F1 difference {_difference(d)}, n={d['n']}: {verdict}")
+    for name, group in results.get("by_subject", {}).items():
+        d = group["facts_vs_no_memory"]
+        if d["mean"] is not None:
+            err.print(
+                f"questions about {_SUBJECT_LABELS[name]} ({group['questions']}): F1 facts - "
+                f"no_memory {_difference(d)}"
+            )
     for group, ev_ in results.get("evicted_evidence", {}).items():
         if ev_["questions"]:
             d = ev_["recall_vs_mlxmem"]
@@ -281,6 +287,15 @@ DIFFERENCES = (
     "recall_vs_facts",
     "oracle_vs_no_memory",
 )
+
+
+# The facts are about the person, so they can carry only what is asked about them.
+_SUBJECT_LABELS = {
+    "user": "the person",
+    "other": "the other speaker",
+    "both": "both speakers",
+    "neither": "no speaker by name",
+}
 
 
 def _facts_line(results: dict) -> None:
@@ -317,6 +332,11 @@ def _layer_lines(results: dict) -> None:
             f"{_num(s['tokens_mean'])} tokens, cap {s['cap']}), evidence entities kept in "
             f"the summary {e['entities_in_summary']}/{e['entities']} ({share}; capitalized words)"
         )
+
+
+def _difference(d: dict) -> str:
+    ci = f" [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d["ci"] else ""
+    return f"{d['mean']:+.3f}{ci}"
 
 
 def _cell(f1: dict, exact: dict | None = None) -> str:

@@ -57,6 +57,8 @@ CONFIGS = ("no_memory", "window", "mlxmem", "recall", "oracle")
 # facts: the prompt of a new chat), with the facts and recall across conversations, and the
 # oracle.
 PER_SESSION_CONFIGS = ("no_memory", "facts", "recall", "oracle")
+# What a new chat gets from the facts, then from recall; and the oracle's room above nothing.
+PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no_memory"))
 NEW_CHAT = "questions"  # where the per-session questions are asked: never logged
 # Per item and configuration; aggregated alike (None: not measured, e.g. no answer generated).
 METRICS = ("f1", "exact", "evidence_in_prompt", "answer_in_prompt")
@@ -65,6 +67,9 @@ METRICS = ("f1", "exact", "evidence_in_prompt", "answer_in_prompt")
 # an `adversarial_answer` instead of an answer.
 CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 SCORED = (1, 2, 3, 4)  # `overall` is over these; adversarial is reported apart
+# Whom a question names: the person (the logged user's speaker), the other speaker, both or
+# neither. The facts are about the person by design, so what they carry is read on "user".
+SUBJECTS = ("user", "other", "both", "neither")
 DATA_ENV = "MLXMEM_LOCOMO"
 ANSWER_TOKENS = 24
 QUESTION_ROOM = 96  # tokens kept for the question when the window config packs turns
@@ -335,6 +340,20 @@ def paired_difference(items: Sequence[dict], a: str, b: str, seed: int = 0) -> d
     return {"mean": mean, "ci": ci, "n": len(diffs), "beats": bool(ci and ci[0] > 0)}
 
 
+def by_subject(items: Sequence[dict], pairs: Sequence[tuple[str, str]], seed: int = 0) -> dict:
+    """`pairs`' paired differences over the questions about each subject (SUBJECTS) that has
+    some; items from before `about` was recorded are left out."""
+    out = {}
+    for name in SUBJECTS:
+        group = [i for i in items if i.get("about") == name]
+        scored = sum(i["category"] in SCORED for i in group)
+        if scored:
+            out[name] = {"questions": scored} | {
+                f"{a}_vs_{b}": paired_difference(group, a, b, seed) for a, b in pairs
+            }
+    return out
+
+
 # -- the layers, measured ---------------------------------------------------------------------
 
 _CAPITALIZED_RE = re.compile(r"^[A-Z][a-z]+$")
@@ -377,6 +396,18 @@ def probe_text(conv: LocomoConversation, question: Question) -> str:
         f"(You are {conv.assistant_name}; I am {conv.user_name}.) Question: "
         f"{question.question} Answer in a few words."
     )
+
+
+def subject(conv: LocomoConversation, question: str) -> str:
+    """Whom `question` names, of SUBJECTS, by the speakers' names as whole words."""
+
+    def names(name: str) -> bool:
+        return re.search(rf"\b{re.escape(name)}\b", question) is not None
+
+    user, other = names(conv.user_name), names(conv.assistant_name)
+    if user and other:
+        return "both"
+    return "user" if user else "other" if other else "neither"
 
 
 def window_prompt(companion: Companion, text: str):
@@ -522,6 +553,7 @@ def scored(
         "answer": question.answer,
         "category": question.category,
         "evidence": list(question.evidence),
+        "about": subject(conv, question.question),
     }
     for config, prompt in prompts.items():
         slot = f"probe/{shared_slots.get(config, config)}"
@@ -679,9 +711,9 @@ class EvalResult:
             "configs": list(PER_SESSION_CONFIGS),
             "settings": self.settings,
             **scores,
-            "facts_vs_no_memory": paired_difference(items, "facts", "no_memory", seed),
-            "recall_vs_facts": paired_difference(items, "recall", "facts", seed),
-            "oracle_vs_no_memory": paired_difference(items, "oracle", "no_memory", seed),
+            **{f"{a}_vs_{b}": paired_difference(items, a, b, seed) for a, b in PER_SESSION_PAIRS},
+            # The facts are about the person: what they carry shows on questions about them.
+            "by_subject": by_subject(items, PER_SESSION_PAIRS, seed),
             "facts_in_prompt_mean": _mean([f["facts_in_prompt"] for f in facts]),
             "facts_with_answer_word_mean": _mean([f["facts_with_answer_word"] for f in facts]),
             "per_conversation": {
