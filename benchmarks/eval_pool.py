@@ -67,6 +67,18 @@ def figures(items: list[dict], per_session: bool = False) -> dict:
     return out
 
 
+def read_run(path: Path, parser: argparse.ArgumentParser) -> dict:
+    """The run `eval locomo --json` wrote to `path`; a clear error for anything else (a run
+    still being written is empty)."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot read {path} as a run of `mlxmem eval locomo --json`: {exc}")
+    if not isinstance(run, dict) or not isinstance(run.get("conversations"), list):
+        parser.error(f"{path} is not a run of `mlxmem eval locomo --json` (no conversations)")
+    return run
+
+
 def run_items(run: dict) -> list[dict]:
     """A run's items, each saying whom its question names (`about`): a run made before the
     eval recorded it has it derived from the corpus's speaker names, when the corpus is here."""
@@ -112,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     runs, pooled, modes = [], [], set()
     for path in args.runs:
-        run = json.loads(path.read_text())
+        run = read_run(path, parser)
         items = run_items(run)
         pooled += items
         settings = run["settings"]
@@ -136,7 +148,7 @@ def main() -> None:
     result = {"runs": runs, "pooled": figures(pooled, per_session)}
     compared_figures: dict = {}
     if args.versus:
-        others = [i for p in args.versus for c in json.loads(p.read_text())["conversations"]
+        others = [i for p in args.versus for c in read_run(p, parser)["conversations"]
                   for i in c["items"]]  # fmt: skip
         compared = args.pair or [("recall", "recall")]
         names = {*CONFIGS, *PER_SESSION_CONFIGS}

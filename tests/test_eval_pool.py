@@ -161,3 +161,16 @@ def test_per_session_runs_split_what_the_facts_carry_by_whom_a_question_names(tm
     assert abs(split["user"]["facts_vs_no_memory"]["mean"] - (0.5 + 0.3) / 2) < 1e-9
     assert split["other"]["facts_vs_no_memory"]["mean"] == 0.0
     assert "about user (2): facts - no_memory +0.400" in done.stdout
+
+
+def test_a_file_that_is_not_a_run_is_a_clear_error(tmp_path):
+    empty = tmp_path / "running.json"  # a run still being written
+    empty.write_text("")
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]")
+    for path in (empty, other, tmp_path / "missing.json"):
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), str(path)], capture_output=True, text=True
+        )
+        assert done.returncode == 2 and "eval locomo --json" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
