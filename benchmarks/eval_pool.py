@@ -152,6 +152,8 @@ def main() -> None:
                   for i in c["items"]]  # fmt: skip
         compared = args.pair or [("recall", "recall")]
         names = {*CONFIGS, *PER_SESSION_CONFIGS}
+        if not (pooled and others):
+            parser.error("no questions to pair: the runs or the --versus runs hold none")
         for a, b in compared:
             if not ({a, b} <= names and a in pooled[0] and b in others[0]):
                 parser.error(f"no config {a!r} in the runs, or no {b!r} in the --versus runs")

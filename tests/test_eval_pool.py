@@ -121,6 +121,11 @@ def test_versus_pairs_the_questions_two_sets_of_runs_share(tmp_path):
     assert "SECRET" not in out.read_text()
     wrong = subprocess.run([*command, "--pair", "facts:recall"], capture_output=True, text=True)
     assert wrong.returncode == 2 and "no config 'facts'" in wrong.stderr
+    empty = tmp_path / "empty.json"  # a run that asked nothing
+    empty.write_text(json.dumps({"configs": list(PER_SESSION_CONFIGS), "conversations": []}))
+    command = [sys.executable, str(SCRIPT), str(one), "--versus", str(empty)]
+    nothing = subprocess.run(command, capture_output=True, text=True)
+    assert nothing.returncode == 2 and "no questions to pair" in nothing.stderr, nothing.stderr
 
 
 def test_per_session_runs_split_what_the_facts_carry_by_whom_a_question_names(tmp_path):
