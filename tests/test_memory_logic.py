@@ -488,6 +488,20 @@ def test_a_fact_from_sentences_that_speak_to_the_other_person_is_not_about_the_u
     )
 
 
+def test_a_fact_where_the_user_does_something_to_the_user_is_the_other_person_taken_for_them():
+    # Qwen2.5-Coder-1.5B on LoCoMo conv-30: the "you" of a sentence written to the other
+    # person, turned into the user.
+    there = "I'm always here for you, no matter what happens with the studio."
+    fact = "The user is always there for the user."
+    assert judge(fact, (), there) == (None, "about_addressee")
+    # The user's relative doing something for the user is a fact about the user.
+    taught = "My mom taught me to paint when I was six."
+    fact = "The user's mom taught the user to paint."
+    assert judge(fact, (), taught) == (fact, "kept")
+    fact = "The user paints with the user's mom on Sundays."
+    assert judge(fact, (), "I paint with my mom on Sundays.") == (fact, "kept")
+
+
 def test_duplicates_after_normalizing_case_punctuation_whitespace_and_containment():
     existing = ["The user's sister is called Ana."]
     assert is_duplicate("the users  sister is called ana", existing)

@@ -95,6 +95,12 @@ _FIRST_RE = re.compile(r"\b(I|I'm|I’m|Im|I've|I’ve|my|me|mine|myself|we|we'r
 # not is about someone else, most often the person the message speaks to, taken for the user
 # ("Whoa, Nadia, how fun! Me, I took up fencing." -> "Nadia is doing fencing.").
 _USER_RE = re.compile(r"\buser\b", re.I)
+# A fact whose subject is the user and that names the user again, not as "the user's": the
+# "you" of a sentence written to the other person, turned into the user ("I'm always there
+# for you" -> "The user is always there for the user."; Qwen2.5-Coder-1.5B on LoCoMo conv-30).
+# A fact about the user says "themselves"; one about a relative ("The user's mom taught the
+# user to paint") starts with "The user's" and is not matched.
+_USER_AS_OBJECT_RE = re.compile(r"^the user\b(?![’']s)\W.*\bthe user\b(?![’']s)", re.I)
 # The instructions ask for nothing about the assistant; a fact that names it is the chat.
 _ASSISTANT_RE = re.compile(r"\bthe assistant\b", re.I)
 # Strings that only a chat template or a confused model would write.
@@ -142,8 +148,9 @@ def judge(
     chatting instead of noting), "not_one_sentence", "ungrounded" (no word of it is in the
     `message` it came from), or
     "about_addressee" (it is about someone the message greets or addresses, "Thanks, Gina!",
-    or every sentence it comes from speaks to the other person, "your store": the other side
-    of the chat, whom a small model takes for the user), "about_assistant" (it names the
+    or every sentence it comes from speaks to the other person, "your store", or it has the
+    user do something to the user, "for you" taken for the user: the other side of the chat,
+    whom a small model takes for the user), "about_assistant" (it names the
     assistant: the chat, not the person), "not_about_user" (it does not name the user:
     someone else's life), or "not_said_of_self" (no sentence it comes from is in the first
     person: praise or a question for the other person, "Winning that game must have felt
@@ -169,6 +176,8 @@ def judge(
     if message is not None and about_addressee(text, message):
         return None, "about_addressee"
     if message is not None and said_of_the_addressee(text, message):
+        return None, "about_addressee"
+    if _USER_AS_OBJECT_RE.search(text):
         return None, "about_addressee"
     if _ASSISTANT_RE.search(text):
         return None, "about_assistant"
