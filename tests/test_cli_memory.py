@@ -186,6 +186,14 @@ def test_history_rm_range_and_conversation(chat):
     assert [c.name for c in Store().conversations()] == ["default"]
 
 
+def test_history_rm_refuses_turn_numbers_below_one(chat):
+    # `--to 0` once read as "no last turn": the range 2..0 deleted every turn from 2 on.
+    for bounds in (["--from", "2", "--to", "0"], ["--from", "0", "--to", "0"], ["--from", "-1"]):
+        result = mlxmem("history", "rm", "-c", "default", *bounds, "--yes", code=2)
+        assert "Traceback" not in result.output
+    assert [m.seq for m in Store().turns("default")] == [1, 2, 3, 4]
+
+
 def test_bulk_deletions_ask_on_a_terminal(chat, monkeypatch):
     from mlxmem.cli import common
 

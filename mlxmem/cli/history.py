@@ -110,8 +110,12 @@ def search(
 def remove(
     turn_ids: list[int] = TURN_IDS,
     conversation: str = typer.Option(None, "--conversation", "-c", help="The conversation."),
-    from_seq: int = typer.Option(None, "--from", help="First turn number (#) of a range."),
-    to_seq: int = typer.Option(None, "--to", help="Last turn number (#) of a range."),
+    from_seq: int = typer.Option(
+        None, "--from", min=1, help="First turn number (#) of a range (default: the first)."
+    ),
+    to_seq: int = typer.Option(
+        None, "--to", min=1, help="Last turn number (#) of a range (default: the last)."
+    ),
     everything: bool = typer.Option(False, "--all", help="The whole conversation."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed off a terminal."),
     with_mentions: bool = typer.Option(
@@ -144,7 +148,8 @@ def remove(
         first = 1 if from_seq is None else from_seq
         span = f"{first}..{'' if to_seq is None else to_seq}"
         confirm(f"Delete turns {span} of conversation {conversation!r} for good?", yes)
-        deletion = store.delete_turn_range(conversation, first, to_seq or LAST_SEQ)
+        last = LAST_SEQ if to_seq is None else to_seq
+        deletion = store.delete_turn_range(conversation, first, last)
     else:
         raise InputError(
             "say what to delete: ID..., or --conversation NAME with --from/--to or --all"

@@ -117,7 +117,8 @@ def remove_facts(
     deletion = Store().delete_facts(fact_ids, with_mentions)
     say(deletion.describe())
     if deletion.mentions:
-        say(f"{plural(len(deletion.mentions), 'turn')} of the log still quote it:")
+        count = len(deletion.mentions)
+        say(f"{plural(count, 'turn')} of the log still {'quotes' if count == 1 else 'quote'} it:")
         for turn in deletion.mentions:
             say(f"  [{turn.id}] {turn.conversation} #{turn.seq} {turn.role}: {turn.text}")
         say("Delete them with `mlxmem history rm ID...`, or rerun with --with-mentions.")
