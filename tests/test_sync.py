@@ -767,6 +767,29 @@ def test_a_half_copied_file_is_skipped_whole_and_read_at_the_next_sync(devices):
     assert facts(a) == [("first fact", "manual"), ("second fact", "manual")]
 
 
+def test_a_half_copied_file_holds_back_its_devices_other_new_files(devices):
+    # The file holding a conversation's private flag is still being copied when a later file,
+    # with turns written in it, is whole: merged alone, those turns made the conversation
+    # anew, shared, and recall brought them into another conversation.
+    a, b, folder = devices
+    os.environ["MLXMEM_HOME"] = str(b)
+    Store().set_private("diary", create=True)
+    chat(b, "diary", f"Kohlrabi stew recipe {MARKER}")
+    on(b, "sync", str(folder))  # its first file: the flag and two turns
+    chat(b, "diary", "Kohlrabi soup with my therapist")
+    on(b, "sync")  # its second: two turns
+    first, second = sorted(change_files(folder))
+    whole = first.read_bytes()
+    first.write_bytes(whole[: len(whole) // 2])
+    report = sync_json(a, str(folder))
+    assert report["skipped"] == [str(first)] and report["held_back"] == 1
+    assert conversations(a) == [] and recalled(a, "What about the kohlrabi soup?") == []
+    first.write_bytes(whole)
+    assert sync_json(a)["held_back"] == 0
+    assert private(a) == {"diary": True} and conversations(a) == [("diary", 4)]
+    assert recalled(a, "What about the kohlrabi soup?") == []
+
+
 def test_one_sync_at_a_time_per_data_directory(devices):
     from mlxmem.sync.run import _sync_lock
 

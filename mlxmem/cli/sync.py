@@ -75,12 +75,14 @@ def sync_command(
         if path in report.damaged:
             err.print(
                 f"Skipped {path}: unreadable, and older than a copy takes: damaged, or changed "
-                "by someone without the key. Nothing of it was merged; the next sync retries",
+                "by someone without the key. Nothing of it, nor of its device's other new files,"
+                " was merged; the next sync retries (its device rewrites it at its next sync)",
                 markup=False,
             )
         else:
             err.print(
-                f"Skipped {path}: not readable whole yet (still copying?); the next sync retries",
+                f"Skipped {path}: not readable whole yet (still copying?); its device's other"
+                " new files wait for it; the next sync retries",
                 markup=False,
             )
     say(

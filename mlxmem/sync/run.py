@@ -4,8 +4,8 @@ rules; README "Sync" for what it means for the person.
 
 A sync, in order (each step can be cut short; the next sync finishes it):
 1. read the other devices' streams: the files the read cursor has not seen merged (a file
-   that cannot be read whole is skipped this time; one older than a version already read is
-   refused, and nothing is merged);
+   that cannot be read whole is skipped this time, and its device's other new files wait for
+   it; one older than a version already read is refused, and nothing is merged);
 2. merge them into the store: tombstones (through the erase path), messages, facts;
 3. erase in the folder: rewrite this device's files without the records that are no longer
    live here (a deleted turn or fact, a fact's superseded version);
@@ -72,6 +72,8 @@ class SyncReport:
     # Other devices whose device.json is damaged ("path: what is wrong"): none of their
     # changes were read; the next sync retries.
     bad_devices: list[str] = field(default_factory=list)
+    # Files read whole but not merged, as another new file of their device was not (skipped).
+    held_back: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Reading:
     read: int
     streams: dict[str, dict[str, list[int]]]
     bad_devices: list[str] = field(default_factory=list)  # "path: what is wrong", skipped
+    held_back: int = 0  # files read whole but not merged: another of their device's was not
 
 
 def sync(
@@ -167,6 +170,7 @@ def sync(
         reading.read,
         compacted,
         reading.bad_devices,
+        reading.held_back,
     )
 
 
@@ -262,10 +266,18 @@ def read_streams(
                 todo.append((file, identity))
         sealed = todo if not check_key else [(f, None) for f in files]
         cipher = folder.cipher(passphrase) if any(f.encrypted for f, _ in sealed) else None
+        # A device's new files merge together or not at all: one of them may hold what the
+        # others need first (a conversation's private flag, and the turns written in it
+        # later), so a file that cannot be read whole holds back its device's other new files
+        # until the next sync.
+        records: list[Record] = []
+        read: dict[str, list[int]] = {}
+        whole = True
         for file, identity in todo:
             found = folder.read(file, cipher)
             reading.read += 1
             if found is None:
+                whole = False
                 reading.skipped.append(str(file.path))
                 if _unchanged_for(file.path) > COPY_GRACE_S:
                     reading.damaged.append(str(file.path))
@@ -279,9 +291,14 @@ def read_streams(
                     "its next sync; or remove the file."
                 )
             sequences.note(folder.device, file.number, found.sequence)
-            reading.records += found.records
+            records += found.records
             if identity is not None:
-                merged[file.path.name] = identity
+                read[file.path.name] = identity
+        if whole:
+            reading.records += records
+            merged |= read
+        else:
+            reading.held_back += len(read)
     return reading
 
 
