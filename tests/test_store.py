@@ -18,7 +18,8 @@ from mlxmem.memory.db import Database, wipe_caches
 from mlxmem.memory.facts import insert_fact
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import insert_turn
+from mlxmem.memory.turns import conversation_id, insert_turn
+from mlxmem.text import utc_now
 
 SCHEMA = {
     "migrations": [("name", "VARCHAR"), ("applied_at", "TIMESTAMP")],
@@ -297,6 +298,23 @@ def test_invalid_input_is_rejected():
     with pytest.raises(InputError):
         store.add_fact("x", source="guess")
     assert store.turns("default") == [] and store.facts() == []
+
+
+def test_a_new_conversation_name_has_no_outer_space_and_no_control_character():
+    # "work " listed as a second "work", and a name with a newline as two rows.
+    store = Store()
+    for name in ("work ", " work", "new\nline", "tab\there", "esc\x1b[2J"):
+        with pytest.raises(InputError, match="space|control character"):
+            store.append_turn(name, "user", "hi")
+        with pytest.raises(InputError, match="space|control character"):
+            store.set_private(name, create=True)
+    assert store.conversations() == []
+    # One made before the check (or on another device, by sync) is still written to.
+    with store.connect() as con:
+        conversation_id(con, "old ", create=utc_now())
+    store.append_turn("old ", "user", "hi")
+    assert [t.text for t in store.turns("old ")] == ["hi"]
+    store.append_turn("Cafe\u0301 notes", "user", "unicode is fine")
 
 
 def test_text_round_trips_unchanged():

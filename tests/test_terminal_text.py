@@ -10,8 +10,9 @@ from conftest import cli
 from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
+from mlxmem.memory.turns import conversation_id
 from mlxmem.testing import FakeEngine
-from mlxmem.text import visible_controls
+from mlxmem.text import utc_now, visible_controls
 
 # OSC 52 (write the clipboard), clear the screen, set the title, a C1 CSI, a carriage return.
 HOSTILE = "pwn \x1b]52;c;aGk=\x07 \x1b[2J \x1b]0;title\x07 \u009b31m \rover"
@@ -28,6 +29,10 @@ def test_visible_controls_shows_every_control_but_tab_and_newline():
 
 def stored() -> None:
     Store().add_fact(HOSTILE)
+    # A conversation name with controls is refused here, but one can come by sync, which
+    # checks no more of another device's names than that they are text, not blank.
+    with Store().connect() as con:
+        conversation_id(con, HOSTILE, create=utc_now())
     Companion(FakeEngine(), Store(), HOSTILE, 600, 120, ChatSettings()).send(HOSTILE)
 
 

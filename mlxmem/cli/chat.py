@@ -48,7 +48,11 @@ def chat(
     ),
     model: str = MODEL,
     conversation: str = typer.Option(
-        DEFAULT_CONVERSATION, "--conversation", "-c", help="Which conversation to continue."
+        DEFAULT_CONVERSATION,
+        "--conversation",
+        "-c",
+        help="Which conversation to continue, or to start (a new name has no space at either"
+        " end and no control character).",
     ),
     system: str = typer.Option(
         None,

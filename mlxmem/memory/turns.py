@@ -15,7 +15,7 @@ from mlxmem.errors import InputError, NotFoundError
 from mlxmem.memory.db import Database
 from mlxmem.memory.rows import one_row
 from mlxmem.memory.terms import index_turns, unindex
-from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
+from mlxmem.text import ROLES, as_utc, check_new_name, check_text, to_db, utc_now
 
 SEARCH_LIMIT = 50
 # Conversations are named, not numbered, across devices: "default" on two devices is one
@@ -125,7 +125,7 @@ class TurnLog(Database):
         check_text(name, "conversation name", allow_empty=False)
         with self.connect() as con:
             now = utc_now()
-            cid = conversation_id(con, name, create=now if create else None)
+            cid = conversation_id(con, name, create=now if create else None, new=True)
             # A change is a new version of the flag, which sync carries (records.py); setting
             # it to what it is changes nothing.
             con.execute(
@@ -178,7 +178,7 @@ def insert_turn(
     check_text(text, "message")
     check_text(conversation, "conversation name", allow_empty=False)
     now = utc_now() if at is None else turn_time(at)
-    cid = conversation_id(con, conversation, create=now if create else None)
+    cid = conversation_id(con, conversation, create=now if create else None, new=True)
     # A turn is never older than the turns before it, whatever this device's clock says:
     # devices order a conversation by time, so each device's own order must agree with it.
     (latest,) = one_row(
@@ -242,7 +242,7 @@ def import_turns(con: duckdb.DuckDBPyConnection, turns: Sequence[DatedTurn]) -> 
         at = turn_time(turn.at)
         if turn.conversation not in ends:
             check_text(turn.conversation, "conversation name", allow_empty=False)
-            cid = conversation_id(con, turn.conversation, create=at)
+            cid = conversation_id(con, turn.conversation, create=at, new=True)
             last_seq, newest = one_row(
                 con.execute(
                     "SELECT c.last_seq, max(m.created_at) FROM conversations c LEFT JOIN"
@@ -300,14 +300,17 @@ def turns_after(
 
 
 def conversation_id(
-    con: duckdb.DuckDBPyConnection, name: str, create: datetime | None = None
+    con: duckdb.DuckDBPyConnection, name: str, create: datetime | None = None, new: bool = False
 ) -> int:
-    """The id of conversation `name`; created at time `create` if given and missing."""
+    """The id of conversation `name`; created at time `create` if given and missing, with a
+    name check_new_name accepts if `new` (made here, not merged from another device)."""
     row = con.execute("SELECT id FROM conversations WHERE name = ?", [name]).fetchone()
     if row is not None:
         return row[0]
     if create is None:
         raise NotFoundError(f"no conversation named {name!r}")
+    if new:
+        check_new_name(name)
     return one_row(
         con.execute(
             "INSERT INTO conversations (name, created_at) VALUES (?, ?) RETURNING id",
