@@ -72,6 +72,7 @@ SCHEMA = {
         ("kind", "VARCHAR"),
         ("deleted_at", "TIMESTAMP"),
         ("device_uid", "VARCHAR"),
+        ("published_at", "TIMESTAMP"),
     ],
 }
 # The facts file, attached to every connection as facts_db.
@@ -145,6 +146,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m016_private_versions",),
             ("m017_recall_vocabulary",),
             ("m018_turns",),
+            ("m019_tombstones_published",),
         ]
     assert store.path == paths.db_path()
 

@@ -51,6 +51,8 @@ from mlxmem.memory.turns import (
 from mlxmem.text import json_ready, plural, to_db, utc_now
 
 LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
+# A tombstone's columns as a deletion writes them (published_at is the sync's to set).
+TOMBSTONE_INSERT = "INSERT INTO tombstones (uid, kind, deleted_at, device_uid)"
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,9 @@ def delete_conversation(db: Database, name: str) -> Deletion:
         rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
         _drop_conversation(con, cid)
         con.execute(
-            "INSERT OR REPLACE INTO tombstones VALUES (?, 'conversation', ?, NULL)",
+            f"{TOMBSTONE_INSERT} VALUES (?, 'conversation', ?, NULL) ON CONFLICT (uid)"
+            " DO UPDATE SET deleted_at = excluded.deleted_at, device_uid = NULL,"
+            " published_at = NULL",
             [conversation_uid(name), to_db(utc_now())],
         )
     hit = deletion.summaries + [summary_of(r) for r in rest]
@@ -236,7 +240,7 @@ def apply_tombstones(db: Database, tombstones: Sequence[Tombstone]) -> Deletion:
         con = erasure.con
         for t in tombstones:
             con.execute(
-                "INSERT INTO tombstones VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
+                f"{TOMBSTONE_INSERT} VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
                 " deleted_at = greatest(deleted_at, excluded.deleted_at)",
                 [t.uid, t.kind, _db_time(t.deleted_at), t.device_uid],
             )
@@ -368,7 +372,7 @@ def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True
     add_tombstones(con, "fact", "facts", ids)
     if rows:
         con.execute(
-            "INSERT OR IGNORE INTO tombstones SELECT unnest(?), 'fact', ?, NULL",
+            f"{TOMBSTONE_INSERT} SELECT unnest(?), 'fact', ?, NULL ON CONFLICT DO NOTHING",
             [[fork_uid(*row) for row in rows], to_db(utc_now())],
         )
     erasure.delete_facts(ids)
@@ -379,8 +383,8 @@ def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: l
     """Record that the rows `ids` of `table` (turns or facts) were deleted here and now: their
     uids and the time, never their text, so that the deletion can travel to other devices."""
     con.execute(
-        f"INSERT OR IGNORE INTO tombstones SELECT uid, ?, ?, NULL FROM {table}"
-        " WHERE list_contains(?, id)",
+        f"{TOMBSTONE_INSERT} SELECT uid, ?, ?, NULL FROM {table} WHERE list_contains(?, id)"
+        " ON CONFLICT DO NOTHING",
         [kind, to_db(utc_now()), ids],
     )
 

@@ -174,18 +174,23 @@ def _merge_conversation(
     """Insert a conversation's new turns (sorted by turn_key) in order; return whether turns
     already there were renumbered."""
     deleted = con.execute(
-        "SELECT max(t.deleted_at), count(c.id) FROM tombstones t"
-        " LEFT JOIN conversations c ON c.name = ? WHERE t.uid = ?",
-        [name, conversation_uid(name)],
+        "SELECT t.deleted_at, t.device_uid IS NULL, t.published_at FROM tombstones t"
+        " WHERE t.uid = ? AND NOT EXISTS (SELECT 1 FROM conversations WHERE name = ?)",
+        [conversation_uid(name), name],
     ).fetchone()
     earliest = timestamp(incoming[0]["created_at"])
     cid = conversation_id(con, name, create=earliest)
-    if deleted and deleted[0] is not None and not deleted[1] and earliest <= deleted[0]:
-        # Deleted here, and written to elsewhere before that: made again, out of recall (the
-        # device that wrote does the same when the deletion reaches it). Turns written after
-        # the deletion are a new conversation of that name, as the device that wrote them
-        # says with its flag.
-        keep_private_after_deletion(con, cid, deleted[0])
+    if deleted is not None:
+        deleted_at, here, published = deleted
+        # Deleted (and gone) here, and written to elsewhere before the writer could know: made
+        # again, out of recall (the device that wrote does the same when the deletion reaches
+        # it). No device can know of a deletion made here before this device's sync put it in
+        # the folder: a turn written until then went into the conversation as it was, private
+        # perhaps. Turns written after are a new conversation of that name, as the device that
+        # wrote them says with its flag.
+        before = earliest <= deleted_at or (here and (published is None or earliest < published))
+        if before:
+            keep_private_after_deletion(con, cid, deleted_at)
     rows = con.execute(
         "SELECT id, seq, created_at, coalesce(device_uid, ?), uid FROM turns"
         " WHERE conversation_id = ? ORDER BY seq",
@@ -303,7 +308,8 @@ def _merge_facts(db: Database, records: list[Record], device: str, result: Merge
         # facts file.
         with db.connect() as con:
             con.execute(
-                "INSERT OR IGNORE INTO tombstones SELECT unnest(?), 'fact', ?, NULL",
+                f"{forget.TOMBSTONE_INSERT} SELECT unnest(?), 'fact', ?, NULL"
+                " ON CONFLICT DO NOTHING",
                 [late, to_db(utc_now())],
             )
     if edits:

@@ -431,6 +431,15 @@ def m018_turns(con: duckdb.DuckDBPyConnection) -> None:
     index_missing(con)
 
 
+# When this device's sync first wrote its deletion of a conversation to the sync folder: no
+# other device could know of the deletion before, so the turns it wrote to that conversation
+# until then were written in the conversation as it was (mlxmem.memory.merge). NULL: not yet,
+# or a deletion made on another device.
+@migration
+def m019_tombstones_published(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE tombstones ADD COLUMN published_at TIMESTAMP")
+
+
 FACTS_DB = "facts_db"
 
 

@@ -14,6 +14,7 @@ from mlxmem.memory.db import Database, device_of
 from mlxmem.memory.merge import MergeResult, merge_records
 from mlxmem.memory.records import Record, local_records
 from mlxmem.memory.rows import one_row
+from mlxmem.text import to_db, utc_now
 
 SYNC_DIR_KEY = "sync_dir"  # the folder the last sync used, in `state`
 
@@ -41,6 +42,16 @@ class SyncLog(Database):
     def merge(self, records: list[Record]) -> MergeResult:
         """Merge another device's records (or an export's) by uid: see mlxmem.memory.merge."""
         return merge_records(self, records, self.device()[0])
+
+    def published(self, uids: Collection[str]) -> None:
+        """This device's deletions of the conversations `uids` are in the sync folder (noted
+        the first time only): from now on another device can know of them (m019)."""
+        with self.connect() as con:
+            con.execute(
+                "UPDATE tombstones SET published_at = ? WHERE list_contains(?, uid)"
+                " AND kind = 'conversation' AND device_uid IS NULL AND published_at IS NULL",
+                [to_db(utc_now()), list(uids)],
+            )
 
     def sync_dir(self) -> str | None:
         """The sync folder the last sync used, if any."""

@@ -151,6 +151,10 @@ def sync(
             mine.write(number, plan.new, cipher, sequence)
             sequences.note(device, number, sequence)
         crash_point("sync:written")
+        in_folder = [r for _, keep in plan.kept for r in keep] + plan.new
+        log.published(
+            [r["uid"] for r in in_folder if r["kind"] == "tombstone" and r["of"] == "conversation"]
+        )
         compacted = _compact(mine, plan, cipher, sequence, sequences)
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
         cursor.streams = reading.streams
