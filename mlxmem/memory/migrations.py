@@ -434,10 +434,16 @@ def m018_turns(con: duckdb.DuckDBPyConnection) -> None:
 # When this device's sync first wrote its deletion of a conversation to the sync folder: no
 # other device could know of the deletion before, so the turns it wrote to that conversation
 # until then were written in the conversation as it was (mlxmem.memory.merge). NULL: not yet,
-# or a deletion made on another device.
+# or a deletion made on another device. A deletion made before this column is taken as
+# published when made (the rule before it): NULL would make private every conversation of that
+# name another device starts after it.
 @migration
 def m019_tombstones_published(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE tombstones ADD COLUMN published_at TIMESTAMP")
+    con.execute(
+        "UPDATE tombstones SET published_at = deleted_at"
+        " WHERE kind = 'conversation' AND device_uid IS NULL"
+    )
 
 
 FACTS_DB = "facts_db"
