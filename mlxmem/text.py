@@ -33,18 +33,6 @@ def check_text(text: object, what: str = "message", allow_empty: bool = True) ->
     return text
 
 
-def check_new_name(name: str, what: str = "conversation name") -> str:
-    """`name` for something made new, such as a conversation: text (check_text), not blank,
-    with no space at either end and no control character. "work " or "new\nline" would list
-    as "work" or as two names; a name made before, or on another device, is still read."""
-    check_text(name, what, allow_empty=False)
-    if name != name.strip():
-        raise InputError(f"{what} {visible_controls(repr(name))} starts or ends with a space")
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in name):
-        raise InputError(f"{what} {visible_controls(repr(name))} holds a control character")
-    return name
-
-
 # Control characters a terminal acts on: C0 but tab and newline, DEL, and C1 (0x9b is CSI on
 # some terminals). ESC alone starts OSC 52 (a clipboard write), a screen clear or a title.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
@@ -55,6 +43,18 @@ def visible_controls(text: str) -> str:
     as `\\x1b` and the like, so stored text (an import, a synced file, a model's reply) can never
     drive the terminal. JSON output keeps the text exact instead."""
     return text.translate(_CONTROLS)
+
+
+def check_new_name(name: str, what: str = "conversation name") -> str:
+    """`name` for something made new, such as a conversation: text (check_text), not blank,
+    with no space at either end and no control character. "work " or "new\nline" would list
+    as "work" or as two names; a name made before, or on another device, is still read."""
+    check_text(name, what, allow_empty=False)
+    if name != name.strip():
+        raise InputError(f"{what} {visible_controls(repr(name))} starts or ends with a space")
+    if visible_controls(name) != name or "\t" in name or "\n" in name:
+        raise InputError(f"{what} {visible_controls(repr(name))} holds a control character")
+    return name
 
 
 def utc_now() -> datetime:

@@ -173,6 +173,25 @@ def test_old_database_upgrades_with_a_new_migration(tmp_path):
     con.close()
 
 
+def test_a_conversation_deleted_before_m019_counts_as_published_when_deleted(tmp_path):
+    con = duckdb.connect(str(tmp_path / "old.duckdb"))
+    before = [m for m in MIGRATIONS if m.__name__ < "m019"]
+    migrate(con, before)
+    con.execute(
+        "INSERT INTO tombstones VALUES ('c-here', 'conversation', '2026-01-02 03:04:05', NULL),"
+        " ('c-there', 'conversation', '2026-01-03 00:00:00', 'other-device'),"
+        " ('t-here', 'message', '2026-01-04 00:00:00', NULL)"
+    )
+    assert migrate(con) == ["m019_tombstones_published"]
+    rows = con.execute("SELECT uid, published_at FROM tombstones ORDER BY uid").fetchall()
+    assert [(uid, str(at) if at else None) for uid, at in rows] == [
+        ("c-here", "2026-01-02 03:04:05"),
+        ("c-there", None),  # made on another device: not this one's to publish
+        ("t-here", None),
+    ]
+    con.close()
+
+
 def test_a_migration_recorded_out_of_order_is_still_applied(tmp_path):
     def m900_table_a(con):
         con.execute("CREATE TABLE a (x INTEGER)")

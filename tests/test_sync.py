@@ -921,6 +921,29 @@ def test_a_sync_reads_only_files_it_has_not_merged_and_a_lost_cursor_reads_all(d
     assert facts(a) == [("second fact", "manual"), ("third fact", "manual")]
 
 
+def test_a_deletion_once_in_the_folder_does_not_make_the_next_sync_compare_again(
+    devices, monkeypatch
+):
+    from mlxmem.sync import run
+
+    a, b, folder = devices
+    chat(a, "travel", "Flight code")
+    on(a, "sync", str(folder))
+    on(a, "history", "rm", "-c", "travel", "--all", "--yes")
+    planned = []
+    plan_writes = run.plan_writes
+    monkeypatch.setattr(run, "plan_writes", lambda *a: planned.append(1) or plan_writes(*a))
+    on(a, "sync")  # writes the tombstone and notes it as in the folder
+    on(a, "sync")  # nothing changed: its own files are not compared with the store again
+    assert len(planned) == 1
+    os.environ["MLXMEM_HOME"] = str(a)
+    with Store().connect() as con:
+        (published,) = con.execute(
+            "SELECT published_at FROM tombstones WHERE uid = ?", [conversation_uid("travel")]
+        ).fetchone()
+    assert published is not None
+
+
 def test_after_a_sync_with_nothing_new_local_changes_are_still_written_and_erased(devices):
     a, b, folder = devices
     on(a, "memory", "add", f"Code {MARKER}")

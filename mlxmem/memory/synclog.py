@@ -45,7 +45,10 @@ class SyncLog(Database):
 
     def published(self, uids: Collection[str]) -> None:
         """This device's deletions of the conversations `uids` are in the sync folder (noted
-        the first time only): from now on another device can know of them (m019)."""
+        the first time only): from now on another device can know of them (m019). The
+        column is this device's own, outside the records and the changes digest."""
+        if not uids:
+            return
         with self.connect() as con:
             con.execute(
                 "UPDATE tombstones SET published_at = ? WHERE list_contains(?, uid)"
@@ -97,8 +100,8 @@ def _changes_digest(con: duckdb.DuckDBPyConnection, others: list[str]) -> str:
             "  WHERE device_uid IS NULL OR NOT list_contains($1::VARCHAR[], device_uid)),"
             " (SELECT count(*) || '/' || coalesce(bit_xor(hash(f, coalesce(list_contains("
             "  $1::VARCHAR[], device_uid), false))), 0) FROM facts f),"
-            " (SELECT count(*) || '/' || coalesce(bit_xor(hash(t, coalesce(list_contains("
-            "  $1::VARCHAR[], device_uid), false))), 0) FROM tombstones t),"
+            " (SELECT count(*) || '/' || coalesce(bit_xor(hash(uid, kind, deleted_at, device_uid,"
+            "  coalesce(list_contains($1::VARCHAR[], device_uid), false))), 0) FROM tombstones),"
             " (SELECT count(*) || '/' || coalesce(bit_xor(hash(name, private, private_version,"
             "  private_at, coalesce(list_contains($1::VARCHAR[], private_device), false))), 0)"
             "  FROM conversations WHERE private_version > 0))",
