@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from mlxmem.defaults import CHAT_SLOT
 from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
+from mlxmem.engine.slots import common_prefix_len
 from mlxmem.errors import InputError
-from mlxmem.kvslots import common_prefix_len
 from mlxmem.text import check_text
 
 SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")

@@ -19,6 +19,8 @@ def mlxmem_home(tmp_path, monkeypatch):
     home = tmp_path / "mlxmem-home"
     monkeypatch.setenv("MLXMEM_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The tests name their engine: MLX unless a test says llama.cpp (tests/test_llamacpp.py).
+    monkeypatch.setenv("MLXMEM_ENGINE", "mlx")
     return home
 
 

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine.slots import common_prefix_len
 from mlxmem.errors import ModelNotFoundError
-from mlxmem.kvslots import common_prefix_len
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.extraction import MAX_FACT_CHARS, FactExtractor, judge
 from mlxmem.memory.store import Store

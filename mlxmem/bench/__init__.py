@@ -36,7 +36,7 @@ from mlxmem.bench.turns import (
     run_turns,
     synthetic_transcript,
 )
-from mlxmem.engine import MLXEngine
+from mlxmem.engine import Engine
 from mlxmem.errors import InputError
 from mlxmem.memory.runs import insert_run, select_runs
 
@@ -105,12 +105,12 @@ class BenchRun:
 
 
 @contextlib.contextmanager
-def bench_engine(model: BenchModel, persist: bool = True) -> Iterator[MLXEngine]:
+def bench_engine(model: BenchModel, persist: bool = True) -> Iterator[Engine]:
     """The model loaded with a scratch KV cache directory (slots persist there, as in a chat;
     with `persist` False they stay in memory, where an eval wants them). Its restart profile
     is the scratch directory's too (a run's own measure, never one left by an earlier run)."""
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-kv-") as tmp:
-        yield MLXEngine(model.path, cache_dir=Path(tmp, "kv") if persist else None)
+        yield model.load(Path(tmp, "kv") if persist else None)
 
 
 # -- storing and reading runs -------------------------------------------------------------------

@@ -58,6 +58,8 @@ class BenchModel:
     random_weights: bool
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     response_reserve: int = DEFAULT_RESPONSE_RESERVE
+    engine: str = "mlx"  # "llamacpp": `path` is a GGUF file
+    alias: str | None = None  # the registry alias or path it was resolved from
 
     def to_dict(self) -> dict:
         return {
@@ -65,7 +67,20 @@ class BenchModel:
             "description": self.description,
             "random_weights": self.random_weights,
             "path": str(self.path),
+            "engine": self.engine,
         }
+
+    def load(self, cache_dir: Path | None = None):
+        """The engine that runs this model, with its KV slots under `cache_dir`."""
+        if self.engine == "llamacpp":
+            from mlxmem.engine import LlamaCppEngine
+
+            return LlamaCppEngine(
+                self.path, cache_dir=cache_dir, context_tokens=self.context_tokens
+            )
+        from mlxmem.engine import MLXEngine
+
+        return MLXEngine(self.path, cache_dir=cache_dir)
 
 
 def gpu_available() -> bool:
@@ -102,21 +117,27 @@ def prepare_model(
     arch: str | None = None,
     quantize: int | None = None,
     seed: int = DEFAULT_BENCH_SEED,
+    engine: str | None = None,
 ) -> BenchModel:
     """The model a benchmark runs: `model` (an alias or path, real weights) or random weights
-    of `arch`'s shape, written once into the data directory and reused."""
+    of `arch`'s shape, written once into the data directory and reused; on `engine` (None:
+    as mlxmem.models.choice.engine_for chooses; random weights run on MLX)."""
     if model is not None:
         if arch is not None:
             raise InputError("give --model or --arch, not both")
-        return _real_model(model)
+        return _real_model(model, engine)
+    if engine not in (None, "mlx"):
+        raise InputError("random weights (--arch) run on MLX; for llama.cpp give --model GGUF")
     return random_model(arch or default_arch(), quantize, seed)
 
 
-def _real_model(model: str) -> BenchModel:
-    from mlxmem.models import ensure_local, resolve
+def _real_model(model: str, engine: str | None) -> BenchModel:
+    from mlxmem.models import ensure_gguf, ensure_local, resolve
+    from mlxmem.models.choice import engine_for
 
     spec = resolve(model)
-    path = ensure_local(spec)
+    chosen = engine_for(spec, engine).name
+    path = ensure_gguf(spec) if chosen == "llamacpp" else ensure_local(spec)
     return BenchModel(
         path,
         spec.alias,
@@ -124,6 +145,8 @@ def _real_model(model: str) -> BenchModel:
         False,
         spec.context_tokens,
         spec.response_reserve,
+        chosen,
+        model,
     )
 
 

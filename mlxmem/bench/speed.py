@@ -1,6 +1,9 @@
-"""`mlxmem bench speed`: mlxmem's engine next to bare `mlx_lm.stream_generate` on the same
-model and prompts (prefill and decode tokens/s, time to first token, peak memory), plus the
-time to first token of a cached turn: the same prompt with all but a new message in the KV slot.
+"""`mlxmem bench speed`: mlxmem's engine next to the bare library on the same model and
+prompts (prefill and decode tokens/s, time to first token, peak memory), plus the time to first
+token of a cached turn: the same prompt with all but a new message in the KV slot. The bare
+library is `mlx_lm.stream_generate` for the MLX engine, llama-cpp-python's `Llama` on the same
+GGUF file and threads for the llama.cpp engine; a llama.cpp run also measures the MLX engine on
+the same weights (`vs_mlx`: how many times faster llama.cpp decodes and prefills).
 
 A cached turn is measured against its physical limit (`limit_ttft_s`: bare mlx-lm prefilling
 only the new tokens onto a warm cache of the same length), and the time a turn spends outside
@@ -18,11 +21,12 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
 from mlxmem.bench.overhead import measure_overhead
-from mlxmem.engine import MLXEngine
+from mlxmem.engine import Engine, MLXEngine
 
 DEFAULT_LENGTHS = (256, 1024, 3000)
 DEFAULT_TRIALS = 5
@@ -120,13 +124,18 @@ class SpeedResult:
     lengths: list[LengthResult]
     settings: dict
 
+    vs_mlx: dict | None = None  # a llama.cpp run: the MLX engine on the same weights
+
     def to_dict(self) -> dict:
         rows = [r.to_dict() for r in self.lengths]
-        return {"kind": "speed", "settings": self.settings, "lengths": rows}
+        out = {"kind": "speed", "settings": self.settings, "lengths": rows}
+        if self.vs_mlx is not None:
+            out["vs_mlx"] = self.vs_mlx
+        return out
 
 
 def run_speed(
-    engine: MLXEngine,
+    engine: Engine,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
     trials: int = DEFAULT_TRIALS,
     gen_tokens: int = DEFAULT_GEN_TOKENS,
@@ -172,7 +181,7 @@ def run_speed(
     return SpeedResult(results, settings)
 
 
-def _trial(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int, index: int):
+def _trial(engine: Engine, prompt: list[int], gen_tokens: int, seed: int, index: int):
     # Alternate which engine goes first, so neither always runs on a cooler machine.
     new = min(NEW_TURN_TOKENS, len(prompt) // 2)
     if index % 2:
@@ -186,7 +195,7 @@ def _trial(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int, ind
     return mine, bare, cached, prefilled, limit
 
 
-def _mlxmem(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int):
+def _mlxmem(engine: Engine, prompt: list[int], gen_tokens: int, seed: int):
     """A fresh prefill and decode, then the same prompt again as a cached turn."""
     engine.drop_slot(SPEED_SLOT)
     stats = engine.generate(
@@ -206,8 +215,10 @@ def _mlxmem(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int):
     return fresh, turn.ttft_s, turn.prefilled_tokens
 
 
-def _bare(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int) -> Trial:
-    """Plain mlx-lm on the same model: a new prompt cache every call, timed the same way."""
+def _bare(engine: Engine, prompt: list[int], gen_tokens: int, seed: int) -> Trial:
+    """The bare library on the same model: a new prompt cache every call, timed the same way."""
+    if not isinstance(engine, MLXEngine):
+        return _bare_llamacpp(engine, prompt, gen_tokens)
     import mlx.core as mx
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
@@ -237,9 +248,11 @@ def _bare(engine: MLXEngine, prompt: list[int], gen_tokens: int, seed: int) -> T
     )
 
 
-def _limit(engine: MLXEngine, prompt: list[int], new: int) -> float:
-    """The physical limit of a cached turn: plain mlx-lm on a cache already holding all but
-    the last `new` tokens (filled untimed), timed from the call to the first token."""
+def _limit(engine: Engine, prompt: list[int], new: int) -> float:
+    """The physical limit of a cached turn: the bare library on a cache already holding all
+    but the last `new` tokens (filled untimed), timed from the call to the first token."""
+    if not isinstance(engine, MLXEngine):
+        return _limit_llamacpp(engine, prompt, new)
     import mlx.core as mx
     from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
@@ -269,3 +282,104 @@ def without_end_of_text(tokenizer: Any) -> Any:
     bare = copy.copy(tokenizer)
     bare.eos_token_ids = set()
     return bare
+
+
+# -- llama.cpp: bare llama-cpp-python on the same file and threads --------------------------------
+
+_BARE: dict[tuple[str, int, int], Any] = {}
+
+
+def _bare_llama(engine: Any) -> Any:
+    """llama-cpp-python's own `Llama` on the engine's GGUF file, threads and context, loaded
+    once per run (what a person running the binding alone would time)."""
+    key = (str(engine.model_path), engine.threads, engine.n_ctx)
+    if key not in _BARE:
+        from llama_cpp import Llama
+
+        _BARE.clear()  # one bare model in memory at a time
+        _BARE[key] = Llama(
+            str(engine.model_path),
+            n_ctx=engine.n_ctx,
+            n_batch=512,
+            n_threads=engine.threads,
+            n_threads_batch=engine.threads,
+            n_gpu_layers=-1,
+            verbose=False,
+        )
+    return _BARE[key]
+
+
+def _bare_llamacpp(engine: Engine, prompt: list[int], gen_tokens: int) -> Trial:
+    """`Llama.generate` from an empty cache, greedy, never stopping at an end of text (the
+    generator itself does not stop; its callers do), timed as the engine times itself."""
+    llm = _bare_llama(engine)
+    llm.reset()
+    start = time.perf_counter()
+    first = last = None
+    n = 0
+    for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        last = time.perf_counter()
+        first = first or last
+        n += 1
+        if n == gen_tokens:
+            break
+    assert first is not None and last is not None
+    return Trial(
+        ttft_s=first - start,
+        prefill_tps=len(prompt) / (first - start),
+        decode_tps=(n - 1) / (last - first) if n > 1 and last > first else 0.0,
+        peak_memory_gb=0.0,
+        generated_tokens=n,
+    )
+
+
+def _limit_llamacpp(engine: Engine, prompt: list[int], new: int) -> float:
+    llm = _bare_llama(engine)
+    llm.reset()
+    llm.eval(prompt[: len(prompt) - new])
+    start = time.perf_counter()
+    for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):  # reuses the evaluated head
+        return time.perf_counter() - start
+    raise AssertionError("Llama.generate yielded nothing")
+
+
+def versus_mlx(mlx: MLXEngine, result: SpeedResult, gen_tokens: int, seed: int) -> dict:
+    """The MLX engine on the same weights and prompts (one trial per length): llama.cpp's
+    decode and prefill tokens/s over MLX's, per length, from the llama.cpp medians."""
+    rows = []
+    for length in result.lengths:
+        prompt = prompt_of_length(mlx, length.prompt_tokens, seed)
+        fresh, _, _ = _mlxmem(mlx, prompt, gen_tokens, seed)
+        mine = (
+            length.spread("mlxmem", "decode_tps").median,
+            length.spread("mlxmem", "prefill_tps").median,
+        )
+        rows.append(
+            {
+                "prompt_tokens": length.prompt_tokens,
+                "mlx_decode_tps": fresh.decode_tps,
+                "mlx_prefill_tps": fresh.prefill_tps,
+                "decode_ratio": mine[0] / fresh.decode_tps if fresh.decode_tps else None,
+                "prefill_ratio": mine[1] / fresh.prefill_tps if fresh.prefill_tps else None,
+            }
+        )
+    mlx.drop_slot(SPEED_SLOT)
+    return {"lengths": rows}
+
+
+def decode_limit(weights: Path) -> dict:
+    """The decode speed memory bandwidth allows: a token reads every weight once, so at most
+    the machine's read bandwidth over the weights' bytes (the GGUF file). The bandwidth is
+    numpy summing an array four times the size of a large cache, on one thread: a floor of
+    what all cores read."""
+    import numpy as np
+
+    data = np.ones(1 << 27, dtype=np.float32)  # 512 MiB
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    read = data.nbytes / best
+    size = Path(weights).stat().st_size
+    return {"weights_bytes": size, "read_gb_s": read / 1e9, "limit_decode_tps": read / size}

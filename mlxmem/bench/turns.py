@@ -39,8 +39,8 @@ from mlxmem.bench.common import (
     synthetic_exchanges,
 )
 from mlxmem.engine import Engine, Message
+from mlxmem.engine.slots import SlotPool, common_prefix_len
 from mlxmem.errors import InputError
-from mlxmem.kvslots import SlotPool, common_prefix_len
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
 from mlxmem.memory.store import Store, Summary, Turn

@@ -27,7 +27,7 @@ from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIA
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
 
-from .common import JSON, err, out, plain_typer, print_json
+from .common import ENGINE, JSON, err, out, plain_typer, print_json, say
 
 app = plain_typer(
     help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
@@ -79,19 +79,37 @@ def speed(
         DEFAULT_GEN_TOKENS, "--gen-tokens", min=2, help="Tokens decoded per trial."
     ),
     seed: int = SEED,
+    engine_name: str | None = ENGINE,
+    vs_mlx: bool = typer.Option(
+        True,
+        "--vs-mlx/--no-vs-mlx",
+        help="On llama.cpp, also time the MLX engine on the same weights (one trial a length).",
+    ),
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
     """Prefill and decode tokens/s, time to first token and peak memory: mlxmem's engine next
-    to bare mlx_lm.stream_generate on the same model and prompts, and a cached turn's time to
+    to the bare library on the same model and prompts (mlx_lm.stream_generate, or on llama.cpp
+    llama-cpp-python's Llama on the same file and threads, then the MLX engine on the same
+    weights and the decode limit of the machine's memory bandwidth), and a cached turn's time to
     first token against a fresh prefill of the same prompt and against its limit (bare mlx-lm
     prefilling only the new tokens onto a warm cache), and the time a turn spends outside the
     engine before its first token (store, assembly, slot lookup; a window of each length).
     A warm-up, then N trials: medians, with their range (lowest to highest)."""
     sizes = _lengths(lengths)
-    chosen = _model(model, arch, quantize, seed, as_json)
+    chosen = _model(model, arch, quantize, seed, as_json, engine_name)
     with bench.bench_engine(chosen) as engine, _progress("speed") as progress:
         result = bench.run_speed(engine, sizes, trials, gen_tokens, seed, progress)
+    if chosen.engine == "llamacpp" and vs_mlx and chosen.alias is not None:
+        from mlxmem.bench.speed import decode_limit, versus_mlx
+        from mlxmem.engine import MLXEngine
+        from mlxmem.models import ensure_local, resolve
+        from mlxmem.models.choice import runs_on
+
+        spec = resolve(chosen.alias)
+        if runs_on(spec, "mlx"):  # the same weights converted for MLX (once, on first use)
+            mlx = MLXEngine(ensure_local(spec))
+            result.vs_mlx = versus_mlx(mlx, result, gen_tokens, seed) | decode_limit(chosen.path)
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if as_json:
         return _print_json(run)
@@ -132,6 +150,15 @@ def speed(
             f"{row['peak_memory_gb'] * 1e3:.0f} / {row['bare_peak_memory_gb'] * 1e3:.0f}",
         )
     out().print(table)
+    if result.vs_mlx is not None:
+        for row in result.vs_mlx["lengths"]:
+            say(
+                f"{row['prompt_tokens']} tokens: llama.cpp decodes {_times(row['decode_ratio'])} "
+                f"and prefills {_times(row['prefill_ratio'])} as fast as MLX on the same weights"
+            )
+        limit = result.vs_mlx.get("limit_decode_tps")
+        if limit:
+            say(f"decode limit of this machine's memory bandwidth: {limit:.1f} tokens/s")
     _footer(run)
 
 
@@ -212,6 +239,7 @@ def turns(
     ),
     plot: Path = PLOT,
     seed: int = SEED,
+    engine_name: str | None = ENGINE,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
@@ -221,10 +249,10 @@ def turns(
     if one_shot:
         return _one_shot_turns(
             transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns,
-            max_tokens, facts, seed, db, as_json,
+            max_tokens, facts, seed, db, as_json, engine_name,
         )  # fmt: skip
     exchanges, source = _exchanges(transcript, not generate, synthetic_turns, seed, max_turns)
-    chosen = _model(model, arch, quantize, seed, as_json)
+    chosen = _model(model, arch, quantize, seed, as_json, engine_name)
     with bench.bench_engine(chosen) as engine, _progress("turns") as progress:
         result = bench.run_turns(
             engine,
@@ -336,10 +364,10 @@ def _exchanges(transcript, replay: bool, synthetic_turns: int, seed: int, max_tu
 
 def _one_shot_turns(
     transcript, model, arch, quantize, context_tokens, max_turns, synthetic_turns, max_tokens,
-    facts, seed, db, as_json,
+    facts, seed, db, as_json, engine_name,
 ) -> None:  # fmt: skip
     exchanges, source = _exchanges(transcript, False, synthetic_turns, seed, max_turns)
-    chosen = _model(model, arch, quantize, seed, as_json)
+    chosen = _model(model, arch, quantize, seed, as_json, engine_name)
     with _progress("turns --one-shot") as progress:
         result = bench.run_one_shot_turns(
             chosen.path,
@@ -383,12 +411,15 @@ def restart(
     context_tokens: int = CONTEXT,
     trials: int = typer.Option(DEFAULT_RESTART_TRIALS, "--trials", min=1, help="Trials each."),
     seed: int = SEED,
+    engine_name: str | None = ENGINE,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
     """Time to first token of the first turn after a restart at a full context: the chat's KV
     cache loaded from disk, against rebuilding it from the chat log."""
-    chosen = _model(model, arch, quantize, seed, as_json)
+    chosen = _model(model, arch, quantize, seed, as_json, engine_name)
+    if chosen.engine != "mlx":
+        raise InputError("bench restart measures the MLX engine's slot files; give --engine mlx")
     with _progress("restart") as progress:
         result = bench.run_restart(
             chosen.path,
@@ -523,8 +554,15 @@ def history(
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _model(model: str | None, arch: str | None, quantize: int | None, seed: int, quiet: bool):
-    chosen = bench.prepare_model(model, arch, quantize, seed)
+def _model(
+    model: str | None,
+    arch: str | None,
+    quantize: int | None,
+    seed: int,
+    quiet: bool,
+    engine: str | None = None,
+):
+    chosen = bench.prepare_model(model, arch, quantize, seed, engine)
     if not quiet:
         err.print(f"model: {chosen.label}: {chosen.description}")
         err.print(f"machine: {machine_text(bench.machine_info())}")

@@ -19,6 +19,7 @@ from mlxmem.memory.store import Store
 
 from .common import (
     CONTEXT_TOKENS,
+    ENGINE,
     FACTS,
     MAX_MESSAGE_CHARS,
     MODEL,
@@ -76,6 +77,7 @@ def chat(
         help="Random seed for sampling.",
     ),
     context_tokens: int = CONTEXT_TOKENS,
+    engine_name: str | None = ENGINE,
     facts: bool = FACTS,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
@@ -139,15 +141,15 @@ def chat(
         settings.instructions = system
     if message is not None:
         term = Terminal()
-        companion = open_companion(model, conversation, settings)
+        companion = open_companion(model, conversation, settings, engine_name=engine_name)
         companion.engine.on_prefill = PrefillProgress(model, terminal=term)
         _one_shot(companion, message, json_output, model, term)
     else:
         term = Terminal()
-        Session(_opener(settings, term), model, conversation, term).run()
+        Session(_opener(settings, term, engine_name), model, conversation, term).run()
 
 
-def _opener(settings: ChatSettings, term: Terminal) -> Opener:
+def _opener(settings: ChatSettings, term: Terminal, engine: str | None = None) -> Opener:
     """Opens a conversation on a model; a new conversation on the same model reuses the model
     already loaded (and its KV caches in memory). Every one shares the first one's store (the
     session holds it)."""
@@ -161,7 +163,7 @@ def _opener(settings: ChatSettings, term: Terminal) -> Opener:
         else:
             store = last[0][1].store if last else None
             last.clear()  # one model in memory at a time
-            companion = open_companion(model, conversation, settings, store)
+            companion = open_companion(model, conversation, settings, store, engine)
             companion.engine.on_prefill = PrefillProgress(model, terminal=term)
         last[:] = [(model, companion)]
         return companion

@@ -100,6 +100,15 @@ MAX_MESSAGE_CHARS = typer.Option(
 )
 
 
+ENGINE = typer.Option(
+    None,
+    "--engine",
+    help="mlx or llamacpp (default: the model's engine in models.toml, else $MLXMEM_ENGINE or "
+    "`engine` in config.toml where the model runs on it, else MLX on Apple silicon and "
+    "llama.cpp where it is installed and the model has a GGUF file).",
+)
+
+
 def model_or_default(model: str | None) -> str:
     """The model a command was given, else the person's default."""
     from mlxmem.models.choice import default_model

@@ -42,13 +42,26 @@ def spec_json(spec: ModelSpec, default: str, size: int) -> dict[str, Any]:
         "downloaded": is_downloaded(spec),
         "size_bytes": size,
         "default": spec.alias == default,
+        "engine": _engine(spec),
     }
+
+
+def _engine(spec: ModelSpec) -> str:
+    """The engine that runs `spec` here, or why none does."""
+    from mlxmem.errors import MlxmemError
+    from mlxmem.models.choice import engine_for
+
+    try:
+        return engine_for(spec).name
+    except MlxmemError as exc:  # a models.toml engine this machine cannot run
+        return f"none ({exc})"
 
 
 @app.command("list")
 def list_models(as_json: bool = JSON) -> None:
-    """List the model aliases, their token budgets, whether each is on disk and its size there.
-    The default is marked * (see `mlxmem models default`)."""
+    """List the model aliases, their token budgets, whether each is on disk and its size there,
+    and the engine that runs each here (mlx or llamacpp; see `mlxmem chat --engine`). The
+    default is marked * (see `mlxmem models default`)."""
     default = default_model()
     records = [
         spec_json(spec, default.name, size_on_disk(spec)) for spec in load_registry().values()
@@ -58,19 +71,21 @@ def list_models(as_json: bool = JSON) -> None:
     if as_json:
         print_json(records)
         return
-    # Four columns, the source folding within its own: readable on an 80-column terminal.
+    # Five columns, the source folding within its own: readable on an 80-column terminal.
     caption = f"* default ({default.chosen_by}: {default.name})"
     table = Table(caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("alias", no_wrap=True)
     table.add_column("on disk", justify="right", no_wrap=True)
     table.add_column("context", justify="right", no_wrap=True)
+    table.add_column("engine", no_wrap=True)
     table.add_column("source (license)", overflow="fold")
     for r in records:
         alias = f"{r['alias']} *" if r["default"] else r["alias"]
         size = human_size(r["size_bytes"]) if r["downloaded"] else "-"
         context = f"{r['context_tokens']:,}"
         source = f"{r['source']} ({r['license']})" if r["license"] else r["source"]
-        table.add_row(alias, size, context, Text(source, overflow="fold"))
+        engine = r["engine"].split(" ")[0]
+        table.add_row(alias, size, context, engine, Text(source, overflow="fold"))
     out().print(table)
 
 

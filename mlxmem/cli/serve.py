@@ -13,13 +13,14 @@ from mlxmem import paths
 from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
 )
-from mlxmem.engine import MLXEngine
+from mlxmem.engine import engine_loader
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
-from mlxmem.models import ensure_local, resolve
+from mlxmem.models import resolve
 
 from .common import (
     CONTEXT_TOKENS,
+    ENGINE,
     FACTS,
     MAX_MESSAGE_CHARS,
     MODEL,
@@ -52,6 +53,7 @@ def serve(
         help="The conversation of a request that names none.",
     ),
     context_tokens: int = CONTEXT_TOKENS,
+    engine_name: str | None = ENGINE,
     facts: bool = FACTS,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
@@ -69,7 +71,6 @@ def serve(
     check_binding(host, allow_remote, token)
     model = model_or_default(model)
     spec = resolve(model)
-    path = ensure_local(spec)
     settings = ChatSettings(
         extract_facts=facts,
         recall=recall,
@@ -78,10 +79,11 @@ def serve(
     )
     budget = settings.context_tokens or spec.context_tokens
     config = ServeConfig(model, budget, spec.response_reserve, settings)
+    load = engine_loader(spec, paths.cache_dir(), engine_name, settings.context_tokens)
     try:
         server = make_server(
             # On the model's own thread.
-            lambda: MLXEngine(path, cache_dir=paths.cache_dir(), restart_policy=spec.restart),
+            load,
             config,
             host=host,
             port=port,

@@ -68,15 +68,19 @@ def open_companion(
     conversation: str = DEFAULT_CONVERSATION,
     settings: ChatSettings | None = None,
     store: Store | None = None,
+    engine_name: str | None = None,
 ) -> Companion:
-    """Load `model` (a registry alias or a model directory) with the data directory's KV
+    """Load `model` (a registry alias or a model directory) on `engine_name` ("mlx",
+    "llamacpp"; None: mlxmem.models.choice.engine_for chooses) with the data directory's KV
     caches, and open `conversation` of `store` (default: the data directory's) on it, with the
     model's budget unless `settings.context_tokens` sets one."""
     from mlxmem import paths
-    from mlxmem.engine import load_engine
+    from mlxmem.engine import make_engine
+    from mlxmem.models import resolve
 
     settings = settings or ChatSettings()
-    engine, spec = load_engine(model, cache_dir=paths.cache_dir())
+    spec = resolve(model)
+    engine = make_engine(spec, paths.cache_dir(), engine_name, settings.context_tokens)
     budget = settings.context_tokens or spec.context_tokens
     return Companion(
         engine, store or Store(), conversation, budget, spec.response_reserve, settings

@@ -9,6 +9,7 @@ imports the registry back.
 
 from mlxmem.models.registry import (
     ModelSpec,
+    ensure_gguf,
     ensure_local,
     import_gguf,
     is_downloaded,
@@ -19,6 +20,7 @@ from mlxmem.models.registry import (
 
 __all__ = [
     "ModelSpec",
+    "ensure_gguf",
     "ensure_local",
     "import_gguf",
     "is_downloaded",

@@ -3,7 +3,9 @@ chose (`mlxmem models default NAME`, kept in the data directory), else DEFAULT_M
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import platform
 import re
 import sys
 from dataclasses import dataclass
@@ -12,7 +14,7 @@ from pathlib import Path
 from mlxmem import paths
 from mlxmem.defaults import DEFAULT_MODEL
 from mlxmem.errors import MlxmemError
-from mlxmem.models.registry import load_registry, resolve, toml_value
+from mlxmem.models.registry import ENGINES, ModelSpec, load_registry, resolve, toml_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,3 +95,81 @@ def _write_config(config: dict) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise MlxmemError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+ENGINE_ENV = "MLXMEM_ENGINE"
+INSTALL_LLAMACPP = 'pip install "mlxmem[llamacpp]"'
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine that runs a model, and what chose it."""
+
+    name: str  # "mlx" or "llamacpp"
+    chosen_by: str  # "--engine", "models.toml", "MLXMEM_ENGINE", "config.toml" or "platform"
+
+
+def engine_for(spec: ModelSpec, requested: str | None = None) -> EngineChoice:
+    """Which engine runs `spec`: `requested` (--engine) or the model's `engine` in models.toml,
+    both binding; else $MLXMEM_ENGINE or `engine` in config.toml, a preference that holds
+    where the model can run on it; else the platform's: MLX on Apple silicon, llama.cpp where
+    it is installed and the model has a GGUF file, MLX elsewhere."""
+    for name, by in ((requested, "--engine"), (spec.engine, "models.toml")):
+        if name:
+            _check_runs(spec, name, by)
+            return EngineChoice(name, by)
+    preferred = (
+        (os.environ.get(ENGINE_ENV), ENGINE_ENV),
+        (_read_config().get("engine"), "config.toml"),
+    )
+    for name, by in preferred:
+        if name:
+            _check_name(name, by)
+            if runs_on(spec, name):
+                return EngineChoice(name, by)
+    return EngineChoice(platform_engine(spec), "platform")
+
+
+def platform_engine(spec: ModelSpec) -> str:
+    gguf_only = spec.gguf_path is not None and spec.gguf_path == spec.path
+    if gguf_only or (not apple_silicon() and runs_on(spec, "llamacpp")):
+        return "llamacpp"
+    return "mlx"
+
+
+def apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def llamacpp_installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def runs_on(spec: ModelSpec, engine: str) -> bool:
+    if engine == "llamacpp":
+        return spec.gguf_path is not None and llamacpp_installed()
+    return spec.gguf_path is None or spec.gguf_path != spec.path
+
+
+def _check_name(name: str, by: str) -> None:
+    if name not in ENGINES:
+        raise MlxmemError(f"{by}: unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+
+
+def _check_runs(spec: ModelSpec, name: str, by: str) -> None:
+    _check_name(name, by)
+    if name == "llamacpp" and not llamacpp_installed():
+        raise MlxmemError(
+            f"the llama.cpp engine needs llama-cpp-python: {INSTALL_LLAMACPP} (it builds "
+            "llama.cpp from source: cmake and a C++ compiler, a few minutes)"
+        )
+    if name == "llamacpp" and spec.gguf_path is None:
+        raise MlxmemError(
+            f"model {spec.alias!r} has no GGUF file, and the llama.cpp engine runs GGUF files; "
+            "run it with --engine mlx"
+        )
+    if name == "mlx" and not runs_on(spec, "mlx"):
+        raise MlxmemError(
+            f"{spec.alias} is a GGUF file: run it with --engine llamacpp, or convert it for "
+            "MLX with `mlxmem models import-gguf`"
+        )

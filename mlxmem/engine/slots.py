@@ -1,0 +1,244 @@
+"""KV slots: named caches that remember which token ids they hold, and their files.
+
+A slot keeps the longest common prefix of its tokens and the next prompt, trims the rest and
+lets the engine prefill only the suffix. Each engine has its own slot class (mlxmem.engine.mlx:
+MLX prompt caches saved in blocks; mlxmem.engine.llamacpp: llama.cpp sequences saved whole);
+what they share is here: the pool that loads, saves, frees and drops them by name, and the
+rules of their files. A slot file is written atomically beside a digest that vouches for it
+and holds metadata naming the model, the layout version and a hash of the token ids; anything
+that does not check out is discarded with a warning and the slot starts empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import warnings
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from mlxmem.paths import ensure_private_dir, make_private
+from mlxmem.restart import RestartPolicy
+
+SUFFIX = ".safetensors"
+DIGEST_SUFFIX = ".sum"
+BLOCKS_SUFFIX = ".blocks"
+
+
+class CacheWarning(UserWarning):
+    """A persisted cache was unusable and has been discarded (the turn still works)."""
+
+
+class Slot(Protocol):
+    """What the pool needs of an engine's slot."""
+
+    name: str
+    tokens: list[int]
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def save(self, path: Path, model_id: str) -> int: ...
+
+    def load(self, path: Path, model_id: str) -> bool: ...
+
+    def release(self) -> None:
+        """Give back what the slot holds in the engine (it is not used again)."""
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def tokens_hash(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """CRC-32 and size: catches truncation and damage at ~4 GB/s (a cryptographic hash ran at
+    ~0.8 GB/s, a second per 3B-model context), which is what a cache needs; the data directory
+    is private to the user, so tampering is not the threat."""
+    crc = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            crc = zlib.crc32(block, crc)
+    return f"crc32:{crc:08x}:{path.stat().st_size}"
+
+
+def discard(path: Path, exc: Exception) -> None:
+    """Warn that the slot file `path` is unusable and remove it: the slot starts empty."""
+    warnings.warn(
+        f"ignoring KV cache {path.name} ({exc}); prefilling from scratch",
+        CacheWarning,
+        stacklevel=3,
+    )
+    remove_slot_files(path)
+
+
+def check_digest(path: Path) -> None:
+    digest = digest_path(path)
+    if not (path.is_file() and digest.is_file()):  # a folder or a pipe where a file belongs
+        raise ValueError("not a cache file")
+    if not digest.exists() or digest.read_text().strip() != file_digest(path):
+        raise ValueError("file digest does not match (truncated or corrupt)")
+
+
+def write_checked(path: Path, write: Callable[[str], Any]) -> int:
+    """Write `path` through `write(tmp_name)`, then its digest, each replaced atomically;
+    return the bytes written."""
+    tmp = path.with_name(path.name + ".tmp" + SUFFIX)
+    write(str(tmp))
+    make_private(tmp)
+    digest_tmp = path.with_name(path.name + ".tmp" + DIGEST_SUFFIX)
+    digest_tmp.write_text(file_digest(tmp))
+    make_private(digest_tmp)
+    size = tmp.stat().st_size
+    os.replace(tmp, path)
+    os.replace(digest_tmp, digest_path(path))
+    return size
+
+
+def blocks_dir(path: Path) -> Path:
+    return path.with_name(path.name[: -len(SUFFIX)] + BLOCKS_SUFFIX)
+
+
+def digest_path(path: Path) -> Path:
+    return path.with_name(path.name[: -len(SUFFIX)] + DIGEST_SUFFIX)
+
+
+def remove_slot_files(path: Path, temporary: bool = False) -> None:
+    paths = [path, digest_path(path)]
+    if temporary:
+        paths += [path.with_name(path.name + ".tmp" + s) for s in (SUFFIX, DIGEST_SUFFIX)]
+    if not path.parent.name.endswith(BLOCKS_SUFFIX):  # a block: its slot's folder stays
+        paths.append(blocks_dir(path))
+    for p in paths:
+        _remove(p)
+
+
+def _remove(path: Path) -> None:
+    """Remove a cache file, or whatever took its name (a folder where a file belongs, a file
+    where the blocks folder belongs): the cache folder is mlxmem's, and only an optimization.
+    Nothing to remove, or a cache folder that is not a folder, is not an error."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except (NotADirectoryError, FileNotFoundError):
+        pass
+
+
+def slot_filename(name: str) -> str:
+    """A file name for a slot name that may hold any characters (conversation names)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:40]
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:12]}{SUFFIX}"
+
+
+class SlotPool:
+    """The slots of one model, loaded from disk on first use, saved on demand, and kept in
+    memory up to `max_bytes` of KV state and `max_slots` slots (least recently used slots are
+    freed, not saved)."""
+
+    def __init__(
+        self,
+        make_slot: Callable[[str], Slot],
+        model_id: str,
+        directory: Path | None,
+        max_bytes: int,
+        restart: RestartPolicy | None = None,
+        max_slots: int | None = None,
+    ):
+        self._make_slot = make_slot
+        self.max_slots = max_slots
+        self.restart = restart
+        self.model_id = model_id
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._slots: OrderedDict[str, Slot] = OrderedDict()
+        self.bytes_written = 0  # by save(), all slots, since the pool was made
+
+    def get(self, name: str) -> Slot:
+        slot = self._slots.get(name)
+        if slot is None:
+            while self.max_slots is not None and len(self._slots) >= self.max_slots:
+                self.free(next(iter(self._slots)))
+            slot = self._make_slot(name)
+            if self.directory is not None:
+                self._load(slot, self.path(name))
+            self._slots[name] = slot
+        self._slots.move_to_end(name)
+        return slot
+
+    def _load(self, slot: Slot, path: Path) -> None:
+        """Load a stored slot, unless this machine recomputes a prefix faster than it reads one
+        (the slot then starts empty and the next prompt prefills it)."""
+        if not path.exists() or (self.restart is not None and not self.restart.should_load()):
+            return
+        start = time.perf_counter()
+        if slot.load(path, self.model_id) and self.restart is not None:
+            self.restart.record_load(slot.nbytes, len(slot.tokens), time.perf_counter() - start)
+
+    def path(self, name: str) -> Path:
+        assert self.directory is not None
+        return self.directory / slot_filename(name)
+
+    def save(self, name: str | None = None) -> None:
+        if self.directory is None:
+            return
+        names = [name] if name is not None else list(self._slots)
+        for n in names:
+            if n in self._slots:
+                try:
+                    ensure_private_dir(self.directory)
+                    self.bytes_written += self._slots[n].save(self.path(n), self.model_id)
+                except (OSError, RuntimeError) as exc:
+                    # A full disk (MLX reports a failed write as RuntimeError), the cache dir
+                    # wiped meanwhile, or a file where the cache folder belongs: the cache is
+                    # only an optimization, so the reply stands and nothing partial stays.
+                    warnings.warn(
+                        f"could not save KV cache in {self.directory} ({exc}); the next turn"
+                        " prefills from scratch",
+                        CacheWarning,
+                        stacklevel=2,
+                    )
+                    remove_slot_files(self.path(n), temporary=True)
+
+    def drop(self, name: str) -> None:
+        if name in self._slots:
+            self.free(name)
+        if self.directory is not None:
+            remove_slot_files(self.path(name))
+
+    def enforce_cap(self, keep: str) -> None:
+        """Free least recently used slots until the pool fits in `max_bytes`. They are not
+        saved: saving is the caller's, when it knows nothing was deleted since the slot was
+        filled (a slot written here could hold text erased meanwhile). A slot saved before
+        comes back from disk; one never saved is prefilled again."""
+        while len(self._slots) > 1 and self.nbytes > self.max_bytes:
+            self.free(next(n for n in self._slots if n != keep))
+
+    def free(self, name: str) -> None:
+        """Forget the slot `name` in memory (its file stays)."""
+        self._slots.pop(name).release()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self._slots.values())
+
+    def peek(self, name: str) -> Slot | None:
+        """The slot `name` if it is in memory, without loading it or making it recent."""
+        return self._slots.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._slots)
