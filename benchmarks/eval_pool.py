@@ -15,6 +15,13 @@ arithmetic (`aggregate`, `paired_difference`, `evicted_evidence`) over the poole
 `--out` keeps those figures only: no question, answer or summary of the corpus (its licence
 keeps its text out of this repository).
 
+    python benchmarks/eval_pool.py RUN.json ... --metric f1|f1_locomo|f1_amem [--rescore]
+
+pools the F1 named (default f1, LoCoMo's unstemmed; f1_locomo, as LoCoMo's script stems it;
+f1_amem, A-Mem's set F1): its means and the paired differences are of it. A run written before
+a metric existed lacks it, and is refused with its name; `--rescore` scores the answers the
+runs kept with this version's scorers first (all three, the older f1 included).
+
     python benchmarks/eval_pool.py RUN.json ... --versus OTHER.json ... [--pair A:B ...]
 
 compares two sets of runs on the questions they share (matched by their text), e.g. the same
@@ -32,12 +39,14 @@ from mlxmem.eval.locomo import (
     PER_SESSION_CONFIGS,
     PER_SESSION_PAIRS,
     SCORED,
+    SCORERS,
     aggregate,
     by_subject,
     default_data_dir,
     evicted_evidence,
     load_conversation,
     paired_difference,
+    rescore,
     subject,
 )
 
@@ -50,21 +59,43 @@ def mode(per_session: bool) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...
     return (PER_SESSION_CONFIGS, PER_SESSION_PAIRS) if per_session else (CONFIGS, PAIRS)
 
 
-def figures(items: list[dict], per_session: bool = False) -> dict:
-    """The eval's own aggregates of `items` (overall, categories 1-4), its paired differences,
-    and (one conversation per run) its count of questions whose evidence had left the window."""
+def figures(items: list[dict], per_session: bool = False, metric: str = "f1") -> dict:
+    """The eval's own aggregates of `items` (overall, categories 1-4), its paired differences
+    (of `metric`, one of SCORERS), and (one conversation per run) its count of questions whose
+    evidence had left the window."""
     configs, pairs = mode(per_session)
     scores = aggregate(items, configs=configs)
     out: dict = {"questions": sum(i["category"] in SCORED for i in items)}
     for config in configs:
-        out[config] = {m: scores[config][m]["overall"] for m in ("f1", *SHARES)}
+        out[config] = {m: scores[config][m]["overall"] for m in (metric, *SHARES)}
     for a, b in pairs:
-        out[f"{a}_vs_{b}"] = paired_difference(items, a, b)
+        out[f"{a}_vs_{b}"] = paired_difference(items, a, b, metric=metric)
     if per_session:
-        out["by_subject"] = by_subject(items, pairs)
+        out["by_subject"] = by_subject(items, pairs, metric=metric)
     else:
-        out["evicted_evidence"] = evicted_evidence(items)["overall"]
+        out["evicted_evidence"] = evicted_evidence(items, metric=metric)["overall"]
     return out
+
+
+def lacks(items: list[dict], metric: str) -> bool:
+    """Whether an answered question of `items` has no `metric`: the run was scored before the
+    eval computed it (pooling it would leave its questions out of the figures unsaid)."""
+    configs = (v for i in items for v in i.values() if isinstance(v, dict))
+    return any(c.get("f1") is not None and metric not in c for c in configs)
+
+
+def check_metric(
+    path: Path, items: list[dict], args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> list[dict]:
+    """`items`, rescored with --rescore; a clear error if they lack the --metric pooled."""
+    if args.rescore:
+        return [rescore(i) for i in items]
+    if args.metric != "f1" and lacks(items, args.metric):
+        parser.error(
+            f"{path} has no {args.metric}: it was scored before `mlxmem eval locomo` computed "
+            "it. --rescore scores the answers it kept anew, or pool --metric f1"
+        )
+    return items
 
 
 def read_run(path: Path, parser: argparse.ArgumentParser) -> dict:
@@ -97,14 +128,23 @@ def run_items(run: dict) -> list[dict]:
     return items
 
 
-def versus(items: list[dict], others: list[dict], pairs: list[tuple[str, str]]) -> dict:
-    """Config a of `items` minus config b of `others`, paired over the questions both hold."""
+def run_of(path: Path, args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[dict]:
+    """The items of the run at `path`, checked for --metric (`check_metric`)."""
+    items = [i for c in read_run(path, parser)["conversations"] for i in c["items"]]
+    return check_metric(path, items, args, parser)
+
+
+def versus(
+    items: list[dict], others: list[dict], pairs: list[tuple[str, str]], metric: str = "f1"
+) -> dict:
+    """Config a of `items` minus config b of `others` (`metric`), paired over the questions
+    both hold."""
     theirs = {i["question"]: i for i in others}
     shared = [(i, theirs[i["question"]]) for i in items if i["question"] in theirs]
     out = {}
     for a, b in pairs:  # one item per question, the two configs under names that cannot clash
         both = [{"category": i["category"], "a": i[a], "b": j[b]} for i, j in shared]
-        out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b")
+        out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b", metric=metric)
     return out
 
 
@@ -121,11 +161,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--versus", type=Path, nargs="+", default=[])
     parser.add_argument("--pair", type=_pair, action="append", default=None)
+    parser.add_argument("--metric", choices=SCORERS, default="f1", help="the F1 to pool")
+    parser.add_argument(
+        "--rescore", action="store_true", help="score the answers the runs kept anew first"
+    )
     args = parser.parse_args()
+    metric = args.metric
     runs, pooled, modes = [], [], set()
     for path in args.runs:
         run = read_run(path, parser)
-        items = run_items(run)
+        items = check_metric(path, run_items(run), args, parser)
         pooled += items
         settings = run["settings"]
         per_session = run.get("configs") == list(PER_SESSION_CONFIGS)
@@ -138,18 +183,17 @@ def main() -> None:
                 "limit": settings.get("limit"),
                 "context_tokens": settings.get("context_tokens"),
                 "versions": run.get("versions"),
-                "figures": figures(items, per_session),
+                "figures": figures(items, per_session, metric),
             }
         )
     if len(modes) > 1:
         parser.error("these runs mix --conversation-per-session with the one-conversation mode")
     per_session = modes.pop()
     configs, pairs = mode(per_session)
-    result = {"runs": runs, "pooled": figures(pooled, per_session)}
+    result = {"metric": metric, "runs": runs, "pooled": figures(pooled, per_session, metric)}
     compared_figures: dict = {}
     if args.versus:
-        others = [i for p in args.versus for c in read_run(p, parser)["conversations"]
-                  for i in c["items"]]  # fmt: skip
+        others = [i for p in args.versus for i in run_of(p, args, parser)]
         compared = args.pair or [("recall", "recall")]
         names = {*CONFIGS, *PER_SESSION_CONFIGS}
         if not (pooled and others):
@@ -157,7 +201,7 @@ def main() -> None:
         for a, b in compared:
             if not ({a, b} <= names and a in pooled[0] and b in others[0]):
                 parser.error(f"no config {a!r} in the runs, or no {b!r} in the --versus runs")
-        compared_figures = versus(pooled, others, compared)
+        compared_figures = versus(pooled, others, compared, metric)
         result["versus"] = {"runs": [p.name for p in args.versus], **compared_figures}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -166,7 +210,7 @@ def main() -> None:
         print(f"{label}: {fig['questions']} questions in categories 1-4")
         for config in configs:
             shares = "  ".join(f"{m} {_num(fig[config][m]['mean'], '.2f')}" for m in SHARES)
-            print(f"  {config:>9} F1 {_figure(fig[config]['f1'], '.3f')}  {shares}")
+            print(f"  {config:>9} {metric} {_figure(fig[config][metric], '.3f')}  {shares}")
         for a, b in pairs:
             d = fig[f"{a}_vs_{b}"]
             clear = "  (clear of zero)" if d["beats"] else ""

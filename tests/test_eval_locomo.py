@@ -186,6 +186,39 @@ def test_replay_and_probes_with_the_fake_engine(tmp_path):
     assert all(c.cached_tokens > 0 for c in memory[1:])
 
 
+def test_a_result_holds_every_answer_and_its_three_f1s(tmp_path, capsys):
+    data = write_dataset(tmp_path)
+    run = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 1000, 120)
+    result = json.loads(json.dumps(run.to_dict()))  # as `--json` writes it
+    item = result["conversations"][0]["items"][0]  # where Jon went with Ana: Lisbon
+    assert item["oracle"]["answer"] == "Lisbon"  # kept, so any scoring can be redone
+    scores = {k: item["oracle"][k] for k in (*ev.SCORERS, "exact")}
+    assert scores == {"f1": 1.0, "f1_locomo": 1.0, "f1_amem": 1.0, "exact": 1.0}
+    for metric in ("f1_locomo", "f1_amem"):
+        assert result["oracle"][metric]["overall"]["mean"] == 1.0
+        assert result["oracle"][metric]["single_hop"]["n"] == 6
+    # The adversarial question: no_memory says it does not know, which LoCoMo scores 1 and
+    # A-Mem 0 (it scores against the answer the conversation does not hold).
+    assert result["no_memory"]["f1_locomo"]["adversarial"]["mean"] == 1.0
+    assert result["no_memory"]["f1_amem"]["adversarial"]["mean"] == 0.0
+    assert set(result["settings"]) >= {"f1", "f1_locomo", "f1_amem"}
+    figures = ev.headline(result)
+    assert figures["f1_oracle"] == figures["f1_locomo_oracle"] == figures["f1_amem_oracle"] == 1.0
+    assert ev.beside_amem(result)["oracle"] == {1: None, 2: None, 3: None, 4: 100.0}
+    eval_cli._tables(result, "conv-1")  # the report `mlxmem eval locomo` prints
+    printed = capsys.readouterr().out
+    assert "f1_locomo: LoCoMo F1" in printed and "f1_amem: A-Mem's set F1" in printed
+    assert ev.AMEM_ROW_LABEL in printed and "18.2" in printed and "100.0" in printed
+    # A run stored before the new scores: its report has the unstemmed F1 alone, and the old
+    # key names still read as before.
+    for config in ev.CONFIGS:
+        del result[config]["f1_locomo"], result[config]["f1_amem"]
+    eval_cli._tables(result, "conv-1")
+    printed = capsys.readouterr().out
+    assert "LoCoMo F1 unstemmed" in printed and "f1_locomo" not in printed
+    assert ev.headline(result)["f1_amem_oracle"] is None
+
+
 def test_evidence_out_of_the_window_is_what_recall_is_scored_on(tmp_path, monkeypatch):
     # The summary keeps the model's text alone (no specifics added after it), so what left the
     # window is in the prompt only where recall puts it.

@@ -179,3 +179,33 @@ def test_a_file_that_is_not_a_run_is_a_clear_error(tmp_path):
         )
         assert done.returncode == 2 and "eval locomo --json" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_metric_pools_the_f1_named_and_says_when_a_run_lacks_it(tmp_path):
+    """--metric pools f1, f1_locomo or f1_amem; a run scored before a metric existed is refused
+    by name, and --rescore scores the answers it kept."""
+    old = run_file(tmp_path / "old.json", "conv-1", [(0.5, 0.0), (0.4, 0.1)])  # f1 only
+    command = [sys.executable, str(SCRIPT), str(old), "--out", str(tmp_path / "out.json")]
+    refused = subprocess.run([*command, "--metric", "f1_amem"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"{old} has no f1_amem" in refused.stderr and "--rescore" in refused.stderr
+    # Rescored: every answer is "SECRET" as the gold answer is, so every F1 is 1.
+    done = subprocess.run(
+        [*command, "--metric", "f1_amem", "--rescore"], capture_output=True, text=True, check=True
+    )
+    pooled = json.loads((tmp_path / "out.json").read_text())
+    assert pooled["metric"] == "f1_amem" and pooled["pooled"]["recall"]["f1_amem"]["mean"] == 1.0
+    assert pooled["pooled"]["recall_vs_window"]["mean"] == 0.0
+    assert "recall f1_amem 1.000" in done.stdout
+    # A run with the three F1s pools any of them as stored; the paired differences are of it.
+    new = json.loads(old.read_text())
+    for item in new["conversations"][0]["items"]:
+        for config in CONFIGS:
+            item[config] |= {"f1_locomo": 0.8 if config == "recall" else 0.2, "f1_amem": 0.0}
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    command[2] = str(tmp_path / "new.json")
+    subprocess.run([*command, "--metric", "f1_locomo"], capture_output=True, check=True)
+    pooled = json.loads((tmp_path / "out.json").read_text())["pooled"]
+    assert pooled["recall"]["f1_locomo"]["mean"] == 0.8
+    assert abs(pooled["recall_vs_window"]["mean"] - 0.6) < 1e-9
+    assert "f1" not in pooled["recall"]  # the figures of the metric pooled only

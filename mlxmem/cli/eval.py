@@ -18,7 +18,7 @@ from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import JSON, err, model_or_default, out, plain_typer, print_json
+from .common import ENGINE, JSON, err, model_or_default, out, plain_typer, print_json
 
 app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
@@ -84,6 +84,7 @@ def locomo(
     ),
     plot: Path = PLOT,
     seed: int = SEED,
+    engine_name: str | None = ENGINE,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
@@ -91,14 +92,15 @@ def locomo(
     at its session's date, which the prompts show where the day changes), then ask their
     questions as probes that are not logged, under five configurations: no_memory, window,
     mlxmem (facts + summary + window), recall (mlxmem + turns recalled from the log) and
-    oracle (the evidence turns). Scores: LoCoMo's token F1 and exact match per category, with
-    95% bootstrap intervals; and what reached each prompt: an evidence turn, and every content
-    word of the gold answer."""
+    oracle (the evidence turns). Scores per category, with 95% bootstrap intervals: LoCoMo's
+    token F1 unstemmed (f1) with exact match, as LoCoMo's script stems it (f1_locomo), and
+    A-Mem's set F1 (f1_amem, beside A-Mem's published Qwen2.5-1.5B row); and what reached each
+    prompt: an evidence turn, and every content word of the gold answer."""
     with _locomo_folder(data or ev.default_data_dir()) as folder:
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(ev.no_data_hint(folder))
-        chosen = _model(model_or_default(model), None, None, seed, as_json)
+        chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
             result = ev.run_locomo(
                 engine,
@@ -156,6 +158,7 @@ def facts_command(
         None, "--context-tokens", help="Context budget (default: the model's)."
     ),
     seed: int = SEED,
+    engine_name: str | None = ENGINE,
     as_json: bool = JSON,
 ) -> None:
     """Score fact extraction against LoCoMo's gold facts: send a conversation's user messages
@@ -167,7 +170,7 @@ def facts_command(
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(ev.no_data_hint(folder))
-        chosen = _model(model_or_default(model), None, None, seed, as_json)
+        chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
         runs = []
         with bench.bench_engine(chosen, persist=False) as engine, _progress("facts") as progress:
             for cid in ids:
@@ -238,17 +241,20 @@ def _tables(results: dict, label: str) -> None:
     _facts_line(results)
 
 
+# Each F1 of the report (mlxmem.eval.locomo.SCORERS): its table's title.
+F1_TITLES = {
+    "f1": "LoCoMo F1 unstemmed (exact match) by category",
+    "f1_locomo": "f1_locomo: LoCoMo F1 as its script scores it (Porter-stemmed) by category",
+    "f1_amem": "f1_amem: A-Mem's set F1 by category (adversarial: against an answer not held)",
+}
+
+
 def _f1_tables(results: dict, label: str, groups: list[str]) -> None:
-    table = Table(title=f"LoCoMo F1 (exact match) by category, {label}; 95% bootstrap interval")
-    table.add_column("config")
-    for g in groups:
-        table.add_column(f"{g} (n={results['no_memory']['f1'][g]['n']})", justify="right")
-    for config in _configs(results):
-        table.add_row(
-            config,
-            *(_cell(results[config]["f1"][g], results[config]["exact"][g]) for g in groups),
-        )
-    out().print(table)
+    for metric in ev.SCORERS:
+        if metric in results["no_memory"]:  # a run stored before the metric has none
+            _f1_table(results, metric, f"{F1_TITLES[metric]}, {label}", groups)
+    if "f1_amem" in results["no_memory"]:
+        _amem_table(results)
     per = Table(title="overall F1 per conversation (categories 1-4)")
     per.add_column("conversation")
     for config in _configs(results):
@@ -296,6 +302,33 @@ _SUBJECT_LABELS = {
     "both": "both speakers",
     "neither": "no speaker by name",
 }
+
+
+def _f1_table(results: dict, metric: str, title: str, groups: list[str]) -> None:
+    table = Table(title=f"{title}; 95% bootstrap interval")
+    table.add_column("config")
+    for g in groups:
+        table.add_column(f"{g} (n={results['no_memory'][metric][g]['n']})", justify="right")
+    for config in _configs(results):
+        exact = results[config]["exact"] if metric == "f1" else None
+        table.add_row(
+            config,
+            *(_cell(results[config][metric][g], exact[g] if exact else None) for g in groups),
+        )
+    out().print(table)
+
+
+def _amem_table(results: dict) -> None:
+    table = Table(
+        title="f1_amem x100 beside A-Mem's published Qwen2.5-1.5B row (Xu et al. 2025, Table "
+        "1; its columns are LoCoMo's categories by number; its prompts and memory, not ours)"
+    )
+    table.add_column("config")
+    for c in ev.SCORED:
+        table.add_column(f"{c} {ev.CATEGORIES[c]}", justify="right")
+    for name, row in ev.beside_amem(results).items():
+        table.add_row(name, *("-" if row[c] is None else f"{row[c]:.1f}" for c in ev.SCORED))
+    out().print(table)
 
 
 def _facts_line(results: dict) -> None:

@@ -19,11 +19,19 @@ in the prompt; the probe's own question does not count). They bound what any mod
 answer, and with `answers=False` (`--no-answers`) only they are measured: the replay runs and
 the prompts are assembled, but no answer is generated.
 
-Scores follow LoCoMo's evaluation: token F1 after its answer normalization (lowercase, commas
-and punctuation out, articles a/an/the out, whitespace folded), multi-hop answers split at
-commas, open-domain answers cut at ';'; plus exact match. Unlike LoCoMo's script, words are not
-Porter-stemmed (no NLTK here). Adversarial questions (category 5) have no answer in the
-conversation: a probe scores 1 if it says so, and they are reported apart.
+Each answer is scored three ways (SCORERS), and kept, so that any scoring can be redone from a
+result file (`rescore`):
+
+- `f1_locomo`: LoCoMo's official token F1: its answer normalization (lowercase, commas and
+  punctuation out, articles a/an/the and "and" out, whitespace folded), every word
+  Porter-stemmed, multi-hop answers split at commas, open-domain answers cut at ';';
+- `f1`: the same without stemming (what this eval reported before `f1_locomo`: older results
+  compare on it);
+- `f1_amem`: A-Mem's set F1 (Xu et al. 2025), for its published table: the sets of lowercase
+  words, no stemming, no article removed, no rule per category;
+
+plus exact match. Adversarial questions (category 5) have no answer in the conversation: under
+LoCoMo's rules a probe scores 1 if it says so, and they are reported apart.
 """
 
 from __future__ import annotations
@@ -33,12 +41,15 @@ import random
 import re
 import string
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+
+import Stemmer
 
 from mlxmem.bench.common import Progress, no_progress
 from mlxmem.engine import Engine, Message
@@ -60,13 +71,21 @@ PER_SESSION_CONFIGS = ("no_memory", "facts", "recall", "oracle")
 # What a new chat gets from the facts, then from recall; and the oracle's room above nothing.
 PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no_memory"))
 NEW_CHAT = "questions"  # where the per-session questions are asked: never logged
+# The three F1 scores of an answer (see the module's docstring and `answer_scores`).
+SCORERS = ("f1", "f1_locomo", "f1_amem")
 # Per item and configuration; aggregated alike (None: not measured, e.g. no answer generated).
-METRICS = ("f1", "exact", "evidence_in_prompt", "answer_in_prompt")
+METRICS = (*SCORERS, "exact", "evidence_in_prompt", "answer_in_prompt")
 # Verified against the files (qa/*.qa.json): 1 has several evidence turns per question (96%),
 # 2 asks "when", 3 asks what someone "would likely" do, 4 has one evidence turn (96%), 5 has
 # an `adversarial_answer` instead of an answer.
 CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 SCORED = (1, 2, 3, 4)  # `overall` is over these; adversarial is reported apart
+# A-Mem's published row for Qwen2.5-1.5B (Xu et al. 2025, "A-Mem: Agentic Memory for LLM
+# Agents", Table 1): its token F1 x100 per LoCoMo category. Its columns are LoCoMo's categories
+# 1-4 by number, whatever their headers call them, so the row is keyed by number; set beside
+# our `f1_amem`, the F1 its evaluation code computes (`amem_f1`).
+AMEM_QWEN25_1_5B_F1 = {1: 18.2, 2: 24.3, 3: 16.5, 4: 23.6}
+AMEM_ROW_LABEL = "A-Mem (published)"  # Qwen2.5-1.5B, as the report says
 # Whom a question names: the person (the logged user's speaker), the other speaker, both or
 # neither. The facts are about the person by design, so what they carry is read on "user".
 SUBJECTS = ("user", "other", "both", "neither")
@@ -264,8 +283,30 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def token_f1(prediction: str, truth: str) -> float:
-    pred, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+# PyStemmer's objects are not thread-safe: one per thread.
+_local = threading.local()
+
+
+def _porter() -> Stemmer.Stemmer:
+    # LoCoMo's script stems with NLTK's PorterStemmer; NLTK is not a dependency, PyStemmer is
+    # (recall's index). Its "porter" is the original Porter algorithm, which NLTK's default
+    # mode extends for a few rare words (e.g. "dying": "dy" here, "die" there): F1 can differ
+    # from the official figures on those words only.
+    stemmer = getattr(_local, "porter", None)
+    if stemmer is None:
+        stemmer = _local.porter = Stemmer.Stemmer("porter")
+    return stemmer
+
+
+def answer_tokens(text: str, stem: bool = False) -> list[str]:
+    """The words LoCoMo's F1 counts: normalized, and Porter-stemmed with `stem`."""
+    words = normalize_answer(text).split()
+    return _porter().stemWords(words) if stem else words
+
+
+def token_f1(prediction: str, truth: str, stem: bool = False) -> float:
+    """LoCoMo's token F1 (a bag of words: a repeated word counts as often as both have it)."""
+    pred, gold = answer_tokens(prediction, stem), answer_tokens(truth, stem)
     common = sum((Counter(pred) & Counter(gold)).values())
     if common == 0:
         return 0.0
@@ -273,21 +314,83 @@ def token_f1(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def score(prediction: str, question: Question) -> tuple[float, float]:
-    """(F1, exact match) of one answer, per LoCoMo's rules for its category."""
+def gold_answer(question: Question) -> str:
+    """The answer LoCoMo scores against: an open-domain question's first (before ';')."""
+    return question.answer.split(";")[0] if question.category == 3 else question.answer
+
+
+def said_no_answer(prediction: str) -> float:
+    """1.0 if an answer says the conversation does not tell (adversarial questions)."""
+    return float(bool(NO_ANSWER_RE.search(prediction)))
+
+
+def locomo_f1(prediction: str, question: Question, stem: bool = False) -> float:
+    """F1 of one answer per LoCoMo's rules for its category: adversarial, said none; multi-hop,
+    the gold answer's comma-separated parts each matched to the best part of the answer, and
+    averaged; else the token F1 against the gold answer."""
     if question.category == 5:
-        said_none = float(bool(NO_ANSWER_RE.search(prediction)))
-        return said_none, said_none
-    truth = question.answer
-    if question.category == 3:
-        truth = truth.split(";")[0]
-    exact = float(normalize_answer(prediction) == normalize_answer(truth))
-    if question.category == 1:
-        parts = [p for p in prediction.split(",") if p.strip()] or [prediction]
-        golds = [g for g in truth.split(",") if g.strip()] or [truth]
-        f1 = sum(max(token_f1(p, g) for p in parts) for g in golds) / len(golds)
-        return f1, exact
-    return token_f1(prediction, truth), exact
+        return said_no_answer(prediction)
+    truth = gold_answer(question)
+    if question.category != 1:
+        return token_f1(prediction, truth, stem)
+    parts = [p for p in prediction.split(",") if p.strip()] or [prediction]
+    golds = [g for g in truth.split(",") if g.strip()] or [truth]
+    return sum(max(token_f1(p, g, stem) for p in parts) for g in golds) / len(golds)
+
+
+# What A-Mem's tokenizer splits at besides whitespace (its utils.py `simple_tokenize`).
+_AMEM_SEPARATORS = str.maketrans(".,!?", "    ")
+
+
+def amem_words(text: str) -> set[str]:
+    """The set of words A-Mem's F1 compares: lowercase, split at whitespace and . , ! ?"""
+    return set(text.lower().translate(_AMEM_SEPARATORS).split())
+
+
+def amem_f1(prediction: str, reference: str) -> float:
+    """A-Mem's token F1, as its evaluation code computes it (github.com/WujiangXu/AgenticMemory,
+    utils.py, `calculate_metrics`, read for this): over SETS of words (a repeated word counts
+    once), no stemming, articles kept; 0 if either is empty or they share no word. It takes
+    the gold answer as it is, whatever the category: an adversarial question's is the answer
+    the conversation does not hold, so saying "not mentioned" scores 0 here."""
+    pred, ref = amem_words(prediction), amem_words(reference)
+    common = len(pred & ref)
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score(prediction: str, question: Question) -> tuple[float, float]:
+    """(F1 unstemmed, exact match) of one answer, per LoCoMo's rules for its category."""
+    f1 = locomo_f1(prediction, question)
+    if question.category == 5:
+        return f1, f1
+    exact = normalize_answer(prediction) == normalize_answer(gold_answer(question))
+    return f1, float(exact)
+
+
+def answer_scores(prediction: str, question: Question) -> dict[str, float]:
+    """Every score of one answer: SCORERS and exact match."""
+    f1, exact = score(prediction, question)
+    return {
+        "f1": f1,
+        "f1_locomo": locomo_f1(prediction, question, stem=True),
+        "f1_amem": amem_f1(prediction, question.answer),
+        "exact": exact,
+    }
+
+
+def rescore(item: dict, configs: Sequence[str] = (*CONFIGS, *PER_SESSION_CONFIGS)) -> dict:
+    """`item` (of a result file) with every configuration's stored answer scored anew by
+    `answer_scores`: the scorers of this version on a run made before them. A configuration
+    without an answer (--no-answers) is left as it is."""
+    question = Question(item["question"], str(item["answer"]), item["category"], ())
+    for config in configs:
+        done = item.get(config)
+        if isinstance(done, dict) and done.get("answer") is not None:
+            done |= answer_scores(done["answer"], question)
+    return item
 
 
 def bootstrap_ci(values: Sequence[float], seed: int = 0) -> list[float] | None:
@@ -327,29 +430,34 @@ def aggregate(items: Sequence[dict], seed: int = 0, configs: Sequence[str] = CON
     return out
 
 
-def paired_difference(items: Sequence[dict], a: str, b: str, seed: int = 0) -> dict:
-    """Overall F1 of config `a` minus config `b` on the same questions (categories 1-4), with
-    a 95% bootstrap interval over questions: what decides whether `a` beats `b`."""
+def paired_difference(
+    items: Sequence[dict], a: str, b: str, seed: int = 0, metric: str = "f1"
+) -> dict:
+    """Overall F1 (`metric`, of SCORERS) of config `a` minus config `b` on the same questions
+    (categories 1-4), with a 95% bootstrap interval over questions: what decides whether `a`
+    beats `b`. Items without `metric` for both (not answered, or older) are left out."""
     diffs = [
-        i[a]["f1"] - i[b]["f1"]
+        i[a][metric] - i[b][metric]
         for i in items
-        if i["category"] in SCORED and i[a].get("f1") is not None and i[b].get("f1") is not None
+        if i["category"] in SCORED and i[a].get(metric) is not None and i[b].get(metric) is not None
     ]
     mean = sum(diffs) / len(diffs) if diffs else None
     ci = bootstrap_ci(diffs, seed)
     return {"mean": mean, "ci": ci, "n": len(diffs), "beats": bool(ci and ci[0] > 0)}
 
 
-def by_subject(items: Sequence[dict], pairs: Sequence[tuple[str, str]], seed: int = 0) -> dict:
-    """`pairs`' paired differences over the questions about each subject (SUBJECTS) that has
-    some; items from before `about` was recorded are left out."""
+def by_subject(
+    items: Sequence[dict], pairs: Sequence[tuple[str, str]], seed: int = 0, metric: str = "f1"
+) -> dict:
+    """`pairs`' paired differences (of `metric`) over the questions about each subject
+    (SUBJECTS) that has some; items from before `about` was recorded are left out."""
     out = {}
     for name in SUBJECTS:
         group = [i for i in items if i.get("about") == name]
         scored = sum(i["category"] in SCORED for i in group)
         if scored:
             out[name] = {"questions": scored} | {
-                f"{a}_vs_{b}": paired_difference(group, a, b, seed) for a, b in pairs
+                f"{a}_vs_{b}": paired_difference(group, a, b, seed, metric) for a, b in pairs
             }
     return out
 
@@ -468,8 +576,7 @@ def answer_words(question: Question) -> list[str]:
     """The gold answer's content words after LoCoMo's normalization (for an open-domain
     question, its first answer, as `score` takes it); all its words if none is a content
     word ("Yes")."""
-    truth = question.answer.split(";")[0] if question.category == 3 else question.answer
-    words = normalize_answer(truth).split()
+    words = normalize_answer(gold_answer(question)).split()
     return [w for w in words if w not in STOPWORDS] or words
 
 
@@ -557,15 +664,12 @@ def scored(
     }
     for config, prompt in prompts.items():
         slot = f"probe/{shared_slots.get(config, config)}"
-        answer, f1, exact = None, None, None
-        if answers:
-            answer = ask(engine, prompt.tokens, slot)
-            f1, exact = score(answer, question)
+        answer = ask(engine, prompt.tokens, slot) if answers else None
+        unscored: dict[str, float | None] = dict.fromkeys((*SCORERS, "exact"))
         shown = prompt_text(prompt, text)
         item[config] = {
-            "answer": answer,
-            "f1": f1,
-            "exact": exact,
+            "answer": answer,  # kept: any scoring can be redone from the result (`rescore`)
+            **(unscored if answer is None else answer_scores(answer, question)),
             "evidence_in_prompt": evidence_in_prompt(conv, question, shown),
             "answer_in_prompt": answer_in_prompt(question, shown),
             "prompt_tokens": len(prompt.tokens),
@@ -636,11 +740,12 @@ def log_view(companion: Companion, seq_of: dict[str, int]) -> LogView:
     )
 
 
-def evicted_evidence(items: Sequence[dict], seed: int = 0) -> dict:
+def evicted_evidence(items: Sequence[dict], seed: int = 0, metric: str = "f1") -> dict:
     """The questions recall is for: those (categories 1-4) with an evidence turn that had left
     the verbatim window. How often recall put one of their evidence turns in the prompt (a
-    retrieval figure, the same for any model), and what that did to F1, recall minus mlxmem,
-    overall and on single-hop questions. Items from before these fields existed are left out."""
+    retrieval figure, the same for any model), and what that did to F1 (`metric`), recall minus
+    mlxmem, overall and on single-hop questions. Items from before these fields existed are
+    left out."""
 
     def left_window(item: dict) -> bool:
         return any(s <= item["evicted_upto"] for s in item["evidence_seqs"])
@@ -656,7 +761,7 @@ def evicted_evidence(items: Sequence[dict], seed: int = 0) -> dict:
             "evidence_recalled": int(sum(hits)),
             "share": sum(hits) / len(hits) if hits else None,
             "share_ci": bootstrap_ci(hits, seed),
-            "recall_vs_mlxmem": paired_difference(group, "recall", "mlxmem", seed),
+            "recall_vs_mlxmem": paired_difference(group, "recall", "mlxmem", seed, metric),
         }
 
     return {
@@ -768,6 +873,8 @@ def run_locomo(
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
         "f1": "LoCoMo token F1 without stemming",
+        "f1_locomo": "LoCoMo token F1, Porter-stemmed (PyStemmer), as its evaluation script",
+        "f1_amem": "A-Mem's set F1 (utils.py calculate_metrics): no stemming, no category rule",
         "entities": "capitalized words not opening a sentence",
     }
     result = EvalResult(settings)
@@ -910,12 +1017,26 @@ def _layer_stats(companion, conv, seq_of, n_pairs, facts, added, outcomes) -> di
 
 
 def headline(results: dict) -> dict:
-    """Overall F1 per configuration (categories 1-4), and what reached recall's prompt, for the
-    bench history table."""
-    overall = {c: results.get(c, {}).get("f1", {}).get("overall", {}) for c in CONFIGS}
-    recall = results.get("recall", {})
+    """Overall F1 per configuration (categories 1-4), each of SCORERS (None for a run stored
+    before it), and what reached recall's prompt, for the bench history table."""
+
+    def overall(config: str, metric: str):
+        return results.get(config, {}).get(metric, {}).get("overall", {}).get("mean")
+
+    f1s = {f"{metric}_{c}": overall(c, metric) for metric in SCORERS for c in CONFIGS}
     reached = {
-        f"{metric}_recall": recall.get(metric, {}).get("overall", {}).get("mean")
+        f"{metric}_recall": overall("recall", metric)
         for metric in ("evidence_in_prompt", "answer_in_prompt")
     }
-    return {f"f1_{c}": overall[c].get("mean") for c in CONFIGS} | reached
+    return f1s | reached
+
+
+def beside_amem(results: dict) -> dict[str, dict[int, float | None]]:
+    """Our `f1_amem` x100 per LoCoMo category 1-4 for each configuration of `results` (None
+    where not measured), and A-Mem's published row (AMEM_ROW_LABEL) last, for the report."""
+    rows = {}
+    for config in results.get("configs", CONFIGS):
+        cells = results.get(config, {}).get("f1_amem", {})
+        means = {c: cells.get(CATEGORIES[c], {}).get("mean") for c in SCORED}
+        rows[config] = {c: None if m is None else 100 * m for c, m in means.items()}
+    return rows | {AMEM_ROW_LABEL: dict(AMEM_QWEN25_1_5B_F1)}
