@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from mlxmem.errors import InputError
 from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry, resolve
 from mlxmem.models.choice import default_model, set_default_model
 from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
@@ -173,7 +174,9 @@ def import_gguf(
     )
 
 
-TINY_PATH = typer.Argument(..., metavar="PATH", help="Directory to write the model into.")
+TINY_PATH = typer.Argument(
+    ..., metavar="PATH", help="Directory to write the model into (with --gguf: a .gguf file)."
+)
 
 
 @app.command("make-tiny")
@@ -193,6 +196,12 @@ def make_tiny(
         max=4096,
         help="Hidden size, a multiple of 16 (default 128; the MLP is twice as wide).",
     ),
+    gguf: bool = typer.Option(
+        False,
+        "--gguf",
+        help="Write a GGUF file (PATH ending in .gguf) for the llama.cpp engine instead: float32 "
+        "weights, the same vocabulary and chat template.",
+    ),
 ) -> None:
     """Write a tiny model with RANDOM WEIGHTS: its output is gibberish.
 
@@ -205,9 +214,14 @@ def make_tiny(
     """
 
     from mlxmem.models.tiny import make_tiny as write_tiny
-    from mlxmem.models.tiny import tiny_shape
+    from mlxmem.models.tiny import make_tiny_gguf, tiny_shape
 
     start = time.perf_counter()
-    written = write_tiny(path, seed=seed, quantize=quantize, arch=tiny_shape(layers, hidden))
+    if gguf:
+        if quantize is not None:
+            raise InputError("--quantize is for the MLX model; a --gguf tiny model is float32")
+        written = make_tiny_gguf(path, seed, layers, hidden)
+    else:
+        written = write_tiny(path, seed=seed, quantize=quantize, arch=tiny_shape(layers, hidden))
     seconds = time.perf_counter() - start
     typer.echo(f"Wrote a random-weight tiny model to {written} in {seconds:.1f} s")

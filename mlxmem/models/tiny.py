@@ -404,3 +404,91 @@ Alice Bob Carol Dan Eve Sam Tom Lucy Max Mia Zoe
 user assistant system summary fact facts memory memories preference preferences habit
 habits person people name names favorite allergic vegetarian anniversary
 """.split()
+
+
+def make_tiny_gguf(
+    path: str | Path, seed: int = 0, layers: int | None = None, hidden: int | None = None
+) -> Path:
+    """Write the tiny model as a GGUF file for the llama.cpp engine (random float32 weights of
+    the tiny shape, llama.cpp's rope rather than Llama 3's scaled one) and return its path.
+
+    Written with llama.cpp's own `gguf` package. The vocabulary is the tiny SentencePiece
+    model's pieces and scores (llama.cpp's `llama` tokenizer: its byte pieces as byte tokens)
+    with the Llama-3 style special tokens and chat template, so a prompt tokenizes into words
+    as on a real model; llama.cpp segments by score, so its ids differ from the MLX tiny
+    model's, which has no GGUF to compare with. The embeddings and the output layer are drawn
+    wider than the other weights, and apart, so that greedy decoding wanders instead of
+    repeating one token."""
+    import gguf
+    import numpy as np
+
+    path = Path(path).expanduser()
+    if path.suffix != ".gguf":
+        raise InputError(f"{path}: a GGUF file's name ends in .gguf")
+    shape = TINY_SHAPE | (tiny_shape(layers, hidden) or {})
+    width, ffn = shape["hidden_size"], shape["intermediate_size"]
+    heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
+    head_dim = width // heads
+    pieces = _train_spm()
+    tokens = [p for p, _ in pieces] + list(SPECIAL_TOKENS)
+    types = [_piece_type(p) for p, _ in pieces] + [3] * len(SPECIAL_TOKENS)  # 3: control
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name("mlxmem tiny (random weights)")
+    writer.add_block_count(shape["num_hidden_layers"])
+    writer.add_context_length(8192)
+    writer.add_embedding_length(width)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(shape["rms_norm_eps"])
+    writer.add_rope_freq_base(shape["rope_theta"])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([s for _, s in pieces] + [0.0] * len(SPECIAL_TOKENS))
+    writer.add_token_types(types)
+    writer.add_bos_token_id(tokens.index(BOS))
+    writer.add_eos_token_id(tokens.index(EOT))
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)  # as the tiny tokenizer: text is kept as given
+    writer.add_chat_template(CHAT_TEMPLATE)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *dims: int, scale: float = 0.05) -> None:
+        values = scale * rng.standard_normal(dims) if len(dims) > 1 else np.ones(dims)
+        writer.add_tensor(name, values.astype(np.float32))
+
+    tensor("token_embd.weight", len(tokens), width, scale=1.0)
+    tensor("output.weight", len(tokens), width, scale=1.0)  # untied: tied ones echo the input
+    tensor("output_norm.weight", width)
+    for i in range(shape["num_hidden_layers"]):
+        block = f"blk.{i}"
+        tensor(f"{block}.attn_norm.weight", width)
+        tensor(f"{block}.ffn_norm.weight", width)
+        tensor(f"{block}.attn_q.weight", heads * head_dim, width)
+        tensor(f"{block}.attn_k.weight", kv_heads * head_dim, width)
+        tensor(f"{block}.attn_v.weight", kv_heads * head_dim, width)
+        tensor(f"{block}.attn_output.weight", width, heads * head_dim)
+        tensor(f"{block}.ffn_gate.weight", ffn, width)
+        tensor(f"{block}.ffn_up.weight", ffn, width)
+        tensor(f"{block}.ffn_down.weight", width, ffn)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _piece_type(piece: str) -> int:
+    """llama.cpp's token type of a SentencePiece piece: unknown, byte or normal."""
+    if piece == "<unk>":
+        return 2
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return 6
+    return 1
