@@ -219,3 +219,40 @@ def test_chat_runs_a_gguf_file_on_llama_cpp_and_reuses_its_cache(tiny_gguf, mlxm
             m["alias"]: m["engine"] for m in json.loads(cli("models", "list", "--json").output)
         }
         assert listed["smollm2-135m"] == "llamacpp" and listed["tiny"] == "mlx"
+
+
+def test_deleted_fact_and_turn_leave_no_trace_in_any_state_file(tiny_gguf, mlxmem_home):
+    """Invariant 5 on this engine: a saved state holds the token ids of the turns it saw, so
+    after `memory rm` and `history rm` no file holds the text, and no state file's ids
+    decode to it."""
+    import json
+
+    from conftest import files_containing
+
+    from mlxmem.memory.store import Store
+
+    marker_turn, marker_fact = "ZEBRA TURN 7731", "OKAPI FACT 5519"
+    args = ["chat", "--model", str(tiny_gguf), "--engine", "llamacpp", "--temp", "0"]
+    args += ["--max-tokens", "8", "--no-facts", "--json"]
+    cli(*args, f"My locker code is {marker_turn}, keep it in mind.")
+    cli("memory", "add", f"My badge says {marker_fact}")
+    cli(*args, "Anything else?")
+    e = engine(tiny_gguf)
+
+    def held_texts() -> str:
+        found = ""
+        for path in (mlxmem_home / "kv").glob("*.safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="np") as f:
+                found += e.decode(json.loads((f.metadata() or {})["tokens"]))
+        return found
+
+    assert marker_turn in held_texts() and marker_fact in held_texts()  # the check can fail
+    turn = Store().search("ZEBRA")[0]
+    fact = next(f for f in Store().facts() if marker_fact in f.text)
+    cli("memory", "rm", str(fact.id))
+    cli("history", "rm", str(turn.id), "--yes")
+    for marker in (marker_turn, marker_fact):
+        assert files_containing(mlxmem_home, marker) == [] and marker not in held_texts()
+    assert json.loads(cli(*args, "Are you still there?").output)["generated_tokens"] > 0
