@@ -237,6 +237,8 @@ class LlamaCppEngine(TemplatedEngine):
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         prompt = list(prompt)
+        if not prompt:
+            return 0
         held = self._slot(slot, len(prompt))
         cached = held.reuse_prefix(prompt)
         start = time.perf_counter()
