@@ -10,8 +10,7 @@ import pytest
 from conftest import cli
 
 from mlxmem.engine import Message, MLXEngine
-from mlxmem.engine.mlx import KV_BLOCK_TOKENS
-from mlxmem.engine.slots import SUFFIX, CacheWarning
+from mlxmem.engine.slots import KV_BLOCK_TOKENS, SUFFIX, CacheWarning
 from mlxmem.memory.store import Store
 from mlxmem.models.tiny import make_tiny
 

@@ -7,8 +7,7 @@ import pytest
 from conftest import check_chat_blocks
 
 from mlxmem.engine import Message, MLXEngine
-from mlxmem.engine.mlx import KV_BLOCK_TOKENS
-from mlxmem.engine.slots import CacheWarning
+from mlxmem.engine.slots import KV_BLOCK_TOKENS, CacheWarning
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.db import wipe_caches
 from mlxmem.models.tiny import make_tiny

@@ -73,15 +73,44 @@ def test_more_slots_than_sequences_free_the_least_recent(tiny_gguf):
 def test_an_interrupted_reply_leaves_the_slot_true(tiny_gguf):
     e = engine(tiny_gguf)
     prompt = chat(e, "the cat is")
-    seen = []
-    cut = e.generate(prompt, max_tokens=20, ignore_eos=True, should_stop=lambda: len(seen) > 3)
-    seen.extend(range(10))
-    assert cut.stats.finish_reason in ("interrupted", "length")
-    follow = prompt + cut.tokens + e.encode_text(" the")
-    assert (
-        e.generate(follow, max_tokens=8).tokens
-        == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
+    asked = []
+    cut = e.generate(
+        prompt,
+        max_tokens=20,
+        ignore_eos=True,
+        should_stop=lambda: asked.append(1) or len(asked) > 3,
     )
+    assert cut.stats.finish_reason == "interrupted" and 3 <= len(cut.tokens) < 20
+    follow = prompt + cut.tokens + e.encode_text(" the")
+    again = e.generate(follow, max_tokens=8)
+    assert again.stats.cached_tokens >= len(prompt)
+    assert again.tokens == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
+
+
+def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch):
+    """Python raises a pending KeyboardInterrupt as soon as llama_decode returns, before the
+    slot can note what it decoded: the slot follows what the cells hold."""
+    import mlxmem.engine.llamacpp as module
+
+    e = engine(tiny_gguf)
+    prompt = chat(e, "the cat is the cat " * 10)
+    e.prefill(prompt[:40], slot="c")
+    real = module.lc.llama_decode
+    calls = []
+
+    def interrupted(ctx, batch):
+        status = real(ctx, batch)
+        calls.append(status)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return status
+
+    monkeypatch.setattr(module.lc, "llama_decode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        e.generate(prompt, slot="c", max_tokens=4, ignore_eos=True)
+    again = e.generate(prompt, slot="c", max_tokens=6, ignore_eos=True)
+    assert again.stats.cached_tokens == len(prompt) - 1  # the interrupted batch is kept
+    assert again.tokens == engine(tiny_gguf).generate(prompt, max_tokens=6, ignore_eos=True).tokens
 
 
 def test_a_saved_state_survives_a_restart(tiny_gguf, tmp_path):
@@ -92,7 +121,8 @@ def test_a_saved_state_survives_a_restart(tiny_gguf, tmp_path):
     first.save_slots(["c"])
     longer = prompt + reply.tokens + first.encode_text(" is")
     first.close()
-    assert [p.stat().st_mode & 0o777 for p in kv.iterdir()] == [0o600, 0o600]
+    modes = {p.stat().st_mode & 0o777 for p in kv.rglob("*") if p.is_file()}
+    assert modes == {0o600} and (kv / next(kv.glob("*.blocks")).name).stat().st_mode & 0o77 == 0
     loaded = engine(tiny_gguf, cache_dir=kv, restart_policy="load")
     again = loaded.generate(longer, slot="c", max_tokens=10, ignore_eos=True)
     assert again.stats.cached_tokens == len(prompt) + len(reply.tokens) - 1
@@ -122,7 +152,37 @@ def test_a_state_file_that_does_not_check_out_is_ignored_and_removed(tiny_gguf, 
         result = e.generate(prompt, slot="c", max_tokens=6, ignore_eos=True)
     assert any(issubclass(w.category, CacheWarning) for w in caught)
     assert result.stats.cached_tokens == 0 and result.tokens == expected
-    assert not path.exists() or model_id is None
+    assert not path.exists()
+
+
+def test_a_turn_writes_only_its_new_blocks_and_a_missing_block_is_refused(tiny_gguf, tmp_path):
+    from mlxmem.engine.slots import KV_BLOCK_TOKENS
+
+    kv = tmp_path / "kv"
+    e = engine(tiny_gguf, cache_dir=kv)
+    prompt = chat(e, "the cat is the cat " * 20)
+    assert len(prompt) > 2 * KV_BLOCK_TOKENS
+    reply = e.generate(prompt, slot="c", max_tokens=8)
+    e.save_slots(["c"])
+    first = e.slots.bytes_written
+    longer = prompt + reply.tokens + e.encode_text(" is the cat")
+    e.generate(longer, slot="c", max_tokens=8)
+    e.save_slots(["c"])
+    second = e.slots.bytes_written - first
+    blocks = sorted((kv / next(kv.glob("*.blocks")).name).glob("*.safetensors"))
+    assert len(blocks) == (len(longer) + 7) // KV_BLOCK_TOKENS and second < first / 2
+    loaded = engine(tiny_gguf, cache_dir=kv, restart_policy="load")
+    follow = longer + e.encode_text(" the")
+    again = loaded.generate(follow, slot="c", max_tokens=8)
+    assert (
+        again.stats.cached_tokens >= len(longer)
+        and again.tokens == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
+    )
+    loaded.close()
+    blocks[0].unlink()
+    with pytest.warns(CacheWarning, match="missing"):
+        fresh = engine(tiny_gguf, cache_dir=kv, restart_policy="load")
+        assert fresh.generate(follow, slot="c", max_tokens=8).stats.cached_tokens == 0
 
 
 def test_dropping_a_slot_removes_its_file(tiny_gguf, tmp_path):

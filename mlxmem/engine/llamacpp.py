@@ -15,7 +15,10 @@ Token counts come from llama.cpp's own tokenizer on the GGUF's chat template, re
 Jinja2 as Hugging Face's tokenizers render it (mlxmem.engine.template cuts it by message), so
 the budget counts the very ids the model reads. A slot is saved with
 `llama_state_seq_get_data` into a safetensors file beside the same checks as MLX slot files
-(the model's fingerprint, the token ids and their hash, a digest; private modes).
+(the model's fingerprint, the token ids and their hash, a digest; private modes), in blocks of
+KV_BLOCK_TOKENS tokens as the MLX engine's: a block's range is copied onto a scratch sequence
+(cells shared, not copied) and that sequence's state saved, so a turn writes only its new
+blocks and the tail; loading restores each block onto the scratch sequence and shares it back.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
@@ -38,22 +42,30 @@ from mlxmem.defaults import CHAT_SLOT
 from mlxmem.engine.base import Chunk, GenerationStats, StopGeneration
 from mlxmem.engine.identity import gguf_identity
 from mlxmem.engine.slots import (
+    KV_BLOCK_TOKENS,
+    SUFFIX,
     SlotPool,
+    block_names,
+    blocks_dir,
     check_digest,
     common_prefix_len,
+    digest_path,
     discard,
+    keep_only_blocks,
     remove_slot_files,
     tokens_hash,
     write_checked,
 )
 from mlxmem.engine.template import TemplatedEngine
 from mlxmem.errors import InputError, ModelLoadError
+from mlxmem.paths import ensure_private_dir
 
-LAYOUT_VERSION = "llamacpp-1"  # one file: llama_state_seq_get_data's bytes
+LAYOUT_VERSION = "llamacpp-2"  # llama_state_seq_get_data's bytes, in blocks and a tail
 MAX_SLOTS = 3  # sequences in the context: chat, facts and one more (a fold's fresh summary)
+SCRATCH = MAX_SLOTS  # one more sequence, through which a slot is saved and loaded by blocks
 N_BATCH = 512  # tokens per llama_decode call while prefilling
 _CONTROL = 3  # llama.cpp's token type for control tokens (the template's special tokens)
-_LOG_WARN, _LOG_ERROR = 2, 3  # ggml_log_level
+_LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5  # ggml_log_level
 
 
 def _threads() -> int:
@@ -68,10 +80,19 @@ def _threads() -> int:
 _log_lines: list[str] = []
 
 
+_last_level = [0]
+
+
 @lc.llama_log_callback
 def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if level in (_LOG_WARN, _LOG_ERROR):
-        _log_lines.append(text.decode("utf-8", "replace").strip())
+    line = text.decode("utf-8", "replace").strip()
+    if level == _LOG_CONT:
+        if _last_level[0] in (_LOG_WARN, _LOG_ERROR) and _log_lines:
+            _log_lines[-1] += " " + line
+        return
+    _last_level[0] = level
+    if level in (_LOG_WARN, _LOG_ERROR) and line:
+        _log_lines.append(line)
         del _log_lines[:-20]
 
 
@@ -112,7 +133,13 @@ class LlamaCppEngine(TemplatedEngine):
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._mem = lc.llama_get_memory(self._ctx)
         self._finalizer = weakref.finalize(self, _free, self._model, self._ctx, self._batch)
-        self.model_id = model_id or gguf_identity(self.model_path)
+        # A state is only valid for the build and backend that wrote it (their kernels round
+        # differently), as an MLX cache is for float32 or float16 weights.
+        backend = "gpu" if lc.llama_supports_gpu_offload() else "cpu"
+        self.model_id = model_id or (
+            f"{gguf_identity(self.model_path)}-llamacpp{llama_cpp.__version__}-{backend}"
+        )
+        self._closed = False
         profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
         self.restart = RestartPolicy(profile, self.model_id, restart_policy)
         self._free_seqs = list(range(MAX_SLOTS))
@@ -132,8 +159,10 @@ class LlamaCppEngine(TemplatedEngine):
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = N_BATCH
-        cparams.n_seq_max = MAX_SLOTS
+        cparams.n_seq_max = MAX_SLOTS + 1  # and SCRATCH
         cparams.kv_unified = True  # every sequence may use any cell
+        # Sliding-window layers (Gemma 3) keep every cell, so a prefix cut anywhere is whole.
+        cparams.swa_full = True
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.no_perf = True
         ctx = lc.llama_init_from_model(model, cparams)
@@ -161,6 +190,7 @@ class LlamaCppEngine(TemplatedEngine):
             raise InputError(f"the model's chat template refused the conversation: {exc}") from None
 
     def _tokenize(self, text: str, plain: bool) -> list[int]:
+        self._check_open()
         data = text.encode("utf-8")
         room = len(data) + 8
         ids = (lc.llama_token * room)()
@@ -183,6 +213,7 @@ class LlamaCppEngine(TemplatedEngine):
         return _piece_bytes(self._vocab, token, special).decode("utf-8", "replace")
 
     def decode(self, tokens: Sequence[int]) -> str:
+        self._check_open()
         data = b"".join(_piece_bytes(self._vocab, t, True) for t in tokens)
         return data.decode("utf-8", "replace")
 
@@ -203,6 +234,7 @@ class LlamaCppEngine(TemplatedEngine):
             raise InputError("empty prompt")
         if max_tokens < 1:
             raise InputError("max_tokens must be at least 1")
+        self._check_open()
         prompt = list(prompt)
         held = self._slot(slot, len(prompt) + max_tokens)
         start = time.perf_counter()
@@ -239,6 +271,7 @@ class LlamaCppEngine(TemplatedEngine):
         prompt = list(prompt)
         if not prompt:
             return 0
+        self._check_open()
         held = self._slot(slot, len(prompt))
         cached = held.reuse_prefix(prompt)
         start = time.perf_counter()
@@ -286,14 +319,45 @@ class LlamaCppEngine(TemplatedEngine):
                 batch.seq_id[i][0] = held.seq
                 batch.logits[i] = False
             batch.logits[len(chunk) - 1] = logits and done + len(chunk) == total
-            status = lc.llama_decode(self._ctx, batch)
+            _log_lines.clear()
+            try:
+                status = lc.llama_decode(self._ctx, batch)
+            finally:
+                # A Ctrl-C lands as soon as llama_decode returns: the cells say what it did.
+                held.appended(chunk)
             if status != 0:
-                held.reset()  # what the failed batch left in the cells is unknown
                 raise RuntimeError(f"llama_decode failed ({status}): {_last_error()}")
-            held.tokens.extend(chunk)
             done += len(chunk)
             if progress is not None:
                 progress(done, total)
+
+    def _range_state(self, seq: int, start: int, end: int) -> np.ndarray:
+        """The state of positions [start, end) of sequence `seq`: the range is copied onto the
+        scratch sequence (in a unified cache the cells are shared, not copied) and that
+        sequence's state is read; an empty array for an empty range."""
+        if end <= start:
+            return np.zeros(0, dtype=np.uint8)
+        lc.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        lc.llama_memory_seq_cp(self._mem, seq, SCRATCH, start, end)
+        try:
+            size = lc.llama_state_seq_get_size(self._ctx, SCRATCH)
+            state = np.empty(size, dtype=np.uint8)
+            buf = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+            written = lc.llama_state_seq_get_data(self._ctx, buf, size, SCRATCH)
+        finally:
+            lc.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        return state[:written]
+
+    def _append_state(self, seq: int, state: np.ndarray) -> None:
+        """Add the cells a saved range holds to sequence `seq`, at their saved positions:
+        restored onto the scratch sequence, then shared with `seq`."""
+        buf = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        try:
+            if lc.llama_state_seq_set_data(self._ctx, buf, state.size, SCRATCH) == 0:
+                raise ValueError("llama.cpp refused the state")
+            lc.llama_memory_seq_cp(self._mem, SCRATCH, seq, -1, -1)
+        finally:
+            lc.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
 
     def save_slots(self, names: Sequence[str] | None = None) -> None:
         for name in names if names is not None else self.slots.names():
@@ -303,8 +367,14 @@ class LlamaCppEngine(TemplatedEngine):
         self.slots.drop(slot)
 
     def close(self) -> None:
-        """Free the model and its context now (also done when the engine is collected)."""
+        """Free the model and its context now (also done when the engine is collected); the
+        engine cannot be used after."""
+        self._closed = True
         self._finalizer()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError("this llama.cpp engine was closed")
 
 
 class LlamaSlot:
@@ -324,16 +394,26 @@ class LlamaSlot:
         self.reset()
         self.engine._free_seqs.append(self.seq)
 
+    def appended(self, chunk: Sequence[int]) -> None:
+        """After a batch of `chunk` was decoded onto the sequence, or was stopped or failed
+        (llama.cpp takes a failed batch's cells back): the tokens follow what the cells hold,
+        or the sequence starts again."""
+        held = lc.llama_memory_seq_pos_max(self.engine._mem, self.seq) + 1
+        if held == len(self.tokens) + len(chunk):
+            self.tokens.extend(chunk)
+        elif held != len(self.tokens):  # part of a batch: an unknown state
+            self.reset()
+
     def reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Keep the longest common prefix with `prompt` (leaving at least one token to
         prefill), remove the rest from the sequence, and return how many tokens are reused."""
         keep = min(common_prefix_len(self.tokens, prompt), len(prompt) - 1)
-        if keep < len(self.tokens):
-            # False where a cache cannot cut a sequence (recurrent models): start it again.
-            if keep == 0 or not lc.llama_memory_seq_rm(self.engine._mem, self.seq, keep, -1):
-                self.reset()
-                return 0
-            del self.tokens[keep:]
+        # Cut even when nothing differs: no cell past the tokens may stay.
+        # False where a cache cannot cut a sequence (recurrent models): start it again.
+        if keep == 0 or not lc.llama_memory_seq_rm(self.engine._mem, self.seq, keep, -1):
+            self.reset()
+            return 0
+        del self.tokens[keep:]
         return keep
 
     @property
@@ -343,13 +423,25 @@ class LlamaSlot:
         return int(lc.llama_state_seq_get_size(self.engine._ctx, self.seq))
 
     def save(self, path: Path, model_id: str) -> int:
-        """Write the sequence's state atomically beside its digest; return the bytes written."""
+        """Write the sequence's state in blocks of KV_BLOCK_TOKENS and a tail, each file
+        atomically beside its digest, writing only the blocks not on disk already; return the
+        bytes written."""
         if not self.tokens:
             remove_slot_files(path)
             return 0
-        size = lc.llama_state_seq_get_size(self.engine._ctx, self.seq)
-        state = (ctypes.c_uint8 * size)()
-        written = lc.llama_state_seq_get_data(self.engine._ctx, state, size, self.seq)
+        if lc.llama_memory_seq_pos_max(self.engine._mem, self.seq) != len(self.tokens) - 1:
+            raise RuntimeError("the sequence's cells do not match its token ids; not saved")
+        names = block_names(self.tokens, model_id, LAYOUT_VERSION)
+        folder = blocks_dir(path)
+        ensure_private_dir(folder)
+        written = 0
+        for i, name in enumerate(names):
+            block = folder / f"{name}{SUFFIX}"
+            if not (block.exists() and digest_path(block).exists()):
+                state = self.engine._range_state(
+                    self.seq, i * KV_BLOCK_TOKENS, (i + 1) * KV_BLOCK_TOKENS
+                )
+                written += write_checked(block, _saver(state, {"layout": LAYOUT_VERSION}))
         meta = {
             "layout": LAYOUT_VERSION,
             "model": model_id,
@@ -357,9 +449,12 @@ class LlamaSlot:
             "n_tokens": str(len(self.tokens)),
             "tokens_sha256": tokens_hash(self.tokens),
             "tokens": json.dumps(self.tokens),
+            "blocks": json.dumps(names),
         }
-        array = np.frombuffer(state, dtype=np.uint8, count=written)
-        return write_checked(path, lambda tmp: _save_file({"state": array}, tmp, meta))
+        tail = self.engine._range_state(self.seq, len(names) * KV_BLOCK_TOKENS, len(self.tokens))
+        written += write_checked(path, _saver(tail, meta))
+        keep_only_blocks(folder, names)
+        return written
 
     def load(self, path: Path, model_id: str) -> bool:
         """Load a saved sequence; on any mismatch or damage warn, delete the files and start
@@ -367,13 +462,14 @@ class LlamaSlot:
         if not path.exists():
             return False
         try:
-            tokens, state = _read_checked(path, model_id)
+            tokens, states = _read_checked(path, model_id)
             if len(tokens) > self.engine.n_ctx - self.engine._cells_used(but=self):
-                raise ValueError("no room in the context for it")
+                return False  # the other slots fill the cells: the prefix is prefilled again
             self.reset()
-            buf = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-            if lc.llama_state_seq_set_data(self.engine._ctx, buf, state.size, self.seq) == 0:
-                raise ValueError("llama.cpp refused the state")
+            for state in states:
+                self.engine._append_state(self.seq, state)
+            if lc.llama_memory_seq_pos_max(self.engine._mem, self.seq) != len(tokens) - 1:
+                raise ValueError("its states do not hold its token ids")
         except Exception as exc:  # noqa: BLE001 - any failure means: do not trust this file
             discard(path, exc)
             self.reset()
@@ -382,27 +478,42 @@ class LlamaSlot:
         return True
 
 
-def _read_checked(path: Path, model_id: str) -> tuple[list[int], np.ndarray]:
+def _read_checked(path: Path, model_id: str) -> tuple[list[int], list[np.ndarray]]:
+    """The token ids of a saved slot and its states, blocks first, then the tail."""
+    check_digest(path)
+    tail, meta = _read_state(path)
+    if meta.get("layout") != LAYOUT_VERSION:
+        raise ValueError(f"layout {meta.get('layout')!r}, expected {LAYOUT_VERSION}")
+    if meta.get("model") != model_id:
+        raise ValueError("written by another model")
+    tokens = json.loads(meta["tokens"])
+    if tokens_hash(tokens) != meta.get("tokens_sha256") or len(tokens) != int(meta["n_tokens"]):
+        raise ValueError("token ids do not match their hash")
+    names = json.loads(meta["blocks"])
+    if names != block_names(tokens, model_id, LAYOUT_VERSION):
+        raise ValueError("its blocks do not match its token ids")
+    states = []
+    for name in names:
+        block = blocks_dir(path) / f"{name}{SUFFIX}"
+        if not block.exists():
+            raise ValueError(f"block {name[:12]} is missing")
+        check_digest(block)
+        states.append(_read_state(block)[0])
+    return tokens, [*states, tail] if tail.size else states
+
+
+def _read_state(path: Path) -> tuple[np.ndarray, dict[str, str]]:
     from safetensors import safe_open
 
-    check_digest(path)
     with safe_open(str(path), framework="np") as f:
-        meta = f.metadata() or {}
-        if meta.get("layout") != LAYOUT_VERSION:
-            raise ValueError(f"layout {meta.get('layout')!r}, expected {LAYOUT_VERSION}")
-        if meta.get("model") != model_id:
-            raise ValueError("written by another model")
-        tokens = json.loads(meta["tokens"])
-        if tokens_hash(tokens) != meta.get("tokens_sha256") or len(tokens) != int(meta["n_tokens"]):
-            raise ValueError("token ids do not match their hash")
-        state = np.ascontiguousarray(f.get_tensor("state"))
-    return tokens, state
+        return np.ascontiguousarray(f.get_tensor("state")), f.metadata() or {}
 
 
-def _save_file(arrays: dict[str, np.ndarray], path: str, meta: dict[str, str]) -> None:
+def _saver(state: np.ndarray, meta: dict[str, str]) -> Callable[[str], None]:
+    """A `write` for write_checked that saves `state` as a safetensors file."""
     from safetensors.numpy import save_file
 
-    save_file(arrays, path, metadata=meta)
+    return lambda tmp: save_file({"state": state}, tmp, metadata=meta)
 
 
 def _sampler(temp: float, top_p: float, seed: int | None):

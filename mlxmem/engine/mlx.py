@@ -10,7 +10,6 @@ saved whole (mlx-lm's prompt-cache functions).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -31,13 +30,16 @@ from mlxmem.defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
 from mlxmem.engine.base import Chunk, GenerationStats, StopGeneration
 from mlxmem.engine.identity import model_identity
 from mlxmem.engine.slots import (
+    KV_BLOCK_TOKENS,
     SUFFIX,
     SlotPool,
+    block_names,
     blocks_dir,
     check_digest,
     common_prefix_len,
     digest_path,
     discard,
+    keep_only_blocks,
     remove_slot_files,
     tokens_hash,
     write_checked,
@@ -50,9 +52,6 @@ from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 PREFILL_STEP = 512
 LAYOUT_VERSION = "1"  # one file, mlx-lm's prompt-cache format
 BLOCK_LAYOUT_VERSION = "2"  # blocks of KV_BLOCK_TOKENS and a tail
-# Small enough that the tail rewritten each turn stays under a typical turn's new tokens
-# (~100), large enough that a 4,096-token slot is 64 files.
-KV_BLOCK_TOKENS = 64
 
 
 class MLXEngine(TemplatedEngine):
@@ -318,7 +317,7 @@ class KVSlot:
         return self._save_blocks(path, model_id, meta)
 
     def _save_blocks(self, path: Path, model_id: str, meta: dict[str, str]) -> int:
-        names = block_names(self.tokens, model_id)
+        names = block_names(self.tokens, model_id, BLOCK_LAYOUT_VERSION)
         folder = blocks_dir(path)
         ensure_private_dir(folder)
         written = 0
@@ -335,10 +334,7 @@ class KVSlot:
             "layers": str(len(self.cache)),
         }
         written += write_checked(path, lambda tmp: mx.save_safetensors(tmp, tail, meta))
-        keep = {f"{name}{SUFFIX}" for name in names}
-        for old in folder.glob(f"*{SUFFIX}"):
-            if old.name not in keep:  # a prefix this slot no longer holds
-                remove_slot_files(old)
+        keep_only_blocks(folder, names)
         return written
 
     def _arrays(self, start: int, end: int) -> dict[str, mx.array]:
@@ -400,7 +396,7 @@ def _read_blocks(
     meta: dict[str, str],
 ) -> list[Any]:
     names = json.loads(meta["blocks"])
-    if names != block_names(tokens, model_id):
+    if names != block_names(tokens, model_id, BLOCK_LAYOUT_VERSION):
         raise ValueError("its blocks do not match its token ids")
     parts: list[dict[str, mx.array]] = []
     for name in names:
@@ -441,14 +437,3 @@ def _saver(arrays: dict[str, mx.array]) -> Callable[[str], None]:
 
 def _blockable(cache: list[Any]) -> bool:
     return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)
-
-
-def block_names(tokens: Sequence[int], model_id: str) -> list[str]:
-    """The names of the whole blocks of `tokens`: each hashes the model and every token up to
-    the block's end, so a block is reused only under the very same prefix."""
-    h = hashlib.sha256(f"{BLOCK_LAYOUT_VERSION}:{model_id}".encode())
-    names = []
-    for end in range(KV_BLOCK_TOKENS, len(tokens) + 1, KV_BLOCK_TOKENS):
-        h.update(json.dumps(list(tokens[end - KV_BLOCK_TOKENS : end])).encode())
-        names.append(h.copy().hexdigest()[:32])
-    return names

@@ -29,6 +29,11 @@ from mlxmem.restart import RestartPolicy
 SUFFIX = ".safetensors"
 DIGEST_SUFFIX = ".sum"
 BLOCKS_SUFFIX = ".blocks"
+# A slot is saved in blocks of this many tokens beside a tail (the tokens after the last whole
+# block): small enough that the tail rewritten each turn stays under a typical turn's new
+# tokens (~100), large enough that a 4,096-token slot is 64 files. A turn that appends to the
+# prefix writes only its new blocks and the tail.
+KV_BLOCK_TOKENS = 64
 
 
 class CacheWarning(UserWarning):
@@ -106,6 +111,26 @@ def write_checked(path: Path, write: Callable[[str], Any]) -> int:
     os.replace(tmp, path)
     os.replace(digest_tmp, digest_path(path))
     return size
+
+
+def block_names(tokens: Sequence[int], model_id: str, layout: str) -> list[str]:
+    """The names of the whole blocks of `tokens`: each hashes the layout, the model and every
+    token up to the block's end, so a block is reused only under the very same prefix."""
+    h = hashlib.sha256(f"{layout}:{model_id}".encode())
+    names = []
+    for end in range(KV_BLOCK_TOKENS, len(tokens) + 1, KV_BLOCK_TOKENS):
+        h.update(json.dumps(list(tokens[end - KV_BLOCK_TOKENS : end])).encode())
+        names.append(h.copy().hexdigest()[:32])
+    return names
+
+
+def keep_only_blocks(folder: Path, names: Sequence[str]) -> None:
+    """Remove the block files in `folder` that are not among `names` (a prefix the slot no
+    longer holds)."""
+    keep = {f"{name}{SUFFIX}" for name in names}
+    for old in folder.glob(f"*{SUFFIX}"):
+        if old.name not in keep:
+            remove_slot_files(old)
 
 
 def blocks_dir(path: Path) -> Path:

@@ -127,7 +127,9 @@ def engine_for(spec: ModelSpec, requested: str | None = None) -> EngineChoice:
             _check_name(name, by)
             if runs_on(spec, name):
                 return EngineChoice(name, by)
-    return EngineChoice(platform_engine(spec), "platform")
+    name = platform_engine(spec)
+    _check_runs(spec, name, "platform")  # a bare GGUF file without llama-cpp-python
+    return EngineChoice(name, "platform")
 
 
 def platform_engine(spec: ModelSpec) -> str:
@@ -164,9 +166,10 @@ def _check_runs(spec: ModelSpec, name: str, by: str) -> None:
             "llama.cpp from source: cmake and a C++ compiler, a few minutes)"
         )
     if name == "llamacpp" and spec.gguf_path is None:
+        fix = "remove its engine key" if by == "models.toml" else "run it with --engine mlx"
         raise MlxmemError(
-            f"model {spec.alias!r} has no GGUF file, and the llama.cpp engine runs GGUF files; "
-            "run it with --engine mlx"
+            f"model {spec.alias!r} has no GGUF file, and the llama.cpp engine ({by}) runs GGUF "
+            f"files; {fix}"
         )
     if name == "mlx" and not runs_on(spec, "mlx"):
         raise MlxmemError(
