@@ -412,13 +412,14 @@ def make_tiny_gguf(
     """Write the tiny model as a GGUF file for the llama.cpp engine (random float32 weights of
     the tiny shape, llama.cpp's rope rather than Llama 3's scaled one) and return its path.
 
-    Written with llama.cpp's own `gguf` package. The vocabulary is the tiny SentencePiece
-    model's pieces and scores (llama.cpp's `llama` tokenizer: its byte pieces as byte tokens)
-    with the Llama-3 style special tokens and chat template, so a prompt tokenizes into words
-    as on a real model; llama.cpp segments by score, so its ids differ from the MLX tiny
-    model's, which has no GGUF to compare with. The embeddings and the output layer are drawn
-    wider than the other weights, and apart, so that greedy decoding wanders instead of
-    repeating one token."""
+    Written with llama.cpp's own `gguf` package. The vocabulary is a byte-level BPE (GPT-2's
+    kind, which llama.cpp tokenizes as Hugging Face's tokenizers do) trained on the spot on the
+    tiny model's corpus, with the Llama-3 style special tokens and chat template, so a prompt
+    tokenizes into words as on a real model. (The tiny SentencePiece pieces would not do:
+    llama.cpp merges pieces by score, which finds a unigram model's pieces badly, 3.4 times
+    the tokens of SmolLM2's per message.) The embeddings and the output layer are drawn wider
+    than the other weights, and apart, so that greedy decoding wanders instead of repeating
+    one token."""
     import gguf
     import numpy as np
 
@@ -429,9 +430,8 @@ def make_tiny_gguf(
     width, ffn = shape["hidden_size"], shape["intermediate_size"]
     heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
     head_dim = width // heads
-    pieces = _train_spm()
-    tokens = [p for p, _ in pieces] + list(SPECIAL_TOKENS)
-    types = [_piece_type(p) for p, _ in pieces] + [3] * len(SPECIAL_TOKENS)  # 3: control
+    tokens, merges = _train_bpe()
+    types = [3 if t in SPECIAL_TOKENS else 1 for t in tokens]  # 3: control, 1: normal
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     writer = gguf.GGUFWriter(str(tmp), "llama")
@@ -444,15 +444,14 @@ def make_tiny_gguf(
     writer.add_head_count_kv(kv_heads)
     writer.add_layer_norm_rms_eps(shape["rms_norm_eps"])
     writer.add_rope_freq_base(shape["rope_theta"])
-    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
-    writer.add_token_scores([s for _, s in pieces] + [0.0] * len(SPECIAL_TOKENS))
+    writer.add_token_merges(merges)
     writer.add_token_types(types)
     writer.add_bos_token_id(tokens.index(BOS))
     writer.add_eos_token_id(tokens.index(EOT))
-    writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)  # as the tiny tokenizer: text is kept as given
     writer.add_chat_template(CHAT_TEMPLATE)
     rng = np.random.default_rng(seed)
 
@@ -485,10 +484,20 @@ def make_tiny_gguf(
     return path
 
 
-def _piece_type(piece: str) -> int:
-    """llama.cpp's token type of a SentencePiece piece: unknown, byte or normal."""
-    if piece == "<unk>":
-        return 2
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        return 6
-    return 1
+def _train_bpe() -> tuple[list[str], list[str]]:
+    """A byte-level BPE of about SPM_VOCAB_SIZE tokens trained on `_corpus()` with Hugging
+    Face's tokenizers: its tokens in id order (the special tokens last) and its merges."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=SPM_VOCAB_SIZE,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer)
+    state = json.loads(tok.to_str())["model"]
+    vocab = sorted(state["vocab"].items(), key=lambda item: item[1])
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
+    return [t for t, _ in vocab] + list(SPECIAL_TOKENS), merges
