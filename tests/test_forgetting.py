@@ -49,6 +49,10 @@ def test_a_full_disk_fails_cleanly_and_the_next_command_finishes_the_erase(small
         store.append_turn("default", "user" if i % 2 == 0 else "assistant", f"turn {i} " * 40)
     turn = store.append_turn("default", "user", f"my code is {MARKER}")
     (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
+    # A slot saved in blocks, as both engines save one (MLX arrays or llama.cpp states).
+    blocks = paths.cache_dir() / "default-chat.blocks"
+    blocks.mkdir()
+    (blocks / "0f3a.safetensors").write_bytes(f"kv block {MARKER}".encode())
     filler = small_disk / "filler"
     with open(filler, "wb") as f:  # leave room for the delete, not for a compacted copy
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
@@ -103,6 +107,10 @@ def seed_case(kind: str) -> tuple[list[str], Callable[[Store], bool]]:
         for i in range(30):
             insert_turn(con, "default", "user" if i % 2 == 0 else "assistant", f"turn {i} " * 20)
     (paths.cache_dir() / "default-chat.safetensors").write_bytes(f"kv {MARKER}".encode())
+    # A slot saved in blocks, as both engines save one (MLX arrays or llama.cpp states).
+    blocks = paths.cache_dir() / "default-chat.blocks"
+    blocks.mkdir()
+    (blocks / "0f3a.safetensors").write_bytes(f"kv block {MARKER}".encode())
     if kind in ("history rm", "sync tombstone"):  # a turn with an automatic fact taken from it
         turn = store.append_turn("default", "user", f"my code is {MARKER}")
         fact = store.add_fact(f"Code: {MARKER}", source="automatic", turn_id=turn.id)
