@@ -7,6 +7,7 @@ and `mlxmem.testing.FakeEngine` (logic tests). Nothing above this package knows 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass
 
@@ -36,6 +37,33 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def timed(
+        cls,
+        prompt: Sequence[int],
+        cached: int,
+        out: Sequence[int],
+        start: float,
+        first: float | None,
+        finish: str,
+        peak_memory_gb: float = 0.0,
+    ) -> GenerationStats:
+        """The stats of a call that started at `start` (perf_counter), reused `cached` tokens
+        of `prompt`, gave its first token at `first` (None: none) and `out` by now."""
+        end = time.perf_counter()
+        first = first or end
+        return cls(
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            prefilled_tokens=len(prompt) - cached,
+            generated_tokens=len(out),
+            ttft_s=first - start,
+            prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
+            decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
+            peak_memory_gb=peak_memory_gb,
+            finish_reason=finish,
+        )
 
     @classmethod
     def interrupted(cls, prompt_tokens: int, generated_tokens: int) -> GenerationStats:

@@ -44,6 +44,7 @@ from mlxmem.engine.identity import gguf_identity
 from mlxmem.engine.slots import (
     KV_BLOCK_TOKENS,
     SUFFIX,
+    PooledSlots,
     SlotPool,
     block_names,
     blocks_dir,
@@ -100,7 +101,7 @@ lc.llama_log_set(_log, ctypes.c_void_p(0))
 lc.llama_backend_init()
 
 
-class LlamaCppEngine(TemplatedEngine):
+class LlamaCppEngine(PooledSlots, TemplatedEngine):
     """A GGUF model through llama.cpp, with named KV slots persisted under `cache_dir`.
     `context_tokens`: the longest prompt and reply one slot holds (the model's budget)."""
 
@@ -262,7 +263,8 @@ class LlamaCppEngine(TemplatedEngine):
                     self._decode(held, [token])
             except StopGeneration:
                 finish = "interrupted"
-            stats = _stats(prompt, cached, out, start, first, finish)
+            # llama.cpp allocates its context up front: no memory peaks per call.
+            stats = GenerationStats.timed(prompt, cached, out, start, first, finish)
             yield Chunk(text.decode(b"", final=True), None, stats)
         finally:
             lc.llama_sampler_free(sampler)
@@ -358,13 +360,6 @@ class LlamaCppEngine(TemplatedEngine):
             lc.llama_memory_seq_cp(self._mem, SCRATCH, seq, -1, -1)
         finally:
             lc.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
-
-    def save_slots(self, names: Sequence[str] | None = None) -> None:
-        for name in names if names is not None else self.slots.names():
-            self.slots.save(name)
-
-    def drop_slot(self, slot: str) -> None:
-        self.slots.drop(slot)
 
     def close(self) -> None:
         """Free the model and its context now (also done when the engine is collected); the
@@ -537,22 +532,6 @@ def _piece_bytes(vocab, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(-n)
         n = lc.llama_token_to_piece(vocab, token, buf, -n, 0, special)
     return buf.raw[:n]
-
-
-def _stats(prompt, cached, out, start, first, finish) -> GenerationStats:
-    end = time.perf_counter()
-    first = first or end
-    return GenerationStats(
-        prompt_tokens=len(prompt),
-        cached_tokens=cached,
-        prefilled_tokens=len(prompt) - cached,
-        generated_tokens=len(out),
-        ttft_s=first - start,
-        prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
-        decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
-        peak_memory_gb=0.0,  # llama.cpp allocates its context up front; nothing peaks per call
-        finish_reason=finish,
-    )
 
 
 def _jinja(template: str) -> Any:

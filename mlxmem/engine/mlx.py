@@ -32,6 +32,7 @@ from mlxmem.engine.identity import model_identity
 from mlxmem.engine.slots import (
     KV_BLOCK_TOKENS,
     SUFFIX,
+    PooledSlots,
     SlotPool,
     block_names,
     blocks_dir,
@@ -54,7 +55,7 @@ LAYOUT_VERSION = "1"  # one file, mlx-lm's prompt-cache format
 BLOCK_LAYOUT_VERSION = "2"  # blocks of KV_BLOCK_TOKENS and a tail
 
 
-class MLXEngine(TemplatedEngine):
+class MLXEngine(PooledSlots, TemplatedEngine):
     """A real model through MLX, with named KV slots persisted under `cache_dir`."""
 
     def __init__(
@@ -191,28 +192,13 @@ class MLXEngine(TemplatedEngine):
             except StopGeneration:
                 finish = "interrupted"
             detokenizer.finalize()
-            stats = self._stats(prompt, cached, out, start, first, finish)
+            peak = mx.get_peak_memory() / 1e9
+            stats = GenerationStats.timed(prompt, cached, out, start, first, finish, peak)
             yield Chunk(detokenizer.last_segment, None, stats)
         finally:
             steps.close()
             kv.sync_tokens(prompt + out)
             self.slots.enforce_cap(keep=slot)
-
-    @staticmethod
-    def _stats(prompt, cached, out, start, first, finish) -> GenerationStats:
-        end = time.perf_counter()
-        first = first or end
-        return GenerationStats(
-            prompt_tokens=len(prompt),
-            cached_tokens=cached,
-            prefilled_tokens=len(prompt) - cached,
-            generated_tokens=len(out),
-            ttft_s=first - start,
-            prefill_tps=(len(prompt) - cached) / max(first - start, 1e-9),
-            decode_tps=(len(out) - 1) / (end - first) if len(out) > 1 else 0.0,
-            peak_memory_gb=mx.get_peak_memory() / 1e9,
-            finish_reason=finish,
-        )
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         prompt = list(prompt)
@@ -238,13 +224,6 @@ class MLXEngine(TemplatedEngine):
         kv = self.slots.get(slot)
         assert isinstance(kv, KVSlot)
         return kv
-
-    def save_slots(self, names: Sequence[str] | None = None) -> None:
-        for name in names if names is not None else self.slots.names():
-            self.slots.save(name)
-
-    def drop_slot(self, slot: str) -> None:
-        self.slots.drop(slot)
 
 
 class KVSlot:

@@ -267,3 +267,16 @@ class SlotPool:
 
     def names(self) -> list[str]:
         return list(self._slots)
+
+
+class PooledSlots:
+    """`Engine.save_slots` and `drop_slot` for an engine whose slots are a SlotPool."""
+
+    slots: SlotPool
+
+    def save_slots(self, names: Sequence[str] | None = None) -> None:
+        for name in names if names is not None else self.slots.names():
+            self.slots.save(name)
+
+    def drop_slot(self, slot: str) -> None:
+        self.slots.drop(slot)
