@@ -144,7 +144,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
         self.restart = RestartPolicy(profile, self.model_id, restart_policy)
         self._free_seqs = list(range(MAX_SLOTS))
-        # The cells are counted here (`_make_room`), so the byte cap never frees a slot.
+        # The cells are counted here (`_slot`), so the byte cap never frees a slot.
         self.slots = SlotPool(
             self._new_slot, self.model_id, cache_dir, 1 << 62, self.restart, MAX_SLOTS
         )
