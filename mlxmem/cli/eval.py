@@ -48,6 +48,20 @@ def locomo(
     limit: int = typer.Option(
         None, "--limit", min=1, help="Ask at most N questions per conversation, spread evenly."
     ),
+    sample: int = typer.Option(
+        None,
+        "--sample",
+        min=4,
+        help="Ask about N questions per conversation, of categories 1-4 only, each category "
+        "its share (at least one), spread evenly over the conversation (instead of --limit).",
+    ),
+    run_dir: Path = typer.Option(
+        None,
+        "--run-dir",
+        help="Keep the run in this folder as it goes (the replay, and each answer as it comes; "
+        "private: it holds the conversations' text): run the same command again to go on "
+        "where it stopped, skipping what is done. Default: a temporary folder.",
+    ),
     model: str = typer.Option(
         None,
         "--model",
@@ -96,6 +110,10 @@ def locomo(
     token F1 unstemmed (f1) with exact match, as LoCoMo's script stems it (f1_locomo), and
     A-Mem's set F1 (f1_amem, beside A-Mem's published Qwen2.5-1.5B row); and what reached each
     prompt: an evidence turn, and every content word of the gold answer."""
+    if limit and sample:
+        raise InputError("give --limit or --sample, not both")
+    if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"--run-dir {run_dir} is a file, not a folder")
     with _locomo_folder(data or ev.default_data_dir()) as folder:
         ids = conversation or ev.available_conversations(folder)
         if not ids:
@@ -109,12 +127,14 @@ def locomo(
                 context_tokens or chosen.context_tokens,
                 chosen.response_reserve,
                 limit=limit,
+                sample=sample,
                 facts=facts,
                 seed=seed,
                 progress=progress,
                 answers=answers,
                 sessions=sessions,
                 per_session=per_session,
+                run_dir=run_dir,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:

@@ -36,15 +36,18 @@ LoCoMo's rules a probe scores 1 if it says so, and they are reported apart.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import random
 import re
+import statistics
 import string
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -54,6 +57,7 @@ import Stemmer
 from mlxmem.bench.common import Progress, no_progress
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
+from mlxmem.eval.runlog import RunDir
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import recall_block
@@ -70,7 +74,26 @@ CONFIGS = ("no_memory", "window", "mlxmem", "recall", "oracle")
 PER_SESSION_CONFIGS = ("no_memory", "facts", "recall", "oracle")
 # What a new chat gets from the facts, then from recall; and the oracle's room above nothing.
 PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no_memory"))
+# The differences read per evidence place in one conversation: the summary's (with the facts)
+# worth over the plain window, recall's over that, and the memory's over none.
+PLACE_PAIRS = (("mlxmem", "window"), ("recall", "mlxmem"), ("recall", "no_memory"))
 NEW_CHAT = "questions"  # where the per-session questions are asked: never logged
+# The KV slot each configuration answers on. Three, as many as the llama.cpp engine keeps at
+# once (so that no question evicts the prefix the next one reuses): the short prompts share
+# the instructions, recall's prompt extends mlxmem's (facts's in a new chat).
+PROBE_SLOTS = {
+    "no_memory": "probe/short",
+    "oracle": "probe/short",
+    "window": "probe/window",
+    "mlxmem": "probe/mlxmem",
+    "recall": "probe/mlxmem",
+}
+NEW_CHAT_SLOTS = {
+    "no_memory": "probe/short",
+    "oracle": "probe/short",
+    "facts": "probe/facts",
+    "recall": "probe/facts",
+}
 # The three F1 scores of an answer (see the module's docstring and `answer_scores`).
 SCORERS = ("f1", "f1_locomo", "f1_amem")
 # Per item and configuration; aggregated alike (None: not measured, e.g. no answer generated).
@@ -110,6 +133,7 @@ class Question:
     answer: str
     category: int
     evidence: tuple[str, ...]
+    index: int = 0  # its place in the conversation's question file: its id in a run's folder
 
 
 @dataclass
@@ -170,8 +194,9 @@ def load_conversation(data: Path, conv_id: str) -> LocomoConversation:
             str(q.get("answer", q.get("adversarial_answer", ""))),
             int(q["category"]),
             tuple(q.get("evidence", ())),
+            index,
         )
-        for q in qa["qa"]
+        for index, q in enumerate(qa["qa"])
     ]
     return LocomoConversation(conv_id, qa["user"], qa["assistant"], turns, questions)
 
@@ -196,6 +221,25 @@ def pick_questions(questions: Sequence[Question], limit: int | None) -> list[Que
     if not limit or limit >= len(questions):
         return list(questions)
     return [questions[i * len(questions) // limit] for i in range(limit)]
+
+
+def stratified_sample(questions: Sequence[Question], size: int) -> list[Question]:
+    """About `size` of the questions of categories 1-4 (SCORED; adversarial ones compare with
+    nothing published), each category given its share of `size` by largest remainder and at
+    least one, its questions spread evenly over the file (`pick_questions`); in file order.
+    The sample's means are per category, so a category's interval is over its own n."""
+    groups = {c: [q for q in questions if q.category == c] for c in SCORED}
+    groups = {c: qs for c, qs in groups.items() if qs}
+    total = sum(len(qs) for qs in groups.values())
+    if size >= total:
+        return [q for q in questions if q.category in groups]
+    quotas = {c: size * len(qs) / total for c, qs in groups.items()}
+    counts = {c: max(1, int(q)) for c, q in quotas.items()}
+    by_remainder = sorted(groups, key=lambda c: quotas[c] - int(quotas[c]), reverse=True)
+    for c in by_remainder[: max(0, size - sum(counts.values()))]:
+        counts[c] += 1
+    chosen = {q.index for c, qs in groups.items() for q in pick_questions(qs, counts[c])}
+    return [q for q in questions if q.index in chosen]
 
 
 # LoCoMo dates its sessions like "7:30 pm on 21 June, 2023".
@@ -590,10 +634,18 @@ def answer_in_prompt(question: Question, text: str) -> float | None:
     return float(all(w in shown for w in words))
 
 
-def ask(engine: Engine, tokens: list[int], slot: str) -> str:
+def ask(engine: Engine, tokens: list[int], slot: str) -> tuple[str, dict]:
+    """The answer's first line, and what it cost: seconds, and the prompt's tokens read from
+    the slot's cache (the prefix shared with the slot's last question) and prefilled."""
+    start = time.perf_counter()
     result = engine.generate(tokens, slot=slot, max_tokens=ANSWER_TOKENS, temp=0.0)
     lines = [line.strip() for line in result.text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    cost = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "cached_tokens": result.stats.cached_tokens,
+        "prefilled_tokens": result.stats.prefilled_tokens,
+    }
+    return (lines[0] if lines else ""), cost
 
 
 def probe(
@@ -631,7 +683,7 @@ def probe(
         )
         prompts[config] = session.context(text, at=log.last_at)  # asked after the last session
     prompts["oracle"] = oracle_prompt(companion, conv, question, text)
-    item = scored(engine, conv, question, text, prompts, answers, {"recall": "mlxmem"})
+    item = scored(engine, conv, question, text, prompts, answers, PROBE_SLOTS)
     recalled = prompts["recall"].recalled
     evidence = sorted(log.seq_of[e] for e in question.evidence if e in log.seq_of)
     item["evidence_seqs"] = evidence
@@ -640,6 +692,8 @@ def probe(
     item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
     recalled_seqs = {log.seq_of_id[i] for i in recalled if i in log.seq_of_id}
     item["recall"]["evidence_recalled"] = len(recalled_seqs.intersection(evidence))
+    item["mlxmem"] |= facts_shown(question, log.facts, prompt_text(prompts["mlxmem"], text))
+    item["place"] = evidence_place(item)
     return item
 
 
@@ -650,12 +704,15 @@ def scored(
     text: str,
     prompts: dict[str, AssembledPrompt],
     answers: bool,
-    shared_slots: dict[str, str],
+    slots: dict[str, str],
 ) -> dict:
     """The item of one question: for each configuration's prompt, what reached it and (with
-    `answers`) the model's answer and its scores. Each configuration answers on a KV slot of
-    its own (a config named in `shared_slots` uses that config's: its prompt extends it)."""
+    `answers`) the model's answer, its scores and its cost. Each configuration answers on the
+    KV slot `slots` names for it: a slot is shared by configurations whose prompts share a
+    prefix (recall's extends mlxmem's), and its cache keeps the prefix the questions share
+    (instructions, facts, summary, window), so a question prefills only what follows it."""
     item = {
+        "index": question.index,
         "question": question.question,
         "answer": question.answer,
         "category": question.category,
@@ -663,8 +720,7 @@ def scored(
         "about": subject(conv, question.question),
     }
     for config, prompt in prompts.items():
-        slot = f"probe/{shared_slots.get(config, config)}"
-        answer = ask(engine, prompt.tokens, slot) if answers else None
+        answer, cost = ask(engine, prompt.tokens, slots[config]) if answers else (None, {})
         unscored: dict[str, float | None] = dict.fromkeys((*SCORERS, "exact"))
         shown = prompt_text(prompt, text)
         item[config] = {
@@ -673,6 +729,7 @@ def scored(
             "evidence_in_prompt": evidence_in_prompt(conv, question, shown),
             "answer_in_prompt": answer_in_prompt(question, shown),
             "prompt_tokens": len(prompt.tokens),
+            **cost,
         }
     return item
 
@@ -708,17 +765,73 @@ def probe_new_chat(
         "recall": new_chat(recall=True).context(text, at=at),
         "oracle": oracle_prompt(chat, conv, question, text),
     }
-    item = scored(engine, conv, question, text, prompts, answers, {"recall": "facts"})
-    shown = prompt_text(prompts["facts"], text)
-    in_prompt = [f for f in facts if f in shown]
-    words = set(answer_words(question))
-    item["facts"]["facts_in_prompt"] = len(in_prompt)
-    item["facts"]["facts_with_answer_word"] = sum(
-        bool(words & set(normalize_answer(f).split())) for f in in_prompt
-    )
+    item = scored(engine, conv, question, text, prompts, answers, NEW_CHAT_SLOTS)
+    item["facts"] |= facts_shown(question, facts, prompt_text(prompts["facts"], text))
     item["recall"]["recalled"] = prompts["recall"].recalled
     item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
     return item
+
+
+def facts_shown(question: Question, facts: Sequence[str], shown: str) -> dict:
+    """How many of the facts `facts` the prompt text `shown` held, and how many of those hold
+    a content word of the gold answer."""
+    in_prompt = [f for f in facts if f in shown]
+    words = set(answer_words(question))
+    return {
+        "facts_in_prompt": len(in_prompt),
+        "facts_with_answer_word": sum(
+            bool(words & set(normalize_answer(f).split())) for f in in_prompt
+        ),
+    }
+
+
+# Where a question's evidence was when it was asked, most direct first (`evidence_place`).
+PLACES = ("window", "recalled", "fact", "folded", "nowhere", "unplaced")
+
+
+def evidence_place(item: dict) -> str:
+    """Where the question's evidence was for the memory's own prompt (mlxmem's in one
+    conversation, facts's in a new chat): an evidence turn in the verbatim window; else one
+    recalled; else a fact in the prompt holding a word of the answer; else folded into the
+    summary only (one conversation: the turns left the window through a fold); else nowhere
+    in the prompt. `unplaced`: the question names no evidence turn found in the replay."""
+    seqs = item.get("evidence_seqs")
+    if not seqs:
+        return "unplaced"
+    if "evicted_upto" in item and any(s > item["evicted_upto"] for s in seqs):
+        return "window"
+    if item["recall"].get("evidence_recalled"):
+        return "recalled"
+    memory = item.get("mlxmem") or item.get("facts") or {}
+    if memory.get("facts_with_answer_word"):
+        return "fact"
+    return "folded" if "mlxmem" in item else "nowhere"
+
+
+def by_evidence_place(
+    items: Sequence[dict], configs: Sequence[str], pairs: Sequence[tuple[str, str]], seed: int = 0
+) -> dict:
+    """Per evidence place (PLACES) that has questions of categories 1-4: their number, each
+    configuration's F1 of every scorer, and the paired differences `pairs` of each scorer.
+    The summary's worth shows on `folded` (mlxmem - window), a fact's on `fact`."""
+    out: dict[str, dict] = {}
+    for place in PLACES:
+        group = [i for i in items if i["category"] in SCORED and i.get("place") == place]
+        if not group:
+            continue
+        out[place] = {"questions": len(group)}
+        for metric in SCORERS:
+            means = {}
+            for config in configs:
+                values = [i[config][metric] for i in group if i[config].get(metric) is not None]
+                means[config] = {
+                    "mean": sum(values) / len(values) if values else None,
+                    "ci": bootstrap_ci(values, seed),
+                }
+            out[place][metric] = means | {
+                f"{a}_vs_{b}": paired_difference(group, a, b, seed, metric) for a, b in pairs
+            }
+    return out
 
 
 @dataclass(frozen=True)
@@ -727,6 +840,7 @@ class LogView:
     seq_of_id: dict[int, int]  # logged message id -> its seq
     evicted_upto: int  # the newest summary's last seq: turns up to it left the window
     last_at: datetime | None = None  # when the newest turn was written
+    facts: tuple[str, ...] = ()  # the texts of the facts kept
 
 
 def log_view(companion: Companion, seq_of: dict[str, int]) -> LogView:
@@ -737,6 +851,7 @@ def log_view(companion: Companion, seq_of: dict[str, int]) -> LogView:
         {t.id: t.seq for t in turns},
         summaries[-1].last_seq if summaries else 0,
         turns[-1].created_at if turns else None,
+        tuple(f.text for f in companion.store.facts()),
     )
 
 
@@ -796,6 +911,8 @@ class EvalResult:
             "recall_vs_window": paired_difference(self.items, "recall", "window", seed),
             "oracle_vs_no_memory": paired_difference(self.items, "oracle", "no_memory", seed),
             "evicted_evidence": evicted_evidence(self.items, seed),
+            "by_evidence_place": by_evidence_place(self.items, CONFIGS, PLACE_PAIRS, seed),
+            "cost": question_cost(self.items, CONFIGS),
             "per_conversation": {
                 c["id"]: {
                     config: aggregate(c["items"], seed)[config]["f1"]["overall"]
@@ -819,6 +936,10 @@ class EvalResult:
             **{f"{a}_vs_{b}": paired_difference(items, a, b, seed) for a, b in PER_SESSION_PAIRS},
             # The facts are about the person: what they carry shows on questions about them.
             "by_subject": by_subject(items, PER_SESSION_PAIRS, seed),
+            "by_evidence_place": by_evidence_place(
+                items, PER_SESSION_CONFIGS, PER_SESSION_PAIRS, seed
+            ),
+            "cost": question_cost(items, PER_SESSION_CONFIGS),
             "facts_in_prompt_mean": _mean([f["facts_in_prompt"] for f in facts]),
             "facts_with_answer_word_mean": _mean([f["facts_with_answer_word"] for f in facts]),
             "per_conversation": {
@@ -839,6 +960,29 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def question_cost(items: Sequence[dict], configs: Sequence[str]) -> dict:
+    """What a question cost, per configuration: median seconds (the answer's whole call) and
+    mean tokens of the prompt, of it read from the slot's cache, and prefilled; and the
+    median seconds of a question over all configurations (assembly included). Items from
+    before these were recorded are left out."""
+    out: dict = {"questions": len(items)}
+    for config in configs:
+        answered = [i[config] for i in items if i[config].get("seconds") is not None]
+        out[config] = {
+            "seconds_median": _median([a["seconds"] for a in answered]),
+            **{
+                f"{k}_mean": _mean([a[k] for a in answered])
+                for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens")
+            },
+        }
+    out["question_seconds_median"] = _median([i["seconds"] for i in items if "seconds" in i])
+    return out
+
+
 def run_locomo(
     engine: Engine,
     data: Path,
@@ -847,24 +991,28 @@ def run_locomo(
     response_reserve: int,
     *,
     limit: int | None = None,
+    sample: int | None = None,
     facts: bool = False,
     seed: int = 0,
     progress: Progress = no_progress,
     answers: bool = True,
     sessions: int | None = None,
     per_session: bool = False,
+    run_dir: Path | None = None,
 ) -> EvalResult:
-    """Replay each conversation into a scratch store and ask its questions (`limit` each);
-    without `answers`, only assemble their prompts and measure what reached them. With
-    `sessions`, only the first that many sessions of each and their questions
-    (`first_sessions`). With `per_session`, each session is logged as a conversation of its
-    own, with fact extraction on as in a chat, and the questions are asked in a new
-    conversation (PER_SESSION_CONFIGS); `facts` is then always on."""
+    """Replay each conversation into a scratch store and ask its questions (`limit` each, or a
+    `sample` stratified by category); without `answers`, only assemble their prompts and
+    measure what reached them. With `sessions`, only the first that many sessions of each and
+    their questions (`first_sessions`). With `per_session`, each session is logged as a
+    conversation of its own, with fact extraction on as in a chat, and the questions are asked
+    in a new conversation (PER_SESSION_CONFIGS); `facts` is then always on. With `run_dir`,
+    the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`)."""
     settings = {
         "mode": "conversation_per_session" if per_session else "one_conversation",
         "data": str(data),
         "conversations": list(conversation_ids),
         "limit": limit,
+        "sample": sample,
         "sessions": sessions,
         "context_tokens": context_tokens,
         "response_reserve": response_reserve,
@@ -872,6 +1020,7 @@ def run_locomo(
         "answers": answers,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
+        "model_id": engine.model_id,
         "f1": "LoCoMo token F1 without stemming",
         "f1_locomo": "LoCoMo token F1, Porter-stemmed (PyStemmer), as its evaluation script",
         "f1_amem": "A-Mem's set F1 (utils.py calculate_metrics): no stemming, no category rule",
@@ -879,106 +1028,216 @@ def run_locomo(
     }
     result = EvalResult(settings)
     convs = [first_sessions(load_conversation(data, cid), sessions) for cid in conversation_ids]
-    for conv in convs:
-        if per_session:
-            one = _run_per_session(
-                engine, conv, (context_tokens, response_reserve), limit, progress, answers
+    with contextlib.ExitStack() as stack:
+        if run_dir is None:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlxmem-eval-")))
+        run = RunDir(run_dir, settings)
+        for conv in convs:
+            questions = (
+                stratified_sample(conv.questions, sample)
+                if sample
+                else pick_questions(conv.questions, limit)
             )
-        else:
-            one = _run_one(
-                engine, conv, context_tokens, response_reserve, limit, facts, progress, answers
-            )
-        result.conversations.append(one)
+            budget = (context_tokens, response_reserve)
+            if per_session:
+                one = _run_per_session(engine, conv, budget, questions, progress, answers, run)
+            else:
+                one = _run_one(engine, conv, budget, questions, facts, progress, answers, run)
+            result.conversations.append(one)
     return result
 
 
+def _replay(
+    companion: Companion,
+    run: RunDir,
+    conv_id: str,
+    pairs: Sequence[tuple[str, str]],
+    times: Sequence[tuple[datetime | None, datetime | None]],
+    tick: Callable[[str], None],
+) -> None:
+    """Import `pairs` into `companion`'s conversation from the first one not logged yet,
+    writing a line per exchange to the run (facts noted, what the looks found, seconds)."""
+    done = len(companion.store.turns(companion.conversation)) // 2
+    for i in range(done, len(pairs)):
+        tick(f"replay {i + 1}/{len(pairs)}")
+        start = time.perf_counter()
+        result = companion.import_exchange(*pairs[i], times[i])
+        line = {
+            "conversation": companion.conversation,
+            "exchange": i,
+            "noted": len(result.noted),
+            "looks": dict(Counter(result.looks)),
+            "seconds": round(time.perf_counter() - start, 3),
+        }
+        run.add_exchange(conv_id, line)
+
+
+def _resumable_store(run: RunDir, conv_id: str, conversations: Sequence[str]) -> Store:
+    """The store of `conv_id`'s replay in the run: as left, unless a conversation of it ends
+    inside an exchange (a message logged without its reply: the replay was stopped there),
+    in which case the replay starts over."""
+    path = run.store_path(conv_id)
+    if path.exists() and run.replayed(conv_id) is None:
+        store = Store(path)
+        if any(t and t[-1].role != "assistant" for t in map(store.turns, conversations)):
+            path = run.fresh_store(conv_id)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    return Store(path)
+
+
+def _replay_figures(run: RunDir, conv_id: str) -> tuple[int, Counter[str], float, int]:
+    """Facts noted, what the looks found, seconds, and sittings, over the replay's lines."""
+    lines = run.exchanges(conv_id)
+    outcomes: Counter[str] = Counter()
+    for line in lines:
+        outcomes.update(line["looks"])
+    sittings = 1 + sum(
+        a["exchange"] + 1 != b["exchange"] and a["conversation"] == b["conversation"]
+        for a, b in zip(lines, lines[1:], strict=False)
+    )
+    return (
+        sum(line["noted"] for line in lines),
+        outcomes,
+        sum(line["seconds"] for line in lines),
+        sittings,
+    )
+
+
+def _ask_all(
+    run: RunDir,
+    conv_id: str,
+    questions: Sequence[Question],
+    ask_one: Callable[[Question], dict],
+    tick: Callable[[str], None],
+) -> list[dict]:
+    """Each question's item: from the run if it was answered, else asked now and written."""
+    done = run.items(conv_id)
+    items = []
+    for j, question in enumerate(questions):
+        tick(f"question {j + 1}/{len(questions)}")
+        item = done.get(question.index)
+        if item is None:
+            start = time.perf_counter()
+            item = ask_one(question)
+            item["seconds"] = round(time.perf_counter() - start, 3)
+            run.add_item(conv_id, item)
+        items.append(item)
+    return items
+
+
 def _run_one(
-    engine, conv, context_tokens, response_reserve, limit, facts, progress, answers=True
+    engine: Engine,
+    conv: LocomoConversation,
+    budget: tuple[int, int],
+    questions: Sequence[Question],
+    facts: bool,
+    progress: Progress,
+    answers: bool,
+    run: RunDir,
 ) -> dict:
     pairs, seq_of = exchanges(conv)
     times = exchange_times(conv)
-    questions = pick_questions(conv.questions, limit)
-    total = len(pairs) + len(questions)
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
-        store = Store(Path(tmp) / "eval.duckdb")
-        settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True)
-        # Recall on, so that the window keeps its room free; an imported exchange recalls
-        # nothing (its reply is given).
-        companion = Companion(
-            engine, store, CONVERSATION, context_tokens, response_reserve, settings
-        )
-        added = 0
-        outcomes: Counter[str] = Counter()
-        for i, (user, reply) in enumerate(pairs):
-            progress(f"{conv.id} replay {i + 1}/{len(pairs)}", i, total)
-            result = companion.import_exchange(user, reply, times[i])
-            added += len(result.noted)
-            outcomes.update(result.looks)
-        replay_s = time.perf_counter() - start
-        items, log = [], log_view(companion, seq_of)
-        for j, question in enumerate(questions):
-            progress(f"{conv.id} question {j + 1}/{len(questions)}", len(pairs) + j, total)
-            items.append(probe(companion, conv, question, log, answers))
+    total, steps = len(pairs) + len(questions), iter(range(len(pairs) + len(questions)))
+
+    def tick(what: str) -> None:
+        progress(f"{conv.id} {what}", next(steps), total)
+
+    store = _resumable_store(run, conv.id, [CONVERSATION])
+    settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True)
+    # Recall on, so that the window keeps its room free; an imported exchange recalls
+    # nothing (its reply is given).
+    companion = Companion(engine, store, CONVERSATION, *budget, settings)
+    layers = run.replayed(conv.id)
+    if layers is None:
+        _replay(companion, run, conv.id, pairs, times, tick)
+        engine.drop_slot(companion.slot)
+        added, outcomes, seconds, sittings = _replay_figures(run, conv.id)
         layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added, outcomes)
-        for slot in (companion.slot, *(f"probe/{c}" for c in CONFIGS)):
-            engine.drop_slot(slot)
-    layers["replay_seconds"] = replay_s
-    layers["probe_seconds"] = time.perf_counter() - start - replay_s
+        layers |= {"replay_seconds": seconds, "replay_sittings": sittings}
+        run.replay_done(conv.id, layers)
+    else:
+        for _ in pairs:
+            next(steps)
+    log = log_view(companion, seq_of)
+    items = _ask_all(
+        run, conv.id, questions, lambda q: probe(companion, conv, q, log, answers), tick
+    )
+    for slot in set(PROBE_SLOTS.values()):
+        engine.drop_slot(slot)
+    layers["probe_seconds"] = sum(i.get("seconds", 0.0) for i in items)
     return {"id": conv.id, "exchanges": len(pairs), "items": items, "layers": layers}
 
 
-def _run_per_session(engine, conv, budget: tuple[int, int], limit, progress, answers) -> dict:
+def _run_per_session(
+    engine: Engine,
+    conv: LocomoConversation,
+    budget: tuple[int, int],
+    questions: Sequence[Question],
+    progress: Progress,
+    answers: bool,
+    run: RunDir,
+) -> dict:
     sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
-    questions = pick_questions(conv.questions, limit)
     turns = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
     total = turns // 2 + len(questions)
-    start, done, added, last_at = time.perf_counter(), 0, 0, None
-    outcomes: Counter[str] = Counter()
-    with tempfile.TemporaryDirectory(prefix="mlxmem-eval-") as tmp:
-        store = Store(Path(tmp) / "eval.duckdb")
-        settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
-        where: dict[str, int] = {}  # dialogue id -> turn id
-        for name, _, pairs, seq_of, times in sessions:
+    steps = iter(range(total))
+
+    def tick(what: str) -> None:
+        progress(f"{conv.id} {what}", next(steps), total)
+
+    def tick_in(session: str, what: str) -> None:
+        tick(f"{session} {what}")
+
+    store = _resumable_store(run, conv.id, [name for name, *_ in sessions])
+    settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
+    where: dict[str, int] = {}  # dialogue id -> turn id
+    last_at = None
+    replayed = run.replayed(conv.id)
+    for name, _, pairs, seq_of, times in sessions:
+        if replayed is None:
             companion = Companion(engine, store, name, *budget, settings)
-            for i, (user, reply) in enumerate(pairs):
-                progress(f"{conv.id} {name} replay {i + 1}/{len(pairs)}", done, total)
-                result = companion.import_exchange(user, reply, times[i])
-                added += len(result.noted)
-                outcomes.update(result.looks)
-                done += 1
+            _replay(companion, run, conv.id, pairs, times, functools.partial(tick_in, name))
             engine.drop_slot(companion.slot)
-            ids = {t.seq: t.id for t in store.turns(name)}
-            where |= {dia: ids[seq] for dia, seq in seq_of.items() if seq in ids}
-            last_at = times[-1][1] if times else last_at
-        replay_s = time.perf_counter() - start
-        kept = store.facts()
-        texts = [f.text for f in kept]
-        items = []
-        for j, question in enumerate(questions):
-            progress(f"{conv.id} question {j + 1}/{len(questions)}", done + j, total)
-            item = probe_new_chat(engine, store, conv, question, budget, last_at, texts, answers)
-            evidence = {where[e] for e in question.evidence if e in where}
-            item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
-            items.append(item)
-        for config in PER_SESSION_CONFIGS:
-            engine.drop_slot(f"probe/{config}")
-    facts = {
-        "extraction": "on",
-        "added": added,
-        "kept": len(kept),
-        "per_100_turns": 100 * added / turns if turns else None,
-        "outcomes": dict(outcomes),
-        "texts": texts,
-    }
-    layers = {
-        "turns": turns,
-        "conversations": len(sessions),
-        "facts": with_old_names(facts, OLD_COUNT_NAMES),
-        "replay_seconds": replay_s,
-        "probe_seconds": time.perf_counter() - start - replay_s,
-    }
-    layers = with_old_names(layers, OLD_COUNT_NAMES)
+        else:
+            for _ in pairs:
+                next(steps)
+        ids = {t.seq: t.id for t in store.turns(name)}
+        where |= {dia: ids[seq] for dia, seq in seq_of.items() if seq in ids}
+        last_at = times[-1][1] if times else last_at
+    kept = store.facts()
+    texts = [f.text for f in kept]
+    if replayed is None:
+        added, outcomes, seconds, sittings = _replay_figures(run, conv.id)
+        facts = {
+            "extraction": "on",
+            "added": added,
+            "kept": len(kept),
+            "per_100_turns": 100 * added / turns if turns else None,
+            "outcomes": dict(outcomes),
+            "texts": texts,
+        }
+        replayed = {
+            "turns": turns,
+            "conversations": len(sessions),
+            "facts": with_old_names(facts, OLD_COUNT_NAMES),
+            "replay_seconds": seconds,
+            "replay_sittings": sittings,
+        }
+        run.replay_done(conv.id, replayed)
+
+    def ask_one(question: Question) -> dict:
+        item = probe_new_chat(engine, store, conv, question, budget, last_at, texts, answers)
+        evidence = {where[e] for e in question.evidence if e in where}
+        item["evidence_seqs"] = sorted(evidence)
+        item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
+        item["place"] = evidence_place(item)
+        return item
+
+    items = _ask_all(run, conv.id, questions, ask_one, tick)
+    for slot in set(NEW_CHAT_SLOTS.values()):
+        engine.drop_slot(slot)
+    layers = with_old_names(replayed, OLD_COUNT_NAMES)
+    layers["probe_seconds"] = sum(i.get("seconds", 0.0) for i in items)
     return {"id": conv.id, "exchanges": turns // 2, "items": items, "layers": layers}
 
 

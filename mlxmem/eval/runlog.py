@@ -1,0 +1,130 @@
+"""A long `eval locomo` run's folder (`--run-dir`): what the run has done, written as it goes,
+so that a run of whole conversations on a slow model can span several sittings. A rerun with
+the same settings skips what is done: a conversation whose replay finished is not replayed
+again, a replay that stopped between two exchanges goes on from there, and a question already
+answered is not asked again.
+
+    settings.json           what the run is (a rerun with other settings is refused)
+    CONV/                   the replay's store, its files (the conversation's text: the folder
+                            is private)
+    CONV.replay.jsonl       a line per exchange replayed: facts noted, what the looks found
+    CONV.replay.json        the replay's own figures, written once it is whole
+    CONV.items.jsonl        a line per question: every configuration's answer and scores
+
+Lines are appended and flushed to disk one at a time; a line cut short by a kill is dropped
+when the file is next opened. The folder holds LoCoMo's text and the model's answers: it is
+made private (0700) and belongs outside any repository (its licence keeps the text out);
+`eval_pool.py --out` keeps only figures from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from mlxmem.errors import InputError
+from mlxmem.paths import make_private
+
+SETTINGS = "settings.json"
+# The settings a run's results depend on: a rerun must match them. The conversations may grow.
+RESUME_KEYS = (
+    "mode",
+    "limit",
+    "sample",
+    "sessions",
+    "context_tokens",
+    "response_reserve",
+    "facts",
+    "answers",
+    "answer_tokens",
+    "model_id",
+)
+
+
+class RunDir:
+    def __init__(self, path: Path, settings: dict):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)
+        wanted = {k: settings.get(k) for k in RESUME_KEYS}
+        file = self.path / SETTINGS
+        if file.exists():
+            try:
+                kept = json.loads(file.read_text())
+            except ValueError as exc:
+                raise InputError(
+                    f"{file} is not a run's settings ({exc}); give another --run-dir"
+                ) from None
+            differ = sorted(k for k in RESUME_KEYS if kept.get(k) != wanted[k])
+            if differ:
+                shown = ", ".join(f"{k} {kept.get(k)!r} there, {wanted[k]!r} now" for k in differ)
+                raise InputError(
+                    f"{self.path} holds a run with other settings ({shown}); rerun it with "
+                    "them, or give another --run-dir"
+                )
+        else:
+            _write_whole(file, json.dumps(wanted, indent=1))
+
+    def store_path(self, conv_id: str) -> Path:
+        return self.path / conv_id / "eval.duckdb"
+
+    def fresh_store(self, conv_id: str) -> Path:
+        """The store path of `conv_id` with no replay in it: a replay that cannot go on (it
+        stopped inside an exchange) starts again."""
+        shutil.rmtree(self.path / conv_id, ignore_errors=True)
+        (self.path / f"{conv_id}.replay.jsonl").unlink(missing_ok=True)
+        return self.store_path(conv_id)
+
+    def replayed(self, conv_id: str) -> dict | None:
+        """The figures of `conv_id`'s replay, once it is whole; else None."""
+        file = self.path / f"{conv_id}.replay.json"
+        return json.loads(file.read_text()) if file.exists() else None
+
+    def replay_done(self, conv_id: str, figures: dict) -> None:
+        _write_whole(self.path / f"{conv_id}.replay.json", json.dumps(figures, indent=1))
+
+    def exchanges(self, conv_id: str) -> list[dict]:
+        return read_lines(self.path / f"{conv_id}.replay.jsonl")
+
+    def add_exchange(self, conv_id: str, line: dict) -> None:
+        append_line(self.path / f"{conv_id}.replay.jsonl", line)
+
+    def items(self, conv_id: str) -> dict[int, dict]:
+        """The questions of `conv_id` answered so far, by their index in its file."""
+        return {item["index"]: item for item in read_lines(self.path / f"{conv_id}.items.jsonl")}
+
+    def add_item(self, conv_id: str, item: dict) -> None:
+        append_line(self.path / f"{conv_id}.items.jsonl", item)
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The whole lines of a JSON-lines file; a last line cut short (a kill while writing it)
+    is cut off the file, so that the next line appended starts clean."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    if len(whole) != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(len(whole))
+    return [json.loads(line) for line in whole.decode().splitlines() if line.strip()]
+
+
+def append_line(path: Path, value: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(value, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if new:
+        make_private(path)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write `path` whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    make_private(tmp)
+    os.replace(tmp, path)
