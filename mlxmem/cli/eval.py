@@ -42,6 +42,15 @@ DATA = typer.Option(
 PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
 
 
+RUN_DIR = typer.Option(
+    None,
+    "--run-dir",
+    help="Keep the run in this folder as it goes (the replay, and each answer as it comes; "
+    "private: it holds the conversations' text): run the same command again to go on where it "
+    "stopped, skipping what is done. Default: a temporary folder.",
+)
+
+
 @app.command("locomo")
 def locomo(
     conversation: list[str] = CONVERSATIONS,
@@ -55,13 +64,7 @@ def locomo(
         help="Ask about N questions per conversation, of categories 1-4 only, each category "
         "its share (at least one), spread evenly over the conversation (instead of --limit).",
     ),
-    run_dir: Path = typer.Option(
-        None,
-        "--run-dir",
-        help="Keep the run in this folder as it goes (the replay, and each answer as it comes; "
-        "private: it holds the conversations' text): run the same command again to go on "
-        "where it stopped, skipping what is done. Default: a temporary folder.",
-    ),
+    run_dir: Path = RUN_DIR,
     model: str = typer.Option(
         None,
         "--model",

