@@ -24,9 +24,25 @@ runs kept with this version's scorers first (all three, the older f1 included).
 
     python benchmarks/eval_pool.py RUN.json ... --versus OTHER.json ... [--pair A:B ...]
 
-compares two sets of runs on the questions they share (matched by their text), e.g. the same
-conversation in the one-conversation mode and with `--conversation-per-session`: the paired
-difference of config A of the first runs minus config B of the others (default recall:recall).
+compares two sets of runs on the questions they share (matched by conversation and index, or
+by their text for runs made before the index was kept), e.g. the same conversation in the
+one-conversation mode and with `--conversation-per-session`: the paired difference of config A
+of the first runs minus config B of the others (default recall:recall).
+
+A RUN may also be a `--run-dir` folder (its answers so far, read as they are: a run still going
+pools what it has), or a file this script wrote with
+
+    python benchmarks/eval_pool.py RUN ... --per-question results/FILE.json
+
+which keeps every question's figures and nothing of its text: its conversation and index in
+the question file, category, whom it names, where its evidence was, and per configuration the
+three F1s, exact match, what reached the prompt, and its tokens and seconds. That file pools
+again like a run, so the committed results reproduce every table.
+
+Besides the overall figures it prints, per LoCoMo category 1-4, each configuration's A-Mem F1
+and LoCoMo F1 (x100, as the papers print them) with their intervals beside A-Mem's published
+Qwen2.5-1.5B row; the F1 by where the evidence was (`by_evidence_place`); and what a question
+cost (median seconds, mean tokens of the prompt and of what was prefilled).
 """
 
 import argparse
@@ -35,20 +51,27 @@ from pathlib import Path
 
 from mlxmem.errors import InputError
 from mlxmem.eval.locomo import (
+    AMEM_QWEN25_1_5B_F1,
+    CATEGORIES,
     CONFIGS,
     PER_SESSION_CONFIGS,
     PER_SESSION_PAIRS,
+    PLACE_PAIRS,
     SCORED,
     SCORERS,
     aggregate,
+    bootstrap_ci,
+    by_evidence_place,
     by_subject,
     default_data_dir,
     evicted_evidence,
     load_conversation,
     paired_difference,
+    question_cost,
     rescore,
     subject,
 )
+from mlxmem.eval.runlog import SETTINGS, read_lines
 
 PAIRS = (("recall", "window"), ("recall", "mlxmem"), ("mlxmem", "window"), ("oracle", "no_memory"))
 SHARES = ("evidence_in_prompt", "answer_in_prompt")
@@ -74,7 +97,73 @@ def figures(items: list[dict], per_session: bool = False, metric: str = "f1") ->
         out["by_subject"] = by_subject(items, pairs, metric=metric)
     else:
         out["evicted_evidence"] = evicted_evidence(items, metric=metric)["overall"]
+    out["by_category"] = by_category(items, configs)
+    if any("place" in i for i in items):
+        out["by_evidence_place"] = by_evidence_place(
+            items, configs, PER_SESSION_PAIRS if per_session else PLACE_PAIRS
+        )
+    if any("seconds" in i for i in items):
+        out["cost"] = question_cost(items, configs)
     return out
+
+
+TABLE_SCORERS = ("f1_amem", "f1_locomo")  # A-Mem's table is on its own F1; LoCoMo's beside it
+
+
+def by_category(items: list[dict], configs: tuple[str, ...]) -> dict:
+    """Per LoCoMo category 1-4 (by number, as A-Mem's columns): each configuration's mean of
+    TABLE_SCORERS x100 with its 95% interval and n, and A-Mem's published Qwen2.5-1.5B F1."""
+    out: dict = {}
+    for category in SCORED:
+        group = [i for i in items if i["category"] == category]
+        cells: dict = {"name": CATEGORIES[category], "questions": len(group)}
+        for config in configs:
+            for metric in TABLE_SCORERS:
+                values = [100 * i[config][metric] for i in group
+                          if i[config].get(metric) is not None]  # fmt: skip
+                cells[f"{config}_{metric}"] = {
+                    "mean": sum(values) / len(values) if values else None,
+                    "ci": bootstrap_ci(values),
+                    "n": len(values),
+                }
+        cells["amem_published_f1_amem"] = AMEM_QWEN25_1_5B_F1[category]
+        out[str(category)] = cells
+    return out
+
+
+# What of an item stays in --per-question: figures, ids and labels; never the corpus's text.
+ITEM_KEYS = ("conversation", "index", "category", "about", "place", "evidence_seqs",
+             "evicted_upto", "seconds")  # fmt: skip
+CONFIG_KEYS = (*SCORERS, "exact", *SHARES, "prompt_tokens", "cached_tokens", "prefilled_tokens",
+               "seconds", "recall_tokens", "evidence_recalled", "facts_in_prompt",
+               "facts_with_answer_word")  # fmt: skip
+
+
+def stripped(item: dict, configs: tuple[str, ...]) -> dict:
+    """`item` with its figures only: no question, answer, or text the model wrote."""
+    out = {k: item[k] for k in ITEM_KEYS if k in item}
+    for config in configs:
+        out[config] = {k: item[config][k] for k in CONFIG_KEYS if k in item[config]}
+    return out
+
+
+def read_run_dir(path: Path, parser: argparse.ArgumentParser) -> dict:
+    """A `--run-dir` folder as a run: its settings and the questions answered so far."""
+    try:
+        settings = json.loads((path / SETTINGS).read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"{path} is not a run folder of `mlxmem eval locomo --run-dir`: {exc}")
+    per_session = settings.get("mode") == "conversation_per_session"
+    conversations = [
+        {"id": f.name.removesuffix(".items.jsonl"), "items": read_lines(f)}
+        for f in sorted(path.glob("*.items.jsonl"))
+    ]
+    return {
+        "model": {"label": settings.get("model_id")},
+        "configs": list(PER_SESSION_CONFIGS if per_session else CONFIGS),
+        "settings": settings | {"conversations": [c["id"] for c in conversations]},
+        "conversations": conversations,
+    }
 
 
 def lacks(items: list[dict], metric: str) -> bool:
@@ -99,8 +188,11 @@ def check_metric(
 
 
 def read_run(path: Path, parser: argparse.ArgumentParser) -> dict:
-    """The run `eval locomo --json` wrote to `path`; a clear error for anything else (a run
-    still being written is empty)."""
+    """The run `eval locomo --json` wrote to `path` (or a `--run-dir` folder, or a
+    --per-question file); a clear error for anything else (a run still being written is
+    empty)."""
+    if path.is_dir():
+        return read_run_dir(path, parser)
     try:
         run = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -115,6 +207,8 @@ def run_items(run: dict) -> list[dict]:
     eval recorded it has it derived from the corpus's speaker names, when the corpus is here."""
     items = []
     for conv in run["conversations"]:
+        for item in conv["items"]:
+            item.setdefault("conversation", conv["id"])
         items += conv["items"]
         missing = [i for i in conv["items"] if "about" not in i]
         if not missing:
@@ -130,8 +224,7 @@ def run_items(run: dict) -> list[dict]:
 
 def run_of(path: Path, args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[dict]:
     """The items of the run at `path`, checked for --metric (`check_metric`)."""
-    items = [i for c in read_run(path, parser)["conversations"] for i in c["items"]]
-    return check_metric(path, items, args, parser)
+    return check_metric(path, run_items(read_run(path, parser)), args, parser)
 
 
 def versus(
@@ -139,13 +232,21 @@ def versus(
 ) -> dict:
     """Config a of `items` minus config b of `others` (`metric`), paired over the questions
     both hold."""
-    theirs = {i["question"]: i for i in others}
-    shared = [(i, theirs[i["question"]]) for i in items if i["question"] in theirs]
+    theirs = {question_key(i): i for i in others}
+    shared = [(i, theirs[question_key(i)]) for i in items if question_key(i) in theirs]
     out = {}
     for a, b in pairs:  # one item per question, the two configs under names that cannot clash
         both = [{"category": i["category"], "a": i[a], "b": j[b]} for i, j in shared]
         out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b", metric=metric)
     return out
+
+
+def question_key(item: dict) -> tuple:
+    """What names a question across runs: its conversation and index, or (a run made before
+    the index was kept) its text."""
+    if "index" in item:
+        return (item["conversation"], item["index"])
+    return (item["question"],)
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -165,6 +266,12 @@ def main() -> None:
     parser.add_argument(
         "--rescore", action="store_true", help="score the answers the runs kept anew first"
     )
+    parser.add_argument(
+        "--per-question",
+        type=Path,
+        default=None,
+        help="write every question's figures (no text) to this file, which pools like a run",
+    )
     args = parser.parse_args()
     metric = args.metric
     runs, pooled, modes = [], [], set()
@@ -181,6 +288,7 @@ def main() -> None:
                 "conversations": settings["conversations"],
                 "sessions": settings.get("sessions"),
                 "limit": settings.get("limit"),
+                "sample": settings.get("sample"),
                 "context_tokens": settings.get("context_tokens"),
                 "versions": run.get("versions"),
                 "figures": figures(items, per_session, metric),
@@ -205,6 +313,20 @@ def main() -> None:
         result["versus"] = {"runs": [p.name for p in args.versus], **compared_figures}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.per_question:
+        kept = {
+            "kind": "eval-per-question",
+            "model": {"label": runs[0]["model"]},
+            "configs": list(configs),
+            "settings": {k: v for k, v in settings.items() if k != "data"}
+            | {"conversations": sorted({i["conversation"] for i in pooled})},
+            "conversations": [
+                {"id": cid, "items": [stripped(i, configs) for i in pooled
+                                      if i["conversation"] == cid]}
+                for cid in sorted({i["conversation"] for i in pooled})
+            ],
+        }  # fmt: skip
+        args.per_question.write_text(json.dumps(kept, indent=1) + "\n")
     for label, fig in [*((",".join(r["conversations"]), r["figures"]) for r in runs),
                        ("pooled", result["pooled"])]:  # fmt: skip
         print(f"{label}: {fig['questions']} questions in categories 1-4")
@@ -224,10 +346,43 @@ def main() -> None:
         evicted = fig["evicted_evidence"]
         print(f"  evidence left the window for {evicted['questions']}; recall brought it back"
               f" for {evicted['evidence_recalled']}")  # fmt: skip
+    print_tables(result["pooled"], configs)
     for key, d in compared_figures.items():
         a, b = key.split("_vs_")
         clear = "  (clear of zero)" if d["beats"] else ""
         print(f"{a} - {b} of --versus, {d['n']} shared questions: {_figure(d, '+.3f')}{clear}")
+
+
+def print_tables(fig: dict, configs: tuple[str, ...]) -> None:
+    """The pooled figures per category beside A-Mem's row, by evidence place, and the cost."""
+    print("\nF1 x100 per LoCoMo category, pooled (A-Mem's set F1 / LoCoMo's stemmed F1):")
+    cats = fig["by_category"]
+    print(f"  {'config':>18} " + " ".join(f"{c + ' ' + cats[c]['name']:>27}" for c in cats))
+    for config in configs:
+        cells = []
+        for c in cats:
+            amem, locomo = (cats[c][f"{config}_{m}"] for m in TABLE_SCORERS)
+            cells.append(f"{_figure(amem, '.1f'):>18} / {_num(locomo['mean'], '.1f'):>5}")
+        print(f"  {config:>18} " + " ".join(f"{cell:>27}" for cell in cells))
+    row = " ".join(f"{cats[c]['amem_published_f1_amem']:>27}" for c in cats)
+    print(f"  {'A-Mem Qwen2.5-1.5B':>18} {row}")
+    print("  n: " + ", ".join(f"category {c} {cats[c]['questions']}" for c in cats))
+    for place, group in fig.get("by_evidence_place", {}).items():
+        diffs = "  ".join(
+            f"{k.replace('_vs_', ' - ')} {_figure(d, '+.3f')}"
+            for k, d in group["f1"].items()
+            if "_vs_" in k
+        )
+        print(f"evidence {place} ({group['questions']}): F1 {diffs}")
+    cost = fig.get("cost")
+    if cost:
+        median = _num(cost["question_seconds_median"], ".1f")
+        print(f"a question, median over {cost['questions']}: {median} s for every configuration")
+        for config in configs:
+            c = cost[config]
+            print(f"  {config:>9}: {_num(c['seconds_median'], '.2f')} s, "
+                  f"{_num(c['prompt_tokens_mean'], '.0f')} tokens of prompt, "
+                  f"{_num(c['prefilled_tokens_mean'], '.0f')} prefilled")  # fmt: skip
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,36 @@ def test_metric_pools_the_f1_named_and_says_when_a_run_lacks_it(tmp_path):
     assert pooled["recall"]["f1_locomo"]["mean"] == 0.8
     assert abs(pooled["recall_vs_window"]["mean"] - 0.6) < 1e-9
     assert "f1" not in pooled["recall"]  # the figures of the metric pooled only
+
+
+def test_a_run_folder_pools_and_its_per_question_file_pools_alike_without_text(tmp_path):
+    from test_eval_locomo import reader, write_dataset
+
+    from mlxmem.eval import locomo as ev
+    from mlxmem.testing import FakeEngine
+
+    data = write_dataset(tmp_path / "data")
+    ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 2200, 120, run_dir=tmp_path / "run")
+    kept, first, second = (tmp_path / n for n in ("q.json", "first.json", "second.json"))
+
+    def pool(source: Path, out: Path, *more: str) -> str:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), str(source), "--metric", "f1_amem", "--out", str(out),
+             *more], capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    printed = pool(tmp_path / "run", first, "--per-question", str(kept))
+    # No text of the conversation, its questions, or the answers is kept.
+    assert not re.search(r"Jon|Lisbon|noodles|Where did", kept.read_text())
+    pool(kept, second)
+    a, b = (json.loads(p.read_text())["pooled"] for p in (first, second))
+    assert a == b and a["questions"] == 6
+    # The category table beside A-Mem's published row, the evidence places, the cost.
+    single_hop = a["by_category"]["4"]
+    assert single_hop["questions"] == 6 and single_hop["amem_published_f1_amem"] == 23.6
+    assert single_hop["oracle_f1_amem"]["mean"] == 100.0
+    assert single_hop["no_memory_f1_locomo"]["mean"] == 0.0
+    assert sum(g["questions"] for g in a["by_evidence_place"].values()) == 6
+    assert a["cost"]["questions"] == 7 and "prefilled" in printed
+    assert "A-Mem Qwen2.5-1.5B" in printed and "23.6" in printed
