@@ -57,6 +57,28 @@ def check_new_name(name: str, what: str = "conversation name") -> str:
     return name
 
 
+_JSON_KINDS = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+def a_kind(value: object) -> str:
+    """What `value` is, as an error names it to a person who wrote JSON or TOML: "a whole
+    number", "an object", "null" (Python's type names read "a int", "a dict")."""
+    return kind_name(type(value))
+
+
+def kind_name(kind: type) -> str:
+    """The kind `kind` as a_kind names its values."""
+    return _JSON_KINDS.get(kind) or f"a {kind.__name__}"
+
+
 def utc_now() -> datetime:
     """Now, timezone-aware UTC."""
     return datetime.now(timezone.utc)

@@ -322,3 +322,23 @@ def test_eval_without_locomo_data_says_how_to_get_it(tmp_path):
 
     said = cli("eval", "locomo", "--data", str(tmp_path), code=1).output
     assert "convert-locomo" in said and "--data DIR" in said and "locomo10.json" in said
+
+
+@pytest.mark.parametrize("name", ["bad ", " bad", "two\nlines", "esc\x1bape"])
+def test_a_bad_conversation_name_is_refused_before_any_model_loads(tmp_path, name):
+    from conftest import cli
+
+    from mlxmem.memory.store import Store
+
+    broken = tmp_path / "model"  # a model that would fail to load: it is never read
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for args in (["chat", "-M", str(broken), "-c", name, "hi"],
+                 ["serve", "-M", str(broken), "--conversation", name]):  # fmt: skip
+        out = cli(*args, code=1).output
+        assert "conversation name" in out and "config.json" not in out, out
+    assert cli("history", "list").output.strip() == "No conversations yet."
+    # A name made before (or arriving from another device) still opens.
+    with Store().connect() as con:
+        con.execute("INSERT INTO conversations (name, created_at) VALUES (?, now())", [name])
+    assert Store().check_name(name) == name

@@ -730,3 +730,18 @@ def test_serve_overhead_benchmark_sets_the_held_server_beside_the_held_chat(tmp_
     # holding is the point: a held store skips the open each unheld turn pays (about 30 ms)
     assert first["direct_held"] < first["direct"]
     assert result["serve_vs_held_ratio"] > 0
+
+
+def test_a_wrong_type_is_named_as_json_names_it():
+    from mlxmem.serve.schema import ApiError, conversation_of, parse_chat_request
+
+    said = {"messages": [{"role": "user", "content": "x"}]}
+    for extra, message in [
+        ({"seed": "7"}, "seed must be a whole number, not a string"),
+        ({"stream": 1}, "stream must be true or false, not a whole number"),
+        ({"n": {}}, "n must be a whole number, not an object"),
+    ]:
+        with pytest.raises(ApiError, match=message):
+            parse_chat_request(said | extra, MODEL, "default")
+    with pytest.raises(ApiError, match="user must be a string, not a list"):
+        conversation_of(said | {"user": ["a"]}, None, "default")

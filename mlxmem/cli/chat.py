@@ -123,6 +123,7 @@ def chat(
     if message is not None and not message.strip():
         raise InputError("empty message")
     model = model_or_default(model)
+    Store().check_name(conversation)  # before the model loads: a bad name fails at once
     if private:
         Store().set_private(conversation, create=True)
     settings = ChatSettings(

@@ -308,6 +308,7 @@ class Session:
             err.print(f"model: {self.model}", markup=False)
 
     def switch(self, model: str, conversation: str) -> None:
+        self.companion.store.check_name(conversation)  # before a model loads or a turn waits
         self._catch_up()
         self.companion = self.model_thread.call(lambda: self.open_chat(model, conversation))
         self.model = model

@@ -16,6 +16,7 @@ from mlxmem.defaults import (
 from mlxmem.engine import engine_loader
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
+from mlxmem.memory.store import Store
 from mlxmem.models import resolve
 
 from .common import (
@@ -69,6 +70,7 @@ def serve(
     from mlxmem.serve import ServeConfig, check_binding, make_server
 
     check_binding(host, allow_remote, token)
+    Store().check_name(conversation)  # before the model loads: a bad name fails at once
     model = model_or_default(model)
     spec = resolve(model)
     settings = ChatSettings(

@@ -136,6 +136,14 @@ class TurnLog(Database):
             row = one_row(con.execute(f"{_CONVERSATIONS} WHERE c.id = ? GROUP BY ALL", [cid]))
         return _conversation(row)
 
+    def check_name(self, name: str) -> str:
+        """`name`, if a conversation may be opened under it: one this log holds (made before,
+        or on another device), or a new name check_new_name accepts; else InputError. For
+        front ends to call before a model loads, so that a bad name fails at once."""
+        with self.connect() as con:
+            held = con.execute("SELECT 1 FROM conversations WHERE name = ?", [name]).fetchone()
+        return name if held else check_new_name(name)
+
     def conversations(self) -> list[Conversation]:
         with self.connect() as con:
             rows = con.execute(f"{_CONVERSATIONS} GROUP BY ALL ORDER BY c.id").fetchall()

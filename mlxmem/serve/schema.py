@@ -18,6 +18,7 @@ from mlxmem.errors import (
     StaleError,
     StoreError,
 )
+from mlxmem.text import a_kind, kind_name
 
 # Roles a client may send: a system (or developer) message is read and ignored (mlxmem's own
 # instructions head the prompt); user and assistant messages are the conversation.
@@ -203,7 +204,7 @@ def _optional(body: dict, key: str, kind: type):
     if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
         return value
     raise ApiError(
-        400, f"{key} must be {kind.__name__}, not {type(value).__name__}", "invalid_type", key
+        400, f"{key} must be {kind_name(kind)}, not {a_kind(value)}", "invalid_type", key
     )
 
 
