@@ -2,7 +2,8 @@
 stops where it is and is done after the next reply (the fold and the cache's warm-up, which
 the next prompt is built on, do not stop). A fact is never lost to a fast typist: beyond
 POSTPONE_LIMIT messages, the oldest is looked at without giving way. A deletion meanwhile
-drops what was postponed."""
+drops what was postponed. Nor is it lost to a Ctrl-C, a stop or a kill: the log marks each
+message until its look is done, and the next Companion of the conversation reads the marks."""
 
 import threading
 
@@ -189,3 +190,60 @@ def test_serve_does_not_tell_a_noted_fact_deleted_since():
         Store().delete_facts([fact.id])  # memory rm, between two requests
         told = ask(server, "hello").model_extra["mlxmem"]
     assert told["fact_added"] is None and told["facts_added"] == []
+
+
+def test_a_postponed_look_outlives_its_companion_and_is_done_in_the_next_one():
+    # A server stopped, a session evicted, a process killed: the Companion is gone with the
+    # look it postponed. The log marks the message, and the next Companion looks at it.
+    engine, store, companion = make(facts_of([FACT]))
+    turn(companion, LONG.format(1), should_yield=lambda: True)
+    assert companion.postponed == 1 and store.facts() == []
+    del companion
+    again = Companion(engine, Store(), "default", 2000, 120, ChatSettings())
+    assert again.postponed == 1
+    result = turn(again, "A short one, with no fact to look for.")
+    assert [f.text for f, _ in result.noted] == [FACT]
+    assert [f.turn_id for f in store.facts()] == [store.turns("default")[0].id]
+    # Looked at: no Companion looks at it again.
+    assert Companion(engine, Store(), "default", 2000, 120, ChatSettings()).postponed == 0
+    assert store.looks_due("default") == []
+
+
+def test_a_look_cut_by_ctrl_c_is_done_after_the_next_reply():
+    stopped = []
+
+    def responder(prompt: str) -> str:
+        if "durable facts" in prompt and not stopped:
+            stopped.append(prompt)
+            raise KeyboardInterrupt  # Ctrl-C while the model looks for a fact
+        return FACT if "durable facts" in prompt else "fine."
+
+    engine, store, companion = make(responder)
+    first = turn(companion, LONG.format(1))
+    assert stopped and first.noted == [] and store.facts() == []
+    assert companion.postponed == 1 and len(store.looks_due("default")) == 1
+    second = turn(companion, "A short one, with no fact to look for.")
+    assert [f.text for f, _ in second.noted] == [FACT]
+    assert store.looks_due("default") == []
+
+
+def test_a_deleted_message_is_never_looked_at_later():
+    engine, store, companion = make(facts_of([FACT] * 3))
+    turn(companion, LONG.format("secret"), should_yield=lambda: True)
+    store.delete_turns([store.turns("default")[0].id])
+    assert store.looks_due("default") == []
+    again = Companion(engine, Store(), "default", 2000, 120, ChatSettings())
+    assert again.postponed == 0
+    assert turn(again, "A short one, with no fact to look for.").noted == []
+    assert store.facts() == []
+
+
+def test_an_interrupted_reply_leaves_its_message_to_be_looked_at():
+    from mlxmem.engine import GenerationStats
+
+    engine, store, companion = make(facts_of([FACT]))
+    pending = companion.begin(LONG.format(1))
+    stats = GenerationStats(10, 0, 10, 1, 0.0, 0.0, 0.0, 0.0, "interrupted")
+    result = companion.finish(pending, "I was say", stats, None)
+    assert result.noted == [] and companion.postponed == 1
+    assert [f.text for f, _ in turn(companion, "Go on, please.").noted] == [FACT]

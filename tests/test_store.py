@@ -47,6 +47,7 @@ SCHEMA = {
         ("sampled_by", "VARCHAR"),
         ("uid", "VARCHAR"),
         ("device_uid", "VARCHAR"),
+        ("look_due", "BOOLEAN"),
     ],
     "summaries": [
         ("id", "BIGINT"),
@@ -147,6 +148,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m017_recall_vocabulary",),
             ("m018_turns",),
             ("m019_tombstones_published",),
+            ("m020_looks_due",),
         ]
     assert store.path == paths.db_path()
 
@@ -182,7 +184,7 @@ def test_a_conversation_deleted_before_m019_counts_as_published_when_deleted(tmp
         " ('c-there', 'conversation', '2026-01-03 00:00:00', 'other-device'),"
         " ('t-here', 'message', '2026-01-04 00:00:00', NULL)"
     )
-    assert migrate(con) == ["m019_tombstones_published"]
+    assert migrate(con)[0] == "m019_tombstones_published"
     rows = con.execute("SELECT uid, published_at FROM tombstones ORDER BY uid").fetchall()
     assert [(uid, str(at) if at else None) for uid, at in rows] == [
         ("c-here", "2026-01-02 03:04:05"),

@@ -48,7 +48,7 @@ from mlxmem.memory.store import (
     with_turn,
 )
 from mlxmem.memory.summaries import insert_summary
-from mlxmem.memory.turns import insert_turn
+from mlxmem.memory.turns import clear_looks, insert_turn
 from mlxmem.memory.window import UNANSWERED, ConversationWindow, FoldEvent, summary_cap
 from mlxmem.text import check_text, utc_now
 
@@ -258,8 +258,15 @@ def log_message(
     not touch the model."""
     text = checked_message(text, settings)
     ids = engine.encode_text(text)
+    due = settings.extract_facts and should_extract(text)
     return store.append_turn(
-        conversation, "user", text, len(ids), sampled_ids=ids, sampled_by=engine.model_id
+        conversation,
+        "user",
+        text,
+        len(ids),
+        sampled_ids=ids,
+        sampled_by=engine.model_id,
+        look_due=due,
     )
 
 
@@ -295,12 +302,23 @@ class Companion:
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)
         self._epoch: int | None = None  # the forget epoch of the last turn
-        # Messages whose look for a fact a waiting message stopped, oldest first: looked at
-        # again after the next reply (see _look_for_facts).
-        self._postponed: list[Turn] = []
+        # Messages whose look for a fact is still to come, oldest first: looked at after the
+        # next reply (see _look_for_facts). Each is marked in the log until its look is done,
+        # so those a Ctrl-C, a server's stop, an eviction or a kill left are read back here.
+        self._postponed: list[Turn] = self._due_in_store()
+        self._looked: list[int] = []  # turns looked at since the marks were last cleared
         self._timings: TurnTimings | None = None  # the turn being begun, timed
         # The store as the last turn left it, and the store's mark() then (see _keep).
         self._kept: tuple[Snapshot, tuple[int, int]] | None = None
+
+    def _due_in_store(self) -> list[Turn]:
+        """The messages of this conversation the log marks for a look (none when this
+        Companion does not look for facts)."""
+        return self.store.looks_due(self.conversation) if self.settings.extract_facts else []
+
+    def _look_due(self, text: str) -> bool:
+        """Whether the person's message `text` is to be looked at for a fact."""
+        return self.settings.extract_facts and should_extract(text)
 
     def _check_budget(self) -> None:
         """Refuse a budget too small for the instructions, the facts share, the summary cap,
@@ -500,6 +518,7 @@ class Companion:
                     at=at,
                     previous=previous,
                     mark=mark,
+                    look_due=self._look_due(text),
                 )
         folds: list[FoldEvent] = []
         snap, prompt = self._fold_while_over_budget(on_status, 0, first, folds)
@@ -541,7 +560,8 @@ class Companion:
         slot is trimmed to the new prompt.)"""
         if self._epoch is not None and epoch != self._epoch:
             self.engine.drop_slot(FACTS_SLOT)
-            self._postponed.clear()  # one of them may be what was deleted
+            # One of them may be what was deleted: the log's marks say which are left.
+            self._postponed, self._looked = self._due_in_store(), []
         self._epoch = epoch
 
     def finish(
@@ -585,7 +605,10 @@ class Companion:
         result.timings = turn.timings
         snap, epoch = turn.snapshot, turn.snapshot.forget_epoch
         room = self._next_message_room(snap)
-        extract = not interrupted and self.settings.extract_facts and should_extract(turn.user.text)
+        due = self._look_due(turn.user.text)
+        extract = due and not interrupted
+        if due and interrupted:  # looked at after the next reply, as a postponed one
+            self._postponed.append(turn.user)
         try:
             # One operation: log the reply and, if nothing follows it (no fold, no cache to
             # rebuild, no fact to look for), save the cache under the same check.
@@ -683,12 +706,13 @@ class Companion:
                         result.noted = _insert_found(con, found)
                     for fact, replaced in result.noted:
                         logged = with_fact(logged, fact, replaced)
+                self._clear_looked(transaction)
                 self._save_slot()
         except StaleError:
             # A deletion raced the summary or the facts: none is kept, nor the cache, which
             # may hold what was deleted; the next turn starts afresh.
             result.noted = []
-            self._postponed.clear()
+            self._postponed, self._looked = self._due_in_store(), []
             self.engine.drop_slot(self.slot)
             return None
         return logged
@@ -822,15 +846,28 @@ class Companion:
         snap = self.store.snapshot(self.conversation)
         self._after_deletions(snap.forget_epoch)
         found = self._look_for_facts(None, snap.facts, None, should_yield, [])
-        if not found:
+        if not found and not self._looked:
             return []
         try:
             with self.store.steps(snap.forget_epoch) as transaction:
-                with transaction() as con:
-                    return _insert_found(con, found)
+                noted = []
+                if found:
+                    with transaction() as con:
+                        noted = _insert_found(con, found)
+                self._clear_looked(transaction)
+                return noted
         except StaleError:
-            self._postponed.clear()
+            self._postponed, self._looked = self._due_in_store(), []
             return []
+
+    def _clear_looked(self, transaction) -> None:
+        """Clear the log's marks of the messages looked at, in a transaction of their own
+        after the facts found in them are stored (a kill between the two looks again: the
+        fact is then a duplicate, not lost)."""
+        if self._looked:
+            with transaction() as con:
+                clear_looks(con, self._looked)
+            self._looked = []
 
     def _look_for_facts(
         self,
@@ -850,19 +887,27 @@ class Companion:
         self._postponed = []
         found: list[Found] = []
         shown = [f.text for f in facts]
-        for i, message in enumerate(queue):
-            stop = should_yield if len(queue) - i <= POSTPONE_LIMIT else None
-            if stop is not None and stop():
-                look = Look(None, "postponed")
-            else:
-                look = self._extract(message, shown, on_status, stop)
-            looks.append(look.outcome)
-            if look.outcome == "postponed":
-                self._postponed = queue[i:]
-                break
-            if look.fact is not None:
-                found.append(Found(look.fact, message, self._replaces(look.fact, facts)))
-                shown.append(look.fact)
+        looked = []
+        try:
+            for i, message in enumerate(queue):
+                stop = should_yield if len(queue) - i <= POSTPONE_LIMIT else None
+                if stop is not None and stop():
+                    look = Look(None, "postponed")
+                else:
+                    look = self._extract(message, shown, on_status, stop)
+                looks.append(look.outcome)
+                if look.outcome == "postponed":
+                    self._postponed = queue[i:]
+                    break
+                looked.append(message.id)
+                if look.fact is not None:
+                    found.append(Found(look.fact, message, self._replaces(look.fact, facts)))
+                    shown.append(look.fact)
+        except KeyboardInterrupt:
+            # Nothing found is stored: every message waits for its look again.
+            self._postponed = queue
+            raise
+        self._looked += looked
         return found
 
     def _extract(

@@ -446,6 +446,15 @@ def m019_tombstones_published(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+# A person's message whose look for a fact is still to come (made when the message is logged,
+# cleared when the look is done): a look postponed past a Ctrl-C, a server's stop, a session
+# evicted or a kill is done when the conversation is next opened, not lost. Local to this
+# device: the sync format does not carry it. A deleted turn takes its mark along.
+@migration
+def m020_looks_due(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE turns ADD COLUMN look_due BOOLEAN DEFAULT false")
+
+
 FACTS_DB = "facts_db"
 
 

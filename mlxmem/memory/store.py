@@ -81,6 +81,7 @@ class Store(TurnLog, SummaryLog, FactList):
         at: datetime | None = None,
         previous: Snapshot | None = None,
         mark: tuple[int, int] | None = None,
+        look_due: bool = False,
     ) -> tuple[Turn, Snapshot]:
         """Log the person's message with the token ids `encoded_by` (a model identity) encoded
         it as, and read the snapshot the reply is written from (with the turns recalled for
@@ -88,12 +89,22 @@ class Store(TurnLog, SummaryLog, FactList):
         the turn's bookkeeping. `at`: when it was written, if not now (a chat log replayed).
         `previous`: the conversation's snapshot when this store's mark() was `mark`; if the
         mark has not moved (the store stayed held and nothing ran through it since, so nothing
-        wrote), the snapshot is `previous` plus the new turn, and nothing is read again."""
+        wrote), the snapshot is `previous` plus the new turn, and nothing is read again.
+        `look_due`: the message is to be looked at for a fact (see insert_turn)."""
         with self.connect() as con:
             unchanged = previous is not None and mark is not None and mark == self.mark()
             ids = list(token_ids)
             turn = insert_turn(
-                con, conversation, "user", text, len(ids), False, ids, encoded_by, at=at
+                con,
+                conversation,
+                "user",
+                text,
+                len(ids),
+                False,
+                ids,
+                encoded_by,
+                at=at,
+                look_due=look_due,
             )
             if unchanged and previous is not None:
                 return turn, _extended(con, previous, turn, query)

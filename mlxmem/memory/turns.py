@@ -77,6 +77,7 @@ class TurnLog(Database):
         sampled_by: str | None = None,
         epoch: int | None = None,
         at: datetime | None = None,
+        look_due: bool = False,
     ) -> Turn:
         """Append a turn; committed before return. Without `epoch` the conversation is
         created on first use. With it (a reply, derived from what the store held at that
@@ -95,7 +96,17 @@ class TurnLog(Database):
                 sampled_by,
                 create=epoch is None,
                 at=at,
+                look_due=look_due,
             )
+
+    def looks_due(self, conversation: str) -> list[Turn]:
+        """The person's messages in `conversation` whose look for a fact is still to come,
+        oldest first (see insert_turn's `look_due`)."""
+        with self.connect() as con:
+            rows = con.execute(
+                f"{SELECT_TURNS} WHERE c.name = ? AND m.look_due ORDER BY m.seq", [conversation]
+            ).fetchall()
+        return [turn_of(row) for row in rows]
 
     def import_log(self, turns: Sequence[DatedTurn]) -> int:
         """Append a dated chat log's turns in one transaction (see import_turns); return how
@@ -176,11 +187,13 @@ def insert_turn(
     sampled_by: str | None = None,
     create: bool = True,
     at: datetime | None = None,
+    look_due: bool = False,
 ) -> Turn:
     """Append a turn inside an open transaction (see TurnLog.append_turn), written at time `at`
     (timezone-aware; default now): a turn written elsewhere first, such as a chat log being
     imported or replayed, keeps its own time, which the window, recall and summaries show.
-    Either way it is recorded no older than the conversation's newest turn."""
+    Either way it is recorded no older than the conversation's newest turn. `look_due`: a
+    person's message to look at for a fact (until clear_looks)."""
     if role not in ROLES:
         raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     check_text(text, "message")
@@ -203,9 +216,20 @@ def insert_turn(
     (mid,) = one_row(
         con.execute(
             "INSERT INTO turns (conversation_id, seq, role, text, created_at, token_count,"
-            " interrupted, sampled_ids, sampled_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " RETURNING id",
-            [cid, seq, role, text, to_db(now), token_count, interrupted, sampled_ids, sampled_by],
+            " interrupted, sampled_ids, sampled_by, look_due)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            [
+                cid,
+                seq,
+                role,
+                text,
+                to_db(now),
+                token_count,
+                interrupted,
+                sampled_ids,
+                sampled_by,
+                look_due,
+            ],
         )
     )
     index_turns(con, [(mid, text)])  # recall's index, in the same transaction
@@ -305,6 +329,14 @@ def turns_after(
         [conversation, after_seq or 0],
     ).fetchall()
     return [turn_of(row) for row in rows]
+
+
+def clear_looks(con: duckdb.DuckDBPyConnection, turn_ids: Sequence[int]) -> None:
+    """The looks for a fact at these turns are done (inside an open transaction)."""
+    if turn_ids:
+        con.execute(
+            "UPDATE turns SET look_due = false WHERE list_contains(?, id)", [list(turn_ids)]
+        )
 
 
 def conversation_id(
