@@ -22,6 +22,7 @@ from mlxmem.errors import InputError
 from mlxmem.memory.companion import INSTRUCTIONS
 from mlxmem.memory.store import Store
 from mlxmem.serve import ServeConfig, check_binding, make_server
+from mlxmem.serve.http import RequestHandler
 from mlxmem.testing import FakeEngine
 
 LONG_REPLY = " ".join(f"word{i}" for i in range(200))
@@ -745,3 +746,44 @@ def test_a_wrong_type_is_named_as_json_names_it():
             parse_chat_request(said | extra, MODEL, "default")
     with pytest.raises(ApiError, match="user must be a string, not a list"):
         conversation_of(said | {"user": ["a"]}, None, "default")
+
+
+def test_a_request_cut_off_by_the_deadline_is_not_executed(monkeypatch):
+    """The request line and some headers arrive, the blank line that ends the headers never
+    does: the request has not arrived whole, so nothing may be done for it."""
+    monkeypatch.setattr(RequestHandler, "request_deadline", 1.0)
+    with fake_server() as server:
+        fact = request(server, "POST", "/v1/memory/facts", {"text": "I keep bees"})[1]
+        url = urlsplit(server.url)
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            sock.sendall(
+                f"DELETE /v1/memory/facts/{fact['id']} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                "X-Still-Typing: a".encode()
+            )
+            time.sleep(2.0)  # past the deadline, the headers still not ended
+        time.sleep(0.5)
+        assert [f.text for f in Store().facts()] == ["I keep bees"]
+
+
+def test_the_deadline_does_not_fire_while_a_whole_request_is_answered(monkeypatch):
+    """A DELETE/GET with a small body the endpoint never reads (some clients always send
+    '{}'): the request is all here, but the watchdog keeps running during the answer."""
+    monkeypatch.setattr(RequestHandler, "request_deadline", 1.0)
+    engine = FakeEngine(lambda prompt: " ".join(["word"] * 60), delay_s=0.04)
+    with fake_server(engine) as server:
+        busy = threading.Thread(
+            target=request,
+            args=(
+                server,
+                "POST",
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hold the model"}]},
+            ),
+        )
+        busy.start()
+        time.sleep(0.3)  # the model is busy for ~2.5 s
+        status, body, _ = request(
+            server, "GET", "/v1/memory/context", b"{}", {"Content-Type": "application/json"}
+        )
+        busy.join(30)
+    assert status == 200 and body["object"] == "mlxmem.context", (status, body)

@@ -143,6 +143,8 @@ class RequestHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         # The watchdog shuts the socket down if the request has not arrived whole in time:
         # the blocked read then ends, and the connection with it. The reply is not timed.
+        self._watch = threading.Lock()
+        self._cut_off = False
         self._deadline = threading.Timer(self.request_deadline, self._too_slow)
         self._deadline.daemon = True
         self._deadline.start()
@@ -151,13 +153,20 @@ class RequestHandler(BaseHTTPRequestHandler):
         finally:
             self.request_read()
 
-    def request_read(self) -> None:
-        """The request has arrived whole (Request.json calls it once the body is read)."""
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def request_read(self) -> bool:
+        """The request has arrived whole: stop the watchdog. False if it fired first (the
+        request was cut off: nothing may be done for it)."""
+        with self._watch:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            return not self._cut_off
 
     def _too_slow(self) -> None:
+        with self._watch:
+            if self._deadline is None:
+                return  # arrived whole while the timer was firing
+            self._cut_off = True
         self.close_connection = True
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -185,10 +194,17 @@ class RequestHandler(BaseHTTPRequestHandler):
                 challenge = 'Basic realm="mlxmem"' if is_page else "Bearer"
                 self.fail(exc, None, {"WWW-Authenticate": challenge})
                 return
+            if self._cut_off:  # the headers "ended" because the watchdog closed the socket
+                self.close_connection = True
+                return
             req = Request(self, app, self.command, url.path, url.query)
-            if not req.unread_body:
-                self.request_read()  # no body: the request is all here
             handler, args = route(self.command, url.path)
+            if req.unread_body and self.command not in ("POST", "PATCH"):
+                req.discard_body()  # read under the watchdog, so the answer is not timed
+                self.close_connection = True  # as before: a body nobody takes ends it
+            if not req.unread_body and not self.request_read():
+                self.close_connection = True
+                return
             result = handler(req, *args)
             if req.unread_body:  # a body nobody read must not be parsed as the next request
                 self.close_connection = True

@@ -59,23 +59,7 @@ class Request:
             # A browser page of another site can send a text/plain POST without asking first;
             # application/json it cannot, so this also keeps such pages out.
             raise ApiError(415, "send the body as Content-Type: application/json", "invalid_type")
-        if self.chunked:
-            raise ApiError(411, "send the body with a Content-Length", "length_required")
-        length = self._declared_length()
-        if length > MAX_BODY_BYTES:
-            raise ApiError(
-                413,
-                f"the request body has {length:,} bytes, over the limit of {MAX_BODY_BYTES:,}",
-                "request_too_large",
-            )
-        try:
-            data = self.handler.rfile.read(length)
-        except TimeoutError:
-            raise ApiError(408, "the request body stopped arriving", "timeout") from None
-        self.handler.request_read()
-        self.unread_body = False
-        if len(data) < length:
-            raise ApiError(400, "the request body ended early", "incomplete_body")
+        data = self._read_body()
         try:
             body = json.loads(data)
         except ValueError as exc:  # bad UTF-8 or JSON, or an integer over Python's 4,300 digits
@@ -106,6 +90,34 @@ class Request:
 
     def flag(self, name: str) -> bool:
         return self.query.get(name, "").lower() in ("1", "true", "yes")
+
+    def discard_body(self) -> None:
+        """Read and drop a body the endpoint does not take (a GET or DELETE may carry one),
+        so that the request is whole before its answer, which may wait for the model."""
+        self._read_body()
+
+    def _read_body(self) -> bytes:
+        """The body, whole, by its Content-Length; too large (413) is refused before a byte
+        of it is read, and one the watchdog cut off (408) is not used."""
+        if self.chunked:
+            raise ApiError(411, "send the body with a Content-Length", "length_required")
+        length = self._declared_length()
+        if length > MAX_BODY_BYTES:
+            raise ApiError(
+                413,
+                f"the request body has {length:,} bytes, over the limit of {MAX_BODY_BYTES:,}",
+                "request_too_large",
+            )
+        try:
+            data = self.handler.rfile.read(length)
+        except TimeoutError:
+            raise ApiError(408, "the request body stopped arriving", "timeout") from None
+        if not self.handler.request_read():
+            raise ApiError(408, "the request did not arrive in time", "timeout")
+        self.unread_body = False
+        if len(data) < length:
+            raise ApiError(400, "the request body ended early", "incomplete_body")
+        return data
 
     @property
     def chunked(self) -> bool:
