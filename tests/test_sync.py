@@ -774,8 +774,8 @@ def test_a_half_copied_file_is_skipped_whole_and_read_at_the_next_sync(devices):
 
 def test_a_half_copied_file_holds_back_its_devices_other_new_files(devices):
     # The file holding a conversation's private flag is still being copied when a later file,
-    # with turns written in it, is whole: merged alone, those turns made the conversation
-    # anew, shared, and recall brought them into another conversation.
+    # with turns written in it, is whole: the later file waits, and its turns, which carry
+    # the flag themselves, are private here when they come.
     a, b, folder = devices
     os.environ["MLXMEM_HOME"] = str(b)
     Store().set_private("diary", create=True)
@@ -793,6 +793,78 @@ def test_a_half_copied_file_holds_back_its_devices_other_new_files(devices):
     assert sync_json(a)["held_back"] == 0
     assert private(a) == {"diary": True} and conversations(a) == [("diary", 4)]
     assert recalled(a, "What about the kohlrabi soup?") == []
+
+
+def stream_files(folder, home):
+    """`home`'s change files in the folder, oldest first."""
+    return sorted((folder / "mlxmem" / "devices" / device(home)).glob("0*.jsonl*"))
+
+
+@pytest.mark.parametrize("known", [False, True])
+@pytest.mark.parametrize("delivery", ["half-copied", "missing"])
+def test_turns_a_third_device_wrote_in_a_private_conversation_stay_private_whatever_arrives(
+    tmp_path, delivery, known
+):
+    # B makes a conversation private; C reads that, writes in it, and does not send B's flag
+    # on. A reads C's file while B's is half-copied, or not there at all: C's turns must not
+    # be recallable in A's other conversations. `known`: A already held the conversation,
+    # shared, so no conversation made anew can stand in for the flag.
+    a, b, c = (tmp_path / name for name in "ABC")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    if known:
+        chat(b, "diary", "Hello diary")
+        for home in (b, a):
+            on(home, "sync", str(folder))
+        assert private(a) == {"diary": False}
+    os.environ["MLXMEM_HOME"] = str(b)
+    Store().set_private("diary", create=True)
+    on(b, "sync", str(folder))
+    on(c, "sync", str(folder))
+    assert private(c) == {"diary": True}
+    chat(c, "diary", f"Kohlrabi soup with my therapist {MARKER}")
+    on(c, "sync")
+    flag_file = stream_files(folder, b)[-1]
+    whole = flag_file.read_bytes()
+    if delivery == "half-copied":
+        flag_file.write_bytes(whole[: len(whole) // 2])
+    else:
+        flag_file.unlink()
+    on(a, "sync", str(folder))
+    assert recalled(a, "What about the kohlrabi soup?") == []
+    assert private(a) == {"diary": True}
+    flag_file.write_bytes(whole)  # B's file arrives: nothing changes
+    on(a, "sync")
+    assert recalled(a, "What about the kohlrabi soup?") == []
+    assert private(a) == private(b) == private(c) == {"diary": True}
+
+
+def test_a_deletion_reaches_the_next_sync_past_a_damaged_file_of_its_device(devices, monkeypatch):
+    # B removes a fact; another of B's files is damaged for good. The tombstone, in a file A
+    # can read, deletes the fact on A at A's next sync: deletions never wait.
+    from types import SimpleNamespace
+
+    from mlxmem.sync import run
+
+    a, b, folder = devices
+    on(b, "memory", "add", f"Allergic to {MARKER}")
+    on(b, "memory", "add", "Likes tea")
+    on(b, "sync", str(folder))
+    on(a, "sync", str(folder))
+    assert (f"Allergic to {MARKER}", "manual") in facts(a)
+    on(b, "memory", "add", "Reads at night")
+    on(b, "sync")  # a second file, damaged below
+    on(b, "memory", "rm", "1")
+    on(b, "sync")  # rewrites the first file without the fact; the tombstone in a third
+    first, second, third = stream_files(folder, b)
+    second.write_bytes(second.read_bytes()[:-7])
+    later = time.time() + 3600
+    monkeypatch.setattr(run, "time", SimpleNamespace(time=lambda: later))
+    report = sync_json(a)
+    assert report["damaged"] == [str(second)]
+    assert (f"Allergic to {MARKER}", "manual") not in facts(a)
+    assert files_containing(a, MARKER) == []
+    assert files_containing(folder / "mlxmem" / "devices" / device(a), MARKER) == []
 
 
 def test_one_sync_at_a_time_per_data_directory(devices):

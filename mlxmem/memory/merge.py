@@ -14,7 +14,10 @@ the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is
   device), picks the text the fact keeps (a slow clock cannot undo a later edit), and the other
   text becomes a fact of its own (reported in MergeResult.conflicts), so neither edit is lost.
   Between versions from before vectors, the counters alone decide.
-- A conversation's private flag: the higher version wins, private wins a tie.
+- A conversation's private flag: the higher version wins, private wins a tie. A turn carries
+  its conversation's flag as its writer held it (records.py): merged as a flag record, before
+  the turn, so the turn is as private here as it was where it was written, whatever file
+  holding the flag itself is late, half copied, or sent by no one.
 Each step is one transaction and can be repeated: a merge cut short anywhere is finished by the
 next one, and a merge that finds nothing new changes nothing.
 """
@@ -34,6 +37,7 @@ from mlxmem.memory.facts import insert_fact, stored_clock
 from mlxmem.memory.records import (
     Record,
     Tombstone,
+    carried_flag,
     clock_order,
     fact_clock,
     fact_key,
@@ -74,8 +78,11 @@ def merge_records(db: Database, records: list[Record], device: str) -> MergeResu
     crash_point("sync:tombstones-merged")
     turns = [r for r in records if r["kind"] == "message"]  # the sync format names a turn so
     # Before the turns: a private conversation's turns must never be recallable here, not even
-    # between two steps of a merge cut short.
-    _merge_private(db, [r for r in records if r["kind"] == "conversation"], turns, device, result)
+    # between two steps of a merge cut short. The flags the turns carry count as flag records
+    # (one of each: a conversation's turns carry the same few).
+    flags = [r for r in records if r["kind"] == "conversation"]
+    carried = {json.dumps(f, sort_keys=True): f for f in map(carried_flag, turns) if f}
+    _merge_private(db, flags + list(carried.values()), turns, device, result)
     _merge_turns(db, turns, device, result)
     crash_point("sync:turns-merged")
     _merge_facts(db, [r for r in records if r["kind"] == "fact"], device, result)

@@ -2,7 +2,11 @@
 
 Four kinds, one JSON object each, every one naming the device that wrote it:
 - message: a turn (the format keeps the name older devices read), immutable, by uid, with its
-  conversation's name (and uid, derived from it); a fact names its turn by `message_uid`;
+  conversation's name (and uid, derived from it); a fact names its turn by `message_uid`. A
+  turn in a conversation whose flag was ever set also carries that flag (`sharing`: the
+  fields of the conversation record below) as its writer holds it when it writes the file, so
+  a turn's privacy arrives with the turn: it depends on no other file arriving first, half
+  copied or missing, nor on which device sends the flag;
 - fact: one version of a fact: its version vector (`clock`: how many of the fact's edits each
   device made, this one included) tells whether it descends from the version a device holds
   or was made beside it; between two made beside each other, its version counter (each edit
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeGuard
@@ -76,9 +81,10 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
     every tombstone; rows written here (device NULL) are named as `device`."""
     turns = con.execute(
         "SELECT m.uid, c.name, m.role, m.text, m.created_at, coalesce(m.device_uid, ?),"
-        " m.interrupted FROM turns m JOIN conversations c ON c.id = m.conversation_id"
-        " ORDER BY c.id, m.seq",
-        [device],
+        " m.interrupted, c.private, c.private_version, c.private_at,"
+        " coalesce(c.private_device, ?) FROM turns m"
+        " JOIN conversations c ON c.id = m.conversation_id ORDER BY c.id, m.seq",
+        [device, device],
     ).fetchall()
     facts = con.execute(
         "SELECT f.uid, f.text, f.source, f.created_at, f.updated_at, coalesce(f.device_uid, ?),"
@@ -98,15 +104,17 @@ def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:
         [device],
     ).fetchall()
     return (
-        [turn_record(*row) for row in turns]
+        [turn_record(*row[:7], sharing=_sharing(*row[7:])) for row in turns]
         + [fact_record(*row) for row in facts]
         + [tombstone_record(*row) for row in tombstones]
         + [conversation_record(*row) for row in conversations]
     )
 
 
-def turn_record(uid, conversation, role, text, created_at, device, interrupted) -> Record:
-    return {
+def turn_record(
+    uid, conversation, role, text, created_at, device, interrupted, *, sharing=None
+) -> Record:
+    record = {
         "kind": "message",
         "uid": uid,
         "conversation": conversation,
@@ -117,6 +125,33 @@ def turn_record(uid, conversation, role, text, created_at, device, interrupted) 
         "device": device,
         "interrupted": bool(interrupted),
     }
+    if sharing is not None:
+        record["sharing"] = sharing
+    return record
+
+
+def _sharing(private, version, updated_at, device) -> dict | None:
+    """A turn's copy of its conversation's flag (None: the flag was never set). The flag as
+    the store holds it now, not as it was when the turn was written: a change of the flag
+    changes the turns' records, so their device rewrites the files that hold them (rare, and
+    no column to keep), and a turn is never sent without the flag it was written under."""
+    if not version:
+        return None
+    return {
+        "private": bool(private),
+        "version": version,
+        "updated_at": iso(updated_at),
+        "device": device,
+    }
+
+
+def carried_flag(record: Record) -> Record | None:
+    """The conversation record a turn record carries (its `sharing`), or None."""
+    sharing = record.get("sharing")
+    if sharing is None:
+        return None
+    name = record["conversation"]
+    return {"kind": "conversation", "uid": conversation_uid(name), "name": name, **sharing}
 
 
 def fact_record(
@@ -346,8 +381,20 @@ _FIELDS = {
     },
 }
 
+
+def _is_sharing(value: object) -> bool:
+    """A turn's copy of its conversation's flag: the conversation record's own fields."""
+    fields = {n: c for n, c in _FIELDS["conversation"].items() if n not in ("uid", "name")}
+    return (
+        isinstance(value, dict)
+        and value.keys() == fields.keys()
+        and all(check(value[name]) for name, check in fields.items())
+    )
+
+
 # Fields a record may lack (written by an mlxmem from before them).
-_OPTIONAL = {
+_OPTIONAL: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "message": {"sharing": _is_sharing},
     "fact": {
         "version": lambda v: type(v) is int and 0 <= v <= MAX_VERSION,
         "fork_of": _is_uuid,

@@ -5,7 +5,8 @@ rules; README "Sync" for what it means for the person.
 A sync, in order (each step can be cut short; the next sync finishes it):
 1. read the other devices' streams: the files the read cursor has not seen merged (a file
    that cannot be read whole is skipped this time, and its device's other new files wait for
-   it; one older than a version already read is refused, and nothing is merged);
+   it, all but their tombstones; one older than a version already read is refused, and
+   nothing is merged);
 2. merge them into the store: tombstones (through the erase path), messages, facts;
 3. erase in the folder: rewrite this device's files without the records that are no longer
    live here (a deleted turn or fact, a fact's superseded version);
@@ -72,7 +73,8 @@ class SyncReport:
     # Other devices whose device.json is damaged ("path: what is wrong"): none of their
     # changes were read; the next sync retries.
     bad_devices: list[str] = field(default_factory=list)
-    # Files read whole but not merged, as another new file of their device was not (skipped).
+    # Files read whole but not merged (but for their tombstones), as another new file of their
+    # device was not (skipped).
     held_back: int = 0
 
 
@@ -270,10 +272,11 @@ def read_streams(
                 todo.append((file, identity))
         sealed = todo if not check_key else [(f, None) for f in files]
         cipher = folder.cipher(passphrase) if any(f.encrypted for f, _ in sealed) else None
-        # A device's new files merge together or not at all: one of them may hold what the
-        # others need first (a conversation's private flag, and the turns written in it
-        # later), so a file that cannot be read whole holds back its device's other new files
-        # until the next sync.
+        # A device's new files merge together, or wait together for one that cannot be read
+        # whole yet (fewer turns arrive out of order, to be renumbered), but deletions never
+        # wait: the tombstones of the files read go in at once, since a deletion the person
+        # made must not stay undone here for as long as another file is damaged. Privacy does
+        # not wait on this either: each turn carries its conversation's flag (records.py).
         records: list[Record] = []
         read: dict[str, list[int]] = {}
         whole = True
@@ -301,7 +304,8 @@ def read_streams(
         if whole:
             reading.records += records
             merged |= read
-        else:
+        else:  # not in the cursor: read again, whole, at the next sync
+            reading.records += [r for r in records if r["kind"] == "tombstone"]
             reading.held_back += len(read)
     return reading
 
