@@ -1,8 +1,10 @@
 """The store as a model, in the way of SQLite's test harness and Jepsen's histories: hypothesis
-drives three devices' stores and one sync folder through random histories of adds, edits,
+drives three devices' stores and their sync folder through random histories of adds, edits,
 removals and replacements of facts (and restores of replaced ones), turns, private flags,
 history deletions, exports and imports, syncs, kills inside an erase and skewed clocks, and
-checks after every step what must always hold:
+the sync tool's deliveries: each device has its own copy of the folder, and a device's files
+reach the others' copies in any order, whole, half-copied, or late. It checks after every step
+what must always hold:
 
 - a text the person removed on a device is in no file of that device, ever again; after a
   sync round, in no file of any device or of the folder;
@@ -10,7 +12,11 @@ checks after every step what must always hold:
   that no device removed (or whose fact some device deleted: a deletion wins over an edit);
 - after a sync round the devices agree: the same facts, replaced by the same facts, the same
   turns in the same order, the same private flags;
-- every database opens.
+- every database opens;
+- a turn written in a private conversation is recallable in no other conversation on any
+  device, whatever files have reached it (until a later flag lets the conversation back in);
+- a sync applies every deletion its folder copy holds readable: after it, the device holds no
+  text whose tombstone it could read, whatever else of that device is late or half-copied.
 
 A short run is part of the suite; `MLXMEM_MODEL_EXAMPLES=200 MLXMEM_MODEL_STEPS=60` runs a
 long one (`MLXMEM_MODEL_RANDOM=1`: new histories each run, `MLXMEM_MODEL_SHRINK=1`: shrink a
@@ -34,9 +40,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from mlxmem.errors import InputError
 from mlxmem.memory import db, records
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.recall import search_before
 from mlxmem.memory.store import Store
 from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.terms import terms
 from mlxmem.sync.archive import export_to, import_from
+from mlxmem.sync.folder import DEVICE_INFO, device_folders
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
 
@@ -89,10 +98,17 @@ class StoreModel(RuleBasedStateMachine):
         RAN["examples"] += 1
         self.root = Path(os.environ["MLXMEM_MODEL_ROOT"]) / f"run-{RAN['examples']}"
         self.homes = [self.root / f"device-{i}" for i in range(DEVICES)]
-        self.folder = self.root / "shared"
+        # Each device's copy of the sync folder; the sync tool (deliver, mirror) copies a
+        # device's files from its own copy to the others'.
+        self.views = [self.root / f"folder-{i}" for i in range(DEVICES)]
         self.exports = self.root / "exports"  # the person's backups: outside every data dir
-        self.folder.mkdir(parents=True)
+        for view in self.views:
+            view.mkdir(parents=True)
         self.exports.mkdir()
+        self.ids: dict[int, str] = {}  # device ids, once a device has synced
+        # Turns written in a private conversation: uid -> (conversation, flag version then).
+        self.private_turns: dict[str, tuple[str, int]] = {}
+        self.tombstoned: dict[str, str] = {}  # the uid of a removed fact or turn -> its text
         self.skew = [timedelta(0)] * DEVICES
         # One fake model per device for the whole history (a turn's stored token ids are its
         # vocabulary's), each with its own model id.
@@ -161,11 +177,108 @@ class StoreModel(RuleBasedStateMachine):
     def step(self) -> None:
         RAN["steps"] += 1
 
+    def flag(self, device: int, conversation: str) -> tuple[bool, int]:
+        with self.on(device) as store, store.connect() as con:
+            row = con.execute(
+                "SELECT private, private_version FROM conversations WHERE name = ?",
+                [conversation],
+            ).fetchone()
+        return (bool(row[0]), row[1]) if row else (False, 0)
+
+    def uids_in(self, device: int, conversation: str) -> set[str]:
+        with self.on(device) as store, store.connect() as con:
+            rows = con.execute(
+                "SELECT m.uid FROM turns m JOIN conversations c ON c.id = m.conversation_id"
+                " WHERE c.name = ?",
+                [conversation],
+            ).fetchall()
+        return {u for (u,) in rows}
+
+    @contextmanager
+    def writing(self, device: int, conversation: str) -> Iterator[None]:
+        """Note the turns written on `device` in `conversation` while it is private there."""
+        before = self.uids_in(device, conversation)
+        private, version = self.flag(device, conversation)
+        yield
+        if private:
+            for uid in self.uids_in(device, conversation) - before:
+                self.private_turns[uid] = (conversation, version)
+
+    # -- the sync tool ------------------------------------------------------------------------
+
+    def stream(self, view: int, device: int) -> Path:
+        """`device`'s folder in `view`'s copy of the sync folder."""
+        return self.views[view] / "mlxmem" / "devices" / self.ids[device]
+
+    def pending(self, src: int, dst: int) -> list[str]:
+        """The files of `src`'s stream that `dst`'s copy lacks, holds in another version, or
+        holds though `src` removed them."""
+        if src == dst or src not in self.ids:
+            return []
+        want, have = self.stream(src, src), self.stream(dst, src)
+        names = {p.name for p in want.glob("*") if not p.name.startswith(".tmp-")}
+        names |= {p.name for p in have.glob("*")}
+        return [
+            n
+            for n in sorted(names)
+            if not (want / n).exists()
+            or not (have / n).exists()
+            or (want / n).read_bytes() != (have / n).read_bytes()
+        ]
+
+    def deliver(self, src: int, dst: int, name: str, half: bool = False) -> None:
+        """Copy one file of `src`'s stream into `dst`'s copy as `src` has it now (a removal if
+        it is gone): whole (a new file renamed into place), or half of it, still copying."""
+        source, target = self.stream(src, src) / name, self.stream(dst, src) / name
+        if not source.exists():
+            target.unlink(missing_ok=True)
+            return
+        data = source.read_bytes()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if half and name != DEVICE_INFO and len(data) > 1:
+            target.write_bytes(data[: len(data) // 2])
+            return
+        part = target.with_name(f".part-{name}")
+        part.write_bytes(data)
+        os.replace(part, target)
+
+    def mirror(self, src: int) -> None:
+        """The sync tool catches up: every copy holds `src`'s stream as `src` has it."""
+        for dst in range(DEVICES):
+            for name in self.pending(src, dst):
+                self.deliver(src, dst, name)
+
+    def readable_tombstones(self, device: int) -> set[str]:
+        """The uids of the tombstones in the files of `device`'s copy it can read whole."""
+        found = set()
+        for folder in device_folders(self.views[device]):
+            for file in folder.files():
+                contents = folder.read(file, None)
+                records = contents.records if contents else []
+                found |= {r["uid"] for r in records if r["kind"] == "tombstone"}
+        return found
+
+    def recallable_elsewhere(self, device: int) -> list[tuple[str, str]]:
+        """(uid, conversation) of the turns that recall brings into another conversation, for
+        a query of every word the device's turns hold."""
+        words = sorted({w for _, _, text in self.turns(device) for w in terms(text)})
+        if not words:
+            return []
+        with self.on(device) as store, store.connect() as con:
+            found = search_before(con, "model-elsewhere", 0, words, limit=10_000)
+            uids = dict(
+                con.execute(
+                    "SELECT id, uid FROM turns WHERE list_contains(?, id)", [[t.id for t in found]]
+                ).fetchall()
+            )
+        return [(uids[t.id], t.conversation) for t in found]
+
     def present(self, device: int) -> frozenset[str]:
         return frozenset(t for _, _, t in self.facts(device))
 
     def deleted(self, device: int, uid: str, text: str, present: frozenset[str]) -> None:
         self.removed[device].add(text)
+        self.tombstoned[uid] = text
         self.deletions.append((uid, present - {text}))
 
     # -- rules --------------------------------------------------------------------------------
@@ -284,7 +397,7 @@ class StoreModel(RuleBasedStateMachine):
     @rule(device=device_ids, conversation=st.sampled_from(["default", "travel", "limit"]))
     def send_turn(self, device, conversation):
         self.step()
-        with self.on(device) as store:
+        with self.writing(device, conversation), self.on(device) as store:
             settings = ChatSettings(extract_facts=False, recall=False)
             Companion(self.engines[device], store, conversation, 700, 60, settings).send(
                 self.marker("T") + " about my day"
@@ -298,8 +411,11 @@ class StoreModel(RuleBasedStateMachine):
             return
         _, tid, text = users[pick % len(users)]
         with self.on(device) as store:
+            with store.connect() as con:
+                (uid,) = con.execute("SELECT uid FROM turns WHERE id = ?", [tid]).fetchone()
             store.delete_turns([tid])
         self.removed[device].add(text.split()[0])
+        self.tombstoned[uid] = text.split()[0]
 
     @rule(device=device_ids)
     def export(self, device):
@@ -332,15 +448,36 @@ class StoreModel(RuleBasedStateMachine):
                 "created_at": latest.isoformat() + "+00:00", "device": log.device()[0],
                 "interrupted": False,
             }  # fmt: skip
-            log.merge([records.check_record(record)])
+            with self.writing(device, "limit"):
+                log.merge([records.check_record(record)])
         self.send_turn(device, "limit")  # the person goes on in that conversation
 
-    @rule(device=device_ids)
-    def sync_device(self, device):
+    @rule(device=device_ids, deliver=st.sampled_from([True, True, False]))
+    def sync_device(self, device, deliver=True):
+        """A sync; then the sync tool delivers the device's files to the others' copies (or,
+        `deliver` false, leaves them to deliver_file)."""
         self.step()
+        readable = self.readable_tombstones(device)
         with self.sync_log_on(device) as log:
-            sync(log, self.folder)
+            sync(log, self.views[device])
+            self.ids[device] = log.device()[0]
         self.synced[device] = True
+        # Deletions never wait: whatever else is late or half-copied, every deletion this
+        # copy held readable is applied, and its text is gone from the device.
+        texts = {self.tombstoned[u] for u in readable if u in self.tombstoned}
+        found = texts_in(self.homes[device], texts) | texts_in(self.stream(device, device), texts)
+        assert found == {}, f"device {device} synced with these deletions readable: {found}"
+        if deliver:
+            self.mirror(device)
+
+    @rule(src=device_ids, dst=device_ids, pick=picks, half=st.booleans())
+    def deliver_file(self, src, dst, pick, half):
+        """The sync tool copies one file (or one removal) of a device's stream to another's
+        copy, in any order: whole, or half-copied."""
+        self.step()
+        names = self.pending(src, dst)
+        if names:
+            self.deliver(src, dst, names[pick % len(names)], half)
 
     @rule(device=device_ids, pick=picks, kill_at=st.integers(1, 12))
     def kill_inside_an_erase(self, device, pick, kill_at):
@@ -378,10 +515,14 @@ class StoreModel(RuleBasedStateMachine):
         """A sync round: every device syncs, three times over; then they agree, nothing the
         person kept is lost, and nothing removed is anywhere."""
         self.step()
+        for device in range(DEVICES):  # what is late or half-copied arrives
+            self.mirror(device)
         for _ in range(3):
             for device in range(DEVICES):
                 with self.sync_log_on(device) as log:
-                    sync(log, self.folder)
+                    sync(log, self.views[device])
+                    self.ids[device] = log.device()[0]
+                self.mirror(device)
         texts = [sorted(t for _, _, t in self.facts(d)) for d in range(DEVICES)]
         turns = [[(c, t) for c, _, t in self.turns(d)] for d in range(DEVICES)]
         assert texts[1:] == texts[:-1], "the devices' facts differ after a sync round"
@@ -411,7 +552,22 @@ class StoreModel(RuleBasedStateMachine):
             found = texts_in(self.homes[device], self.removed[device])
             assert found == {}, f"device {device} removed these, and its files hold them: {found}"
             self.facts(device)  # opens, and reads both files (the log's and the facts')
+            self.check_privacy(device)
         self.touched.clear()
+
+    def check_privacy(self, device: int) -> None:
+        """No turn of a conversation private here, nor one written in a private conversation
+        (on any device), is recalled into another conversation, unless a later flag let that
+        conversation back in here."""
+        for uid, conversation in self.recallable_elsewhere(device):
+            private, version = self.flag(device, conversation)
+            assert not private, f"device {device} recalls {uid} of private {conversation}"
+            if uid in self.private_turns:
+                _, written = self.private_turns[uid]
+                assert version > written, (
+                    f"device {device} recalls {uid}, written in {conversation} while private"
+                    f" (flag version {written}; here {version}, shared)"
+                )
 
     def teardown(self):
         self.settle()  # every history ends with the checks of a sync round
@@ -442,3 +598,62 @@ def test_the_store_as_a_model(model_root):
     except InputError as exc:  # pragma: no cover - reported with the history that led to it
         raise AssertionError(f"a step failed with InputError: {exc}") from exc
     assert RAN["steps"] > 0
+
+
+def replay(steps) -> None:
+    """Run one scripted history through the model, with its checks after every step."""
+    model = StoreModel()
+    for step in steps:
+        step(model)
+        model.removed_texts_stay_off_the_device_that_removed_them_and_every_database_opens()
+    model.teardown()
+
+
+def deliver_all(src: int, dst: int, half: bool = False):
+    def deliver(model: StoreModel) -> None:
+        for name in model.pending(src, dst):
+            model.deliver(src, dst, name, half=half and name != DEVICE_INFO)
+
+    return deliver
+
+
+def test_a_history_where_the_flags_file_is_half_copied_and_a_third_device_writes(model_root):
+    """B makes a conversation private; C reads it and writes in it; A reads C's files while
+    B's are half-copied: A must not recall C's turns elsewhere."""
+    A, B, C = range(DEVICES)
+    replay(
+        [
+            lambda m: m.send_turn(B, "travel"),
+            lambda m: m.sync_device(B),
+            lambda m: m.sync_device(A),  # A holds "travel", shared
+            lambda m: m.set_private(B, "travel", True),
+            lambda m: m.sync_device(B, deliver=False),
+            deliver_all(B, C),
+            lambda m: m.sync_device(C),
+            lambda m: m.send_turn(C, "travel"),
+            lambda m: m.sync_device(C),
+            deliver_all(B, A, half=True),
+            lambda m: m.sync_device(A),
+        ]
+    )
+
+
+def test_a_history_where_a_deletion_comes_with_a_half_copied_file(model_root):
+    """B removes a fact while another of its files is half-copied to A: A's next sync
+    deletes it all the same."""
+    A, B = range(2)
+    replay(
+        [
+            lambda m: m.add_fact(B),
+            lambda m: m.sync_device(B),
+            lambda m: m.sync_device(A),
+            lambda m: m.add_fact(B),
+            lambda m: m.sync_device(B, deliver=False),
+            deliver_all(B, A, half=True),
+            lambda m: m.remove_fact(B, 0),
+            lambda m: m.sync_device(B, deliver=False),
+            # The tombstone's file (B's newest) arrives whole; the one before stays half.
+            lambda m: m.deliver(B, A, [n for n in m.pending(B, A) if n.endswith("l")][-1]),
+            lambda m: m.sync_device(A),
+        ]
+    )
