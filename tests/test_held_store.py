@@ -195,14 +195,14 @@ def test_two_companions_in_one_conversation_answer_every_message_through_folds()
 
     sent = []
     for i in range(20):
-        # Now and then A's message is longer than any in its window: A folds before its
-        # reply, and B writes meanwhile.
+        # Now and then A's message is longer than any in its window: A answers from the newest
+        # turns that fit and folds after its reply, and B writes meanwhile.
         for name in "ab":
             text = (f"{name} message {i} " + "words " * (90 if i % 3 == 2 else 20)).strip()
             companion = companions[name]
-            # B writes while A folds before its reply (after it, A re-reads the store anyway).
+            # B writes while A folds after its reply.
             hook = b_writes_meanwhile if name == "a" else None
-            result = companion.reply(companion.begin(text, hook))
+            result = companion.reply(companion.begin(text), on_status=hook)
             assert not result.discarded
             sent.append(text)
             # The reply was written to this message, not to one the other logged after it.

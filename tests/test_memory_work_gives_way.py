@@ -247,3 +247,27 @@ def test_an_interrupted_reply_leaves_its_message_to_be_looked_at():
     result = companion.finish(pending, "I was say", stats, None)
     assert result.noted == [] and companion.postponed == 1
     assert [f.text for f, _ in turn(companion, "Go on, please.").noted] == [FACT]
+
+
+def test_a_message_longer_than_the_room_kept_is_answered_at_once_and_folded_after():
+    from conftest import scripted, user_text
+
+    engine, store = FakeEngine(scripted), Store()
+    companion = Companion(engine, store, "default", 700, 60, ChatSettings(extract_facts=False))
+    for i in range(6):
+        companion.send(user_text(i))
+    calls = len(engine.calls)
+    long = "Now a long one: " + "my cat Miso likes sardines and naps in the sun " * 12
+    pending = companion.begin(long)
+    # No fold before the reply: the model was not called, and the prompt fits the budget,
+    # the oldest turns left out of it (they are in the log).
+    assert pending.folds == [] and len(engine.calls) == calls
+    prompt = pending.prompt
+    assert len(prompt.tokens) + prompt.layers.reserve <= prompt.budget
+    shown = engine.decode(prompt.tokens)
+    assert user_text(5) in shown and user_text(0) not in shown
+    result = companion.reply(pending)
+    # The fold came after the reply, and the turns left out are in its summary's range.
+    assert result.folds and store.summaries("default")
+    first = store.turns("default")[0]
+    assert store.summaries("default")[-1].first_seq <= first.seq

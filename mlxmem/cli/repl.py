@@ -175,7 +175,7 @@ class Session:
             written.set()
 
         try:
-            turn = self.companion.begin(text, self.term.status, logged=logged)
+            turn = self.companion.begin(text, logged=logged)
             return self.companion.reply(
                 turn,
                 on_text=self.term.write,

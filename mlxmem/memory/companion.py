@@ -423,7 +423,7 @@ class Companion:
         work after the reply (summarizing, remembering). Ctrl-C during the reply, or
         `should_stop()` turning true (a client gone), keeps the part written so far, marked
         interrupted; Ctrl-C after it skips that work until next turn."""
-        return self.reply(self.begin(text, on_status), on_text, on_status, should_stop)
+        return self.reply(self.begin(text), on_text, on_status, should_stop)
 
     def reply(
         self,
@@ -444,16 +444,12 @@ class Companion:
             on_logged=on_written, should_yield=should_yield,
         )  # fmt: skip
 
-    def begin(
-        self,
-        text: str,
-        on_status: Callable[[str], None] | None = None,
-        logged: Turn | None = None,
-    ) -> PendingTurn:
+    def begin(self, text: str, logged: Turn | None = None) -> PendingTurn:
         """The first half of a turn: log the user's message (unless `log_message` logged it
-        already, as `logged`), fold the window if it does not fit, and assemble the prompt
-        the reply is written from."""
-        return self._begin_at(text, on_status, None, logged, recall=True)
+        already, as `logged`) and assemble the prompt the reply is written from, from the
+        newest turns that fit if the window is over budget (never waiting for a fold: see
+        _fitting)."""
+        return self._begin_at(text, None, logged, recall=True)
 
     def import_exchange(
         self, user: str, reply: str, at: tuple[datetime | None, datetime | None] = (None, None)
@@ -464,14 +460,13 @@ class Companion:
         writes one token (so the cache holds the prompt as a turn leaves it, and the result
         has the timings), but the reply logged is the log's own. Nothing is recalled: the
         reply is given."""
-        turn = self._begin_at(user, None, at[0], None, recall=False)
+        turn = self._begin_at(user, at[0], None, recall=False)
         stats = self.engine.generate(turn.prompt.tokens, slot=self.slot, max_tokens=1, temp=0.0)
         return self._finish(turn, reply, stats.stats, None, at=at[1])
 
     def _begin_at(
         self,
         text: str,
-        on_status: Callable[[str], None] | None,
         at: datetime | None,
         logged: Turn | None,
         recall: bool,
@@ -484,7 +479,7 @@ class Companion:
         timings = TurnTimings(opens_at_start=self.store.opens)
         self._timings = timings
         try:
-            return self._begin(text, on_status, at, timings, logged, recall)
+            return self._begin(text, at, timings, logged, recall)
         finally:
             self._timings = None
 
@@ -496,7 +491,6 @@ class Companion:
     def _begin(
         self,
         text: str,
-        on_status: Callable[[str], None] | None,
         at: datetime | None,
         timings: TurnTimings,
         logged: Turn | None,
@@ -520,15 +514,7 @@ class Companion:
                     mark=mark,
                     look_due=self._look_due(text),
                 )
-        folds: list[FoldEvent] = []
-        snap, prompt = self._fold_while_over_budget(on_status, 0, first, folds)
-        if folds:  # rare: finish folds ahead. Stored now, and recall searches anew.
-            made = [e.summary for e in folds if e.summary is not None]
-            with self._timed("store"):
-                snap = self.store.add_summaries_and_snapshot(
-                    self.conversation, made, first.forget_epoch, terms
-                )
-            prompt = self._assemble(snap)
+        snap = first
         if user.id not in {t.id for t in snap.turns}:
             raise StaleError("the message was deleted while it was being sent; nothing to answer")
         if snap.turns[-1].id != user.id:
@@ -536,9 +522,24 @@ class Companion:
             # front ends on one conversation): this reply answers this message, from the turns
             # up to it; the other's turns are in the window from the next turn on.
             snap = replace(snap, turns=[t for t in snap.turns if t.seq <= user.seq])
-            prompt = self._assemble(snap)
+        prompt = self._fitting(snap)
         self._after_deletions(snap.forget_epoch)
-        return PendingTurn(user, snap, prompt, folds, timings)
+        return PendingTurn(user, snap, prompt, [], timings)
+
+    def _fitting(self, snap: Snapshot) -> AssembledPrompt:
+        """The prompt of `snap` for a reply, never waiting for a fold. Folding ahead after each
+        reply keeps room for a next message as long as the longest in the window; one longer
+        (or a summary a deletion took away) leaves the window over budget. Then the oldest
+        turns are left out of this one prompt, until it fits as a folded one would, and the
+        fold after the reply puts them in the summary: they wait in the log meanwhile."""
+        prompt = self._assemble(snap)
+        turns = snap.turns
+        while not prompt.fits(self.recall_room) and len(turns) > 1:
+            turns = turns[1:]
+            if len(turns) > 1 and turns[0].role == "assistant":
+                turns = turns[1:]  # a reply goes with its message
+            prompt = self._assemble(replace(snap, turns=turns))
+        return prompt
 
     @contextmanager
     def _timed(self, phase: str) -> Iterator[None]:

@@ -14,7 +14,7 @@ from datetime import datetime
 
 import duckdb
 
-from mlxmem.memory import forget, summaries
+from mlxmem.memory import forget
 from mlxmem.memory.dates import Span
 from mlxmem.memory.db import forget_epoch
 from mlxmem.memory.facts import Fact, FactList, all_facts
@@ -109,22 +109,6 @@ class Store(TurnLog, SummaryLog, FactList):
             if unchanged and previous is not None:
                 return turn, _extended(con, previous, turn, query)
             return turn, _snapshot(con, conversation, query)
-
-    def add_summaries_and_snapshot(
-        self,
-        conversation: str,
-        made: Sequence[Summary],
-        epoch: int,
-        query: RecallQuery = NO_QUERY,
-    ) -> Snapshot:
-        """Store the summaries folds `made` (in order) from what the store held at forget
-        epoch `epoch` (StaleError, and nothing written, if anything was deleted since), and
-        read the snapshot as the prompt is assembled from it, with the turns recalled for
-        `query`: one open of the file."""
-        with self.guarded(epoch) as con:
-            for summary in made:
-                summaries.insert_summary(con, summary)
-            return _snapshot(con, conversation, query)
 
     def delete_facts(self, ids: list[int], with_mentions: bool = False) -> Deletion:
         """forget.delete_facts: the facts, the summaries that saw them, and (`with_mentions`)
