@@ -61,9 +61,11 @@ def test_two_devices_editing_a_fact_before_they_meet_keep_both_texts_and_say_so(
     said = [on(home, "sync").stdout for home in (a, b, a, b)]
     both = ["Lives in Faro", "Lives in Porto"]
     assert facts(a) == facts(b) == both
-    reports = [s for s in said if "edited on two devices" in s]
-    assert len(reports) == 1, said
-    assert "both texts kept" in reports[0]
+    # Each device says so where it keeps both: B, which merges A's edit and lets it lose, and
+    # A, whose own text lost.
+    reports = [i for i, s in enumerate(said) if "edited on two devices" in s]
+    assert reports == [1, 2], said
+    assert "both texts kept" in said[1]
     # Settled: more syncs change nothing and duplicate nothing.
     for home in (a, b, a):
         assert "edited on two devices" not in on(home, "sync").stdout
@@ -300,3 +302,68 @@ def test_a_lagging_device_that_still_holds_the_losing_text_does_not_delete_its_f
         on(home, "sync")
     assert facts(a) == facts(b) == facts(c) == ["Lives in Porto"]
     assert files_containing(tmp_path, "Faro") == []
+
+
+def test_the_side_kept_on_a_third_device_survives_when_its_writer_lags(tmp_path):
+    """A merges B's concurrent edit and lets it lose: only B, the writer, used to publish the
+    fork. C, which had B's text under the fact's uid, forks it, the person keeps it there and
+    deletes the winner; B, still holding its text under that uid, then meets the deletion
+    before it ever forked. The text kept must survive on every device."""
+    a, b, c = three_devices_sharing(tmp_path, "Lives in Lisbon")
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    on(a, "memory", "edit", "1", "Lives in Porto")  # later: Porto wins the tie-break
+    on(b, "sync")  # B publishes Faro, then stays away
+    on(c, "sync")  # C holds Faro under the fact's uid
+    on(a, "sync")  # A publishes Porto (Faro lost to it)
+    on(c, "sync")  # C sees the conflict: Porto keeps the uid, Faro becomes a fork
+    assert facts(c) == ["Lives in Faro", "Lives in Porto"]
+    porto = next(f for f in json.loads(on(c, "memory", "list", "--json").stdout)
+                 if f["text"] == "Lives in Porto")  # fmt: skip
+    on(c, "memory", "rm", str(porto["id"]))  # the person keeps Faro
+    for home in (c, b, a, c, b, a, c):
+        on(home, "sync")
+    assert facts(c) == ["Lives in Faro"]
+    assert facts(a) == facts(b) == facts(c)
+
+
+def test_a_fact_deleted_on_a_device_that_saw_only_the_winner_keeps_the_losing_edit(tmp_path):
+    """A merges B's concurrent edit and the person on A deletes the text A shows: B's text,
+    which lost the tie-break, was never deleted by anyone and stays, on every device."""
+    a, b, c = three_devices_sharing(tmp_path, "Lives in Lisbon")
+    on(b, "memory", "edit", "1", "Lives in Faro")
+    on(a, "memory", "edit", "1", "Lives in Porto")
+    on(b, "sync")
+    on(a, "sync")
+    on(a, "memory", "rm", "1")
+    for home in (a, b, c, a, b, c):
+        on(home, "sync")
+    assert facts(a) == facts(b) == facts(c) == ["Lives in Faro"]
+
+
+def test_a_device_that_reads_both_edits_in_one_sync_keeps_both(tmp_path):
+    """C reads A's and B's concurrent edits in one sync: the one that loses is kept as a fork
+    there too (C compared only the newest with its own), and deleting the winner on C leaves
+    it on every device, even if it reaches its writer before that one saw the conflict."""
+    a, b, c = three_devices_sharing(tmp_path, "Lives in Lisbon")
+    on(a, "memory", "edit", "1", "Lives in Porto")
+    on(a, "sync")
+    # The sync tool has not brought A's new file to B yet: B never sees A's edit.
+    devices = tmp_path / "shared" / "mlxmem" / "devices"
+    sent = max((devices / own_id(a)).glob("*.jsonl"))
+    sent.rename(tmp_path / "in-transit")
+    on(b, "memory", "edit", "1", "Lives in Faro")  # later: Faro wins the tie-break
+    on(b, "sync")
+    (tmp_path / "in-transit").rename(sent)
+    on(c, "sync")
+    assert facts(c) == ["Lives in Faro", "Lives in Porto"]
+    faro = next(f for f in json.loads(on(c, "memory", "list", "--json").stdout)
+                if f["text"] == "Lives in Faro")  # fmt: skip
+    on(c, "memory", "rm", str(faro["id"]))
+    for home in (c, a, b, c, a, b):
+        on(home, "sync")
+    assert facts(a) == facts(b) == facts(c) == ["Lives in Porto"]
+    assert files_containing(tmp_path, "Faro") == []
+
+
+def own_id(home):
+    return json.loads(on(home, "sync", "--status", "--json").stdout)["device"]["device"]

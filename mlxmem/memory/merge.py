@@ -12,8 +12,10 @@ the store, by uid. `mlxmem.sync` reads and writes the folder; every statement is
   through the erase path, so the old text leaves the disk. Two versions neither of which saw
   the other were made on two devices before they met: the higher counter, then (updated_at,
   device), picks the text the fact keeps (a slow clock cannot undo a later edit), and the other
-  text becomes a fact of its own (reported in MergeResult.conflicts), so neither edit is lost.
-  Between versions from before vectors, the counters alone decide.
+  text becomes a fact of its own (reported in MergeResult.conflicts), so neither edit is lost:
+  on every device that sees both, whichever wrote the losing text, and every version a merge
+  brings counts, not only the newest. Between versions from before vectors, the counters alone
+  decide.
 - A conversation's private flag: the higher version wins, private wins a tie. A turn carries
   its conversation's flag as its writer held it (records.py): merged as a flag record, before
   the turn, so the turn is as private here as it was where it was written, whatever file
@@ -243,12 +245,73 @@ def _merge_conversation(
     return bool(moved)
 
 
+@dataclass(frozen=True)
+class _Version:
+    """One version of a fact in a merge: the one held here (`record` None) or a record's."""
+
+    text: str
+    source: str
+    updated_at: datetime
+    device: str
+    version: int
+    clock: dict[str, int] | None
+    record: Record | None = None
+
+    @staticmethod
+    def of(record: Record) -> _Version:
+        return _Version(
+            record["text"],
+            record["source"],
+            timestamp(record["updated_at"]),
+            record["device"],
+            fact_version(record),
+            fact_clock(record),
+            record,
+        )
+
+    def key(self) -> tuple[int, datetime, str]:
+        """records.fact_key: which of two versions made beside each other wins."""
+        return (self.version, self.updated_at, self.device)
+
+    def stands_to(self, other: _Version) -> str:
+        """How `other` stands to this version, as records.clock_order says; without vectors
+        (an edit from before them) the counters decide: equal counters are concurrent."""
+        order = clock_order(self.clock, other.clock)
+        if order is not None:
+            return order
+        if other.key() == self.key():
+            return "same"
+        if other.version == self.version:
+            return "concurrent"
+        return "newer" if other.version > self.version else "older"
+
+
+def _winner(versions: list[_Version]) -> tuple[_Version, list[_Version]]:
+    """The version a fact keeps among `versions` (the one held here first, if any), and the
+    others made beside it with another text: the versions no other one has seen (by their
+    vectors) compete, and the tie-break (records.fact_key) picks the winner."""
+    live = [
+        v
+        for i, v in enumerate(versions)
+        if not any(
+            (o.stands_to(v) == "older" or (o.stands_to(v) == "same" and j < i))
+            for j, o in enumerate(versions)
+            if j != i
+        )
+    ]
+    best = max(live or versions, key=_Version.key)  # `or`: no order is a cycle, but be safe
+    return best, [v for v in live if v is not best and v.text != best.text]
+
+
 def _merge_facts(db: Database, records: list[Record], device: str, result: MergeResult) -> None:
-    newest: dict[str, Record] = {}
+    """Facts by uid. Every version this merge sees counts, not only the newest: two devices'
+    edits made beside each other may arrive together, and the text that loses is kept as a
+    fork here too. Its writer forks it as well (the same uid), but a deletion of the fact may
+    reach the writer first, and take the text it holds under the fact's uid along."""
+    incoming: dict[str, dict[tuple, Record]] = {}
     for r in records:
-        if r["uid"] not in newest or fact_key(r) > fact_key(newest[r["uid"]]):
-            newest[r["uid"]] = r
-    if not newest:
+        incoming.setdefault(r["uid"], {})[fact_key(r)] = r
+    if not incoming:
         return
     edits = {}
     late = []  # facts of a deleted turn or fact: deleted here too, in the main file
@@ -262,54 +325,48 @@ def _merge_facts(db: Database, records: list[Record], device: str, result: Merge
                 [device],
             ).fetchall()
         }
-        for uid, r in newest.items():
+        for uid, seen in incoming.items():
             if uid in dead:
                 continue
-            if uid not in local and r.get("message_uid") in dead:
+            newest_first = [r for _, r in sorted(seen.items(), reverse=True)]
+            theirs = [_Version.of(r) for r in newest_first]
+            if uid not in local and newest_first[0].get("message_uid") in dead:
                 # Taken from a turn deleted here before the fact arrived (deleting a turn
                 # deletes its automatic facts): deleted too, and that travels. A fork of a
                 # deleted fact is welcome: it keeps the other text, which nobody deleted (a
                 # fork of the deleted text itself has a tombstone of its own).
                 late.append(uid)
                 continue
-            if uid not in local:
-                _insert_fact(con, r, device)
-                result.facts += 1
-                continue
-            fid, text, source, updated_at, dev, ver, turn_id, clock = local[uid]
-            order = clock_order(stored_clock(clock, ver), fact_clock(r))
-            if order in ("same", "older"):
-                continue
-            wins = fact_key(r) > (ver, updated_at, dev)
-            if order is None:  # an edit from before version vectors: the counters decide
-                if not wins:
-                    continue
-                concurrent = fact_version(r) == ver
+            if uid in local:
+                fid, text, source, updated_at, dev, ver, turn_id, clock = local[uid]
+                here = _Version(text, source, updated_at, dev, ver, stored_clock(clock, ver))
+                best, losers = _winner([here, *theirs])
+                if best.record is not None:  # not the version held here
+                    edits[fid] = FactEdit(
+                        best.text,
+                        best.updated_at,
+                        _origin(best.record, device),
+                        best.version,
+                        _clock_json(best.record),
+                        *_replaced(best.record),
+                    )
             else:
-                concurrent = order == "concurrent"
-                if concurrent and not wins:
-                    continue  # the device that wrote the losing text keeps it as a fork
-            if concurrent and r["text"] != text:
-                # Both devices edited the fact since they last met: the tie-break picks the
-                # text the fact keeps, and the other text is kept as a fact of its own.
-                fork = _fork_fact(
-                    con, uid, (text, source, updated_at, dev, ver, turn_id), device, dead
-                )
+                best, losers = _winner(theirs)
+                assert best.record is not None
+                fid, turn_id = _insert_fact(con, best.record, device)
+                result.facts += 1
+            # Two devices edited the fact since they last met: the tie-break picks the text
+            # the fact keeps, and each other text is kept as a fact of its own.
+            for v in losers:
+                loser = (v.text, v.source, v.updated_at, v.device, v.version, turn_id)
+                fork = _fork_fact(con, uid, loser, device, dead)
                 if fork is not None:
-                    result.conflicts.append((fid, fork, dev))
+                    result.conflicts.append((fid, fork, v.device))
                     # The same fork may arrive later in this merge, made by another device:
                     # it is this row, not a new fact.
-                    local[fork_uid(uid, ver, dev)] = (
-                        fork, text, source, updated_at, dev, 0, None, None
+                    local[fork_uid(uid, v.version, v.device)] = (
+                        fork, v.text, v.source, v.updated_at, v.device, 0, None, None
                     )  # fmt: skip
-            edits[fid] = FactEdit(
-                r["text"],
-                timestamp(r["updated_at"]),
-                _origin(r, device),
-                fact_version(r),
-                _clock_json(r),
-                *_replaced(r),
-            )
     if late:
         # Its own transaction: one transaction writes to one file, and the facts went to the
         # facts file.
@@ -348,7 +405,8 @@ def _fork_fact(
     return fact.id
 
 
-def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None:
+def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> tuple[int, int | None]:
+    """Add the fact a record holds; its id, and its turn's (None if not here)."""
     row = con.execute("SELECT id FROM turns WHERE uid = ?", [r["message_uid"]]).fetchone()
     turn_id = row[0] if row else None
     fact = insert_fact(con, r["text"], r["source"], turn_id, timestamp(r["created_at"]))
@@ -367,6 +425,7 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> None
             fact.id,
         ],
     )
+    return fact.id, turn_id
 
 
 def _clock_json(record: Record) -> str | None:

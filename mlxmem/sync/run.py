@@ -314,8 +314,9 @@ def plan_writes(log: SyncLog, mine: DeviceFolder, cipher: Cipher | None, others:
     """Compare this device's files with the database. A record stays in a file while it is live
     here (the turn is still in the log, the fact still has that version, or it is a
     tombstone); the store's records that no file holds yet, and that are this device's to
-    write, are new. A device writes its own changes, and those whose device has no stream in
-    the folder (imported from an export, or from a device whose folder was removed)."""
+    write, are new. A device writes its own changes, those whose device has no stream in the
+    folder (imported from an export, or from a device whose folder was removed), every
+    tombstone and every fork (a text kept from two edits of a fact made beside each other)."""
     device, _ = log.device()
     local = log.changes()
     live = {version(r): r for r in local}
@@ -341,11 +342,16 @@ def plan_writes(log: SyncLog, mine: DeviceFolder, cipher: Cipher | None, others:
         ):
             rewrites[file.path] = (file, keep)
     # Every tombstone applied here, whoever wrote it, stays in this device's stream: removing
-    # a retired device's folder must not take its deletions with it.
+    # a retired device's folder must not take its deletions with it. So does every text kept
+    # from a conflict (a fork): its writer may never publish it (a deletion of the fact can
+    # reach it first, and takes the text held under the fact's uid along).
     ours = [
         r
         for r in local
-        if r["kind"] == "tombstone" or r["device"] == device or r["device"] not in others
+        if r["kind"] == "tombstone"
+        or r["device"] == device
+        or r["device"] not in others
+        or r.get("fork_of") is not None
     ]
     new = [r for r in ours if version(r) not in held]
     return Plan(rewrites, new, sequence, kept_by_file)
