@@ -118,6 +118,9 @@ def test_a_replay_stopped_anywhere_gives_the_result_of_one_that_was_not(
     assert comparable(again) == comparable(whole)
     lines = read_lines(run_dir / "conv-1.replay.jsonl")
     assert len(lines) == again["layers"]["conv-1"]["turns"] // 2  # an exchange a line, once
+    # Stopped between exchanges, the replay went on in a second sitting; inside one, it
+    # started over (one sitting). Never more: one line per exchange, once.
+    assert again["layers"]["conv-1"]["replay_sittings"] in (1, 2)
     layers = whole["layers"]["conv-1"]
     assert again["layers"]["conv-1"]["facts"]["added"] == layers["facts"]["added"]
 

@@ -1058,6 +1058,7 @@ def _replay(
     """Import `pairs` into `companion`'s conversation from the first one not logged yet,
     writing a line per exchange to the run (facts noted, what the looks found, seconds)."""
     done = len(companion.store.turns(companion.conversation)) // 2
+    sitting = time.time()  # this process's part of the replay
     for i in range(done, len(pairs)):
         tick(f"replay {i + 1}/{len(pairs)}")
         start = time.perf_counter()
@@ -1068,6 +1069,7 @@ def _replay(
             "noted": len(result.noted),
             "looks": dict(Counter(result.looks)),
             "seconds": round(time.perf_counter() - start, 3),
+            "sitting": sitting,
         }
         run.add_exchange(conv_id, line)
 
@@ -1091,10 +1093,7 @@ def _replay_figures(run: RunDir, conv_id: str) -> tuple[int, Counter[str], float
     outcomes: Counter[str] = Counter()
     for line in lines:
         outcomes.update(line["looks"])
-    sittings = 1 + sum(
-        a["exchange"] + 1 != b["exchange"] and a["conversation"] == b["conversation"]
-        for a, b in zip(lines, lines[1:], strict=False)
-    )
+    sittings = len({line.get("sitting") for line in lines})
     return (
         sum(line["noted"] for line in lines),
         outcomes,
