@@ -164,6 +164,20 @@ def _locomo_folder(data: Path) -> Iterator[Path]:
         yield Path(tmp)
 
 
+UPDATES = typer.Option(
+    False,
+    "--updates",
+    help="Score fact replacement instead: for each labelled pair of the user's observations "
+    "(--pairs), hold the earlier one as a fact, give the later one as a new fact, and run the "
+    "replacement check a chat runs: updates caught and wrong replacements.",
+)
+PAIRS = typer.Option(
+    None,
+    "--pairs",
+    help="The labelled pairs for --updates (default: benchmarks/scenarios/locomo-updates.json).",
+)
+
+
 @app.command("facts")
 def facts_command(
     conversation: list[str] = CONVERSATIONS,
@@ -183,12 +197,24 @@ def facts_command(
     seed: int = SEED,
     engine_name: str | None = ENGINE,
     as_json: bool = JSON,
+    updates: bool = UPDATES,
+    pairs_file: Path = PAIRS,
 ) -> None:
     """Score fact extraction against LoCoMo's gold facts: send a conversation's user messages
     through extraction as a chat does, and match each kept fact to the conversation's
     observations (content words, stemmed): precision (a fact of the user's), attribution
     errors (the other speaker's, or the user made them), unsupported (matches nothing), and
-    coverage (the user's observations on those messages that some fact matches)."""
+    coverage (the user's observations on those messages that some fact matches). With
+    --updates, score replacement on labelled pairs of observations instead."""
+    if updates and messages is not None:
+        raise InputError("--messages counts the user messages sent; --updates sends none")
+    if pairs_file is not None and not updates:
+        raise InputError("--pairs names the labelled pairs of --updates: add --updates")
+    if updates:
+        pairs = pairs_file or fe.UPDATES_FILE
+        return _updates(
+            conversation, model, data, context_tokens, seed, engine_name, as_json, pairs
+        )
     with _locomo_folder(data or ev.default_data_dir()) as folder:
         ids = conversation or ev.available_conversations(folder)
         if not ids:
@@ -230,6 +256,67 @@ def facts_command(
 
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _updates(
+    conversation: list[str] | None,
+    model: str | None,
+    data: Path | None,
+    context_tokens: int | None,
+    seed: int,
+    engine_name: str | None,
+    as_json: bool,
+    pairs_file: Path,
+) -> None:
+    """`eval facts --updates`: the labelled pairs through the replacement check."""
+    pairs = fe.load_update_pairs(pairs_file)
+    if conversation:
+        pairs = [p for p in pairs if p.conversation in conversation]
+    if not pairs:
+        raise InputError(f"no labelled pairs for {', '.join(conversation or [])} in {pairs_file}")
+    with _locomo_folder(data or ev.default_data_dir()) as folder:
+        chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
+        with bench.bench_engine(chosen, persist=False) as engine, _progress("updates") as progress:
+            run = fe.run_update_eval(
+                engine, folder, pairs, context_tokens or chosen.context_tokens, progress
+            )
+    result = {"model": chosen.label, "pairs_file": pairs_file.name, **run}
+    if as_json:
+        return print_json(result)
+    table = Table(title=f"Fact updates on LoCoMo's observations, {chosen.label}; 95% intervals")
+    for column in ("conversation", "updates", "caught", "controls", "wrong", "gate recall"):
+        table.add_column(column, justify="left" if column == "conversation" else "right")
+    for cid, score in [*run["conversations"].items(), ("all", run["pooled"])]:
+        table.add_row(
+            cid,
+            str(score["updates"]),
+            _with_ci(score["caught"], score["caught_share"], score["caught_ci"]),
+            str(score["controls"]),
+            _with_ci(score["wrong"], score["wrong_share"], score["wrong_ci"]),
+            _share(score["gate_recall"]),
+        )
+    out().print(table)
+    out().print(
+        f"goal: caught >= {fe.CAUGHT_GOAL:.0%} ({'met' if run['met']['caught'] else 'not met'}), "
+        f"wrong <= {fe.WRONG_GOAL:.0%} ({'met' if run['met']['wrong'] else 'not met'})"
+    )
+    for row in run["pairs"]:
+        if row["outcome"] not in ("caught", "kept"):
+            out().print(
+                f"  {row['conversation']} {_oid(row['earlier'])} -> {_oid(row['later'])} "
+                f"({row['kind']}): {row['outcome']}"
+            )
+
+
+def _with_ci(count: int, share: float | None, ci: list[float] | None) -> str:
+    if share is None or ci is None:
+        return "-"
+    return f"{count} ({share:.2f}, {ci[0]:.2f}-{ci[1]:.2f})"
+
+
+def _oid(oid: list) -> str:
+    """["session_7_observation", 0] -> "s7[0]"."""
+    return f"s{oid[0].split('_')[1]}[{oid[1]}]"
 
 
 SOURCE = typer.Argument(..., metavar="LOCOMO10_JSON", help="LoCoMo's data/locomo10.json.")

@@ -14,11 +14,19 @@ names out, since a fact says "the user" where an observation says "Caroline"). A
 - unsupported: it matches nothing.
 Coverage is the share of the user's observations on the messages sent that some kept fact
 matches as its closest one.
+
+With --updates it measures replacement instead (issue 54): for each labelled pair of the user's
+observations (benchmarks/scenarios/locomo-updates.json: ids only, the texts are read from the
+data at run time), the earlier one is held as an automatic fact among the few observations of
+the user just before the later one, the later one comes as the new fact, and the check a chat
+runs (FactExtractor.replaces) says which fact, if any, it replaces: an update is caught when the
+earlier fact is the one replaced; a replacement is wrong in a control pair, or of another fact.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -28,7 +36,7 @@ from pathlib import Path
 from mlxmem.engine import Engine
 from mlxmem.errors import InputError
 from mlxmem.eval.locomo import LocomoConversation, load_conversation
-from mlxmem.memory.extraction import FactExtractor
+from mlxmem.memory.extraction import FactExtractor, is_duplicate, replacement_candidates
 from mlxmem.memory.terms import terms
 
 # A fact matches an observation when the observation holds this share of the fact's content
@@ -251,4 +259,234 @@ def pooled(runs: Sequence[dict]) -> dict:
         "unsupported": counts["unsupported"] / kept if kept else None,
         "coverage": sum(r["covered_observations"] for r in runs) / mine if mine else None,
         "kept_per_100_messages": round(100 * kept / messages, 2) if messages else None,
+    }
+
+
+# Knowledge updates (issue 54). The labelled pairs live beside the other scenarios; a wheel
+# without them is answered with a hint (--pairs).
+UPDATES_FILE = (
+    Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios" / "locomo-updates.json"
+)
+# How many of the user's observations just before the new one the store holds beside the old
+# fact: enough to give the lexical gate (REPLACE_CANDIDATES) other facts to choose among.
+UPDATE_NEIGHBOURS = 4
+# The issue's goals: at least this share of updates caught, at most this share of pairs with a
+# wrong replacement.
+CAUGHT_GOAL = 0.8
+WRONG_GOAL = 0.05
+ObservationId = tuple[str, int]  # (session key, index in the user's list of that session)
+
+
+@dataclass(frozen=True)
+class UpdatePair:
+    conversation: str
+    earlier: ObservationId
+    later: ObservationId
+    kind: str
+    update: bool  # True: the later makes the earlier out of date; False: a control
+
+
+def load_update_pairs(path: Path) -> list[UpdatePair]:
+    """The labelled pairs of a file shaped like benchmarks/scenarios/locomo-updates.json."""
+    try:
+        raw = json.loads(path.read_text())["pairs"]
+        return [
+            UpdatePair(
+                str(p["conversation"]),
+                (str(p["earlier"][0]), int(p["earlier"][1])),
+                (str(p["later"][0]), int(p["later"][1])),
+                str(p.get("kind", "")),
+                bool(p["update"]),
+            )
+            for p in raw
+        ]
+    except FileNotFoundError:
+        raise InputError(f"no labelled pairs at {path} (--pairs FILE names another)") from None
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise InputError(f"{path} is not a list of labelled pairs: {exc!r}") from None
+
+
+def user_observations(data: Path, conv_id: str) -> tuple[str, dict[ObservationId, str]]:
+    """The user's name (the qa file's "user") and their observations by id, in session order
+    (session 2 before session 10) and, within a session, in the file's order."""
+    path = data / "qa" / f"{conv_id}.qa.json"
+    if not path.is_file():
+        raise InputError(f"{conv_id} has no qa file in {data}: no observations to resolve")
+    qa = json.loads(path.read_text())
+    name = qa["user"]
+    sessions = sorted(qa.get("observation", {}).items(), key=lambda kv: _session_number(kv[0]))
+    found = {}
+    for key, by_speaker in sessions:
+        for i, item in enumerate(by_speaker.get(name, [])):
+            found[(key, i)] = item[0]
+    return name, found
+
+
+def _session_number(key: str) -> int:
+    """The number of a session key: session_12_observation is 12."""
+    return int(re.sub(r"\D", "", key) or 0)
+
+
+def resolve_pair(data: Path, pair: UpdatePair) -> tuple[str, str]:
+    """The earlier and the later observation's texts, read from `data`."""
+    _, texts = user_observations(data, pair.conversation)
+    return _text(texts, pair, pair.earlier), _text(texts, pair, pair.later)
+
+
+def _text(texts: dict[ObservationId, str], pair: UpdatePair, oid: ObservationId) -> str:
+    if oid not in texts:
+        raise InputError(
+            f"{pair.conversation} has no observation {oid[0]}[{oid[1]}] of its user: "
+            "the labels do not fit this data"
+        )
+    return texts[oid]
+
+
+def as_fact(text: str, name: str) -> str:
+    """An observation as the store holds an automatic fact: about "the user", not by name
+    ("Jon's dance studio ..." -> "The user's dance studio ...")."""
+    first = re.escape(name.split()[0])
+    fact = re.sub(rf"\b{first}[’']s\b", "the user's", text)
+    fact = re.sub(rf"\b{first}\b", "the user", fact)
+    return fact[:1].upper() + fact[1:]
+
+
+def held_before(
+    pair: UpdatePair, order: Sequence[ObservationId], pairs: Sequence[UpdatePair]
+) -> list[ObservationId]:
+    """The facts the store holds when the later observation comes, oldest first: the earlier
+    one and the UPDATE_NEIGHBOURS observations of the user just before the later one, less
+    any that another update pair says the later one replaces (then two answers would be
+    right)."""
+    if order.index(pair.earlier) >= order.index(pair.later):
+        raise InputError(f"{pair}: the earlier observation does not come first")
+    also = {
+        p.earlier
+        for p in pairs
+        if p.update and p.conversation == pair.conversation and p.later == pair.later
+    }
+    before = [o for o in order[: order.index(pair.later)] if o != pair.earlier and o not in also]
+    held = {*before[len(before) - UPDATE_NEIGHBOURS :], pair.earlier}
+    return [o for o in order if o in held]
+
+
+def update_outcome(update: bool, replaced: ObservationId | None, earlier: ObservationId) -> str:
+    """An update pair is "caught" (the earlier fact replaced), "missed" or "wrong_fact"
+    (another replaced); a control is "kept", "replaced" (the earlier) or "replaced_other"."""
+    if update:
+        return "missed" if replaced is None else "caught" if replaced == earlier else "wrong_fact"
+    return "kept" if replaced is None else "replaced" if replaced == earlier else "replaced_other"
+
+
+WRONG_OUTCOMES = ("wrong_fact", "replaced", "replaced_other")
+
+
+def check_pair(
+    extractor: FactExtractor,
+    pair: UpdatePair,
+    name: str,
+    texts: dict[ObservationId, str],
+    pairs: Sequence[UpdatePair],
+) -> dict:
+    """Run the replacement check a chat runs on one pair; the row holds ids and outcomes only,
+    never text. A new fact that the store already holds in other words (is_duplicate) is
+    dropped before any check, as in a chat: nothing is replaced."""
+    _text(texts, pair, pair.earlier)
+    _text(texts, pair, pair.later)
+    held = held_before(pair, list(texts), pairs)
+    existing = [(i, as_fact(texts[o], name)) for i, o in enumerate(held, 1)]
+    new = as_fact(texts[pair.later], name)
+    duplicate = is_duplicate(new, [text for _, text in existing])
+    candidates = [] if duplicate else replacement_candidates(new, existing)
+    chosen = None if duplicate else extractor.replaces(new, existing)
+    replaced = held[chosen - 1] if chosen is not None else None
+    outcome = update_outcome(pair.update, replaced, pair.earlier)
+    return {
+        "conversation": pair.conversation,
+        "earlier": list(pair.earlier),
+        "later": list(pair.later),
+        "kind": pair.kind,
+        "update": pair.update,
+        "held": [list(o) for o in held],
+        "candidates": [list(held[i - 1]) for i, _ in candidates],
+        "duplicate": duplicate,
+        "replaced": list(replaced) if replaced is not None else None,
+        "outcome": outcome,
+    }
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> list[float] | None:
+    """The 95% Wilson score interval of the share k/n (sound at small n and at 0 or n)."""
+    if n == 0:
+        return None
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def score_updates(rows: Sequence[dict]) -> dict:
+    """Caught: the share of update pairs whose earlier fact was the one replaced. Wrong: the
+    share of all pairs with a wrong replacement (a control's fact, or another fact than the
+    earlier one). Each with its Wilson interval; the gate's recall (update pairs whose earlier
+    fact the lexical gate passed on to the model) says where a miss comes from."""
+    updates = [r for r in rows if r["update"]]
+    controls = [r for r in rows if not r["update"]]
+    outcomes = Counter(r["outcome"] for r in rows)
+    caught = outcomes["caught"]
+    wrong = sum(outcomes[o] for o in WRONG_OUTCOMES)
+    gated = sum(r["earlier"] in r["candidates"] for r in updates)
+    return {
+        "pairs": len(rows),
+        "updates": len(updates),
+        "controls": len(controls),
+        "caught": caught,
+        "caught_share": caught / len(updates) if updates else None,
+        "caught_ci": wilson(caught, len(updates)),
+        "wrong": wrong,
+        "wrong_share": wrong / len(rows) if rows else None,
+        "wrong_ci": wilson(wrong, len(rows)),
+        "controls_replaced": outcomes["replaced"] + outcomes["replaced_other"],
+        "controls_replaced_share": (
+            (outcomes["replaced"] + outcomes["replaced_other"]) / len(controls)
+            if controls
+            else None
+        ),
+        "gate_recall": gated / len(updates) if updates else None,
+        "duplicates": sum(r["duplicate"] for r in rows),
+        "outcomes": dict(sorted(outcomes.items())),
+    }
+
+
+def run_update_eval(
+    engine: Engine,
+    data: Path,
+    pairs: Sequence[UpdatePair],
+    budget: int,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Every pair through the replacement check, scored per conversation and pooled."""
+    extractor = FactExtractor(engine, budget)
+    users = {
+        cid: user_observations(data, cid) for cid in dict.fromkeys(p.conversation for p in pairs)
+    }
+    rows = []
+    for i, pair in enumerate(pairs, 1):
+        name, texts = users[pair.conversation]
+        rows.append(check_pair(extractor, pair, name, texts, pairs))
+        if progress is not None:
+            progress(pair.conversation, i, len(pairs))
+    pooled_score = score_updates(rows)
+    return {
+        "neighbours": UPDATE_NEIGHBOURS,
+        "goal": {"caught_at_least": CAUGHT_GOAL, "wrong_at_most": WRONG_GOAL},
+        "met": {
+            "caught": (pooled_score["caught_share"] or 0.0) >= CAUGHT_GOAL,
+            "wrong": (pooled_score["wrong_share"] or 0.0) <= WRONG_GOAL,
+        },
+        "pooled": pooled_score,
+        "conversations": {
+            cid: score_updates([r for r in rows if r["conversation"] == cid]) for cid in users
+        },
+        "pairs": rows,
     }
