@@ -19,6 +19,7 @@ from conftest import cli, files_containing, on
 
 from mlxmem import paths
 from mlxmem.errors import InputError
+from mlxmem.memory import records
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.recall import recall_query
@@ -1222,3 +1223,52 @@ def test_a_damaged_device_json_is_reported_and_the_other_devices_still_merge(tmp
 
 def device(home) -> str:
     return json.loads(on(home, "sync", "--status", "--json").stdout)["device"]["device"]
+
+
+def test_a_deletion_reaches_a_device_whose_clock_is_an_hour_behind(tmp_path, devices, monkeypatch):
+    """A record at the writer's time limit (100 years ahead of ITS clock) made the writer's
+    whole new file unreadable on a device whose clock is behind: the deletion in that file
+    waited with it, and the deleted text stayed on the slow device's disk meanwhile."""
+    a, b, folder = devices
+    on(a, "memory", "add", "SECRET-FACT lives here")
+    on(a, "sync", str(folder))
+    on(b, "sync", str(folder))
+    assert "SECRET-FACT" in on(b, "memory", "list", "--json").stdout
+
+    # A imports a record at its limit (crafted, or from a device whose clock was that far on).
+    path = tmp_path / "export.json"
+    on(a, "export", str(path))
+    document = json.loads(path.read_text())
+    fact = next(r for r in document["records"] if r["kind"] == "fact")
+    limit = f"{records.latest_time().isoformat()}+00:00"
+    at_limit = {"text": "At the limit", "created_at": limit, "updated_at": limit}
+    document["records"].append({**fact, "uid": "00000000-0000-4000-8000-000000000003", **at_limit})
+    path.write_text(json.dumps(document))
+    on(a, "import", str(path))
+    fid = next(f["id"] for f in json.loads(on(a, "memory", "list", "--json").stdout)
+               if f["text"].startswith("SECRET-FACT"))  # fmt: skip
+    on(a, "memory", "rm", str(fid))
+    on(a, "sync")
+
+    real = records.latest_time
+    monkeypatch.setattr(records, "latest_time", lambda: real() - timedelta(hours=1))  # B's clock
+    said = on(b, "sync").output
+    assert "Skipped" not in said, said
+    listed = on(b, "memory", "list", "--json").stdout
+    assert "SECRET-FACT" not in listed and "At the limit" in listed
+    assert files_containing(b, "SECRET-FACT") == []
+
+
+def test_an_import_takes_a_time_up_to_100_years_ahead_and_a_sync_reads_100_more():
+    ahead = (records.latest_time() + timedelta(days=1)).isoformat() + "+00:00"
+    fact = {
+        "kind": "fact", "uid": "00000000-0000-4000-8000-000000000004", "text": "Ahead",
+        "source": "manual", "created_at": ahead, "updated_at": ahead,
+        "device": "00000000-0000-4000-8000-000000000005", "message_uid": None,
+    }  # fmt: skip
+    assert check_record(fact) == fact  # read from a device whose clock is a day ahead
+    with pytest.raises(InputError, match="bad 'created_at'.*100 years from now"):
+        check_record(fact, entering=True)
+    too_far = (records.latest_time() + records.SKEW + timedelta(days=1)).isoformat()
+    with pytest.raises(InputError, match="bad 'updated_at'"):
+        check_record({**fact, "updated_at": too_far + "+00:00"})

@@ -34,22 +34,34 @@ from mlxmem.defaults import MAX_MESSAGE_CHARS
 from mlxmem.errors import InputError
 from mlxmem.memory.facts import MAX_FACT_CHARS, SOURCES
 from mlxmem.memory.turns import conversation_uid
-from mlxmem.text import ROLES, as_utc, check_text
+from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
 
 Record = dict[str, Any]
 TOMBSTONE_KINDS = ("message", "fact", "conversation")
 # The times a record may carry: wide enough for any real clock, even a badly skewed one. The
 # latest moves with the clock: a turn written after one at the limit is stamped a microsecond
 # after it (a conversation's turns are in time order), and the clock outruns that, so what a
-# device writes after an accepted record is accepted in turn (on a device whose clock is
-# behind, once it catches up), where a fixed limit would refuse it for good.
+# device writes after an accepted record is accepted in turn, where a fixed limit would refuse
+# it for good.
 EARLIEST = datetime(1970, 1, 1)
 AHEAD = timedelta(days=100 * 365)
+# Two limits, so that one device's clock does not decide what another can read. A record
+# enters the devices' records by an import only up to AHEAD past the importing device's clock
+# (its own turns and facts carry its clock); a sync reads up to SKEW more. So a file holding a
+# record at its writer's limit is read at once on a device whose clock is behind the writer's
+# (by up to SKEW), where one limit for both made that whole file unreadable there, with its
+# device's other new files and the deletions they hold, until the reader's clock caught up.
+# Refusing only the one record instead would lose it for good on that device (a file is read
+# once) and leave the devices disagreeing. The slack costs nothing: the bound only keeps
+# clocks far from overflowing. (A record crafted into the folder past AHEAD, and sent on by a
+# device that read it, still waits on a device whose clock is behind that one's.)
+SKEW = timedelta(days=100 * 365)
 
 
 def latest_time() -> datetime:
-    """The latest time a record may carry now (naive UTC, as stored)."""
-    return datetime.now(timezone.utc).replace(tzinfo=None) + AHEAD
+    """The latest time a record may carry when it enters by an import, now (naive UTC, as
+    stored); a sync reads up to SKEW later (see timestamp)."""
+    return to_db(utc_now()) + AHEAD  # this device's clock, as every other time it writes
 
 
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
@@ -273,27 +285,30 @@ def iso(value: datetime) -> str:
     return as_utc(value).isoformat()
 
 
-def timestamp(value: str) -> datetime:
+def timestamp(value: str, skew: timedelta = SKEW) -> datetime:
     """An ISO 8601 timestamp as the naive UTC datetime DuckDB stores; InputError for one that
-    is not a time or lies outside EARLIEST..latest_time() (a crafted 9999-12-31 would overflow
-    every later turn's clock)."""
+    is not a time or lies outside EARLIEST..latest_time() + `skew` (a crafted 9999-12-31 would
+    overflow every later turn's clock). `skew`: SKEW for what a sync reads, none for what
+    enters by an import (see SKEW)."""
     try:
         parsed = datetime.fromisoformat(value)
         if parsed.tzinfo is not None:
             parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
     except (TypeError, ValueError, OverflowError):
         raise InputError(f"not an ISO 8601 time: {str(value)[:40]!r}") from None
-    latest = latest_time()
+    latest = latest_time() + skew
     if not EARLIEST <= parsed <= latest:
         raise InputError(
             f"time {str(value)[:40]!r} is outside {EARLIEST.year}..{latest:%Y-%m-%d}"
-            f" ({AHEAD.days // 365} years from now)"
+            f" ({(AHEAD + skew).days // 365} years from now)"
         )
     return parsed
 
 
-def check_record(record: object) -> Record:
-    """`record` if it is a well-formed change, else InputError saying what is wrong."""
+def check_record(record: object, entering: bool = False) -> Record:
+    """`record` if it is a well-formed change, else InputError saying what is wrong.
+    `entering`: the record enters the devices' records here (an import), so its times must
+    lie within AHEAD of this device's clock; a sync reads SKEW more (see SKEW)."""
     if not isinstance(record, dict):
         raise InputError("a record must be a JSON object")
     kind = record.get("kind")
@@ -326,7 +341,19 @@ def check_record(record: object) -> Record:
         raise InputError("message record whose conversation_uid does not match its name")
     if kind == "conversation" and record["uid"] != conversation_uid(record["name"]):
         raise InputError("conversation record whose uid does not match its name")
+    if entering:
+        times = {n: record[n] for n in _TIMES if n in record}
+        if "sharing" in record:
+            times["sharing"] = record["sharing"]["updated_at"]
+        for name, value in times.items():
+            try:
+                timestamp(value, skew=timedelta(0))
+            except InputError as exc:
+                raise InputError(f"{kind} record with a bad {name!r}: {exc}") from None
     return record
+
+
+_TIMES = ("created_at", "updated_at", "deleted_at", "replaced_at")  # a record's times
 
 
 def _is_uuid(value: object) -> bool:

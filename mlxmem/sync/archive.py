@@ -66,7 +66,7 @@ def read_export(path: Path) -> list[Record]:
         raise InputError(f"{path} has no list of records")
     for i, record in enumerate(records):
         try:
-            check_record(record)
+            check_record(record, entering=True)
         except MlxmemError as exc:
             raise InputError(f"{path}: record {i + 1}: {exc}; nothing was imported") from None
     return records
