@@ -1272,3 +1272,22 @@ def test_an_import_takes_a_time_up_to_100_years_ahead_and_a_sync_reads_100_more(
     too_far = (records.latest_time() + records.SKEW + timedelta(days=1)).isoformat()
     with pytest.raises(InputError, match="bad 'updated_at'"):
         check_record({**fact, "updated_at": too_far + "+00:00"})
+
+
+@pytest.mark.parametrize(
+    "info, problem",
+    [
+        (["a", "list"], "a list, not an object"),
+        ("a string", "a string, not an object"),
+        (7, "a whole number, not an object"),
+        ({"encryption": 5}, "its encryption entry is a whole number, not an object"),
+        ({"encryption": ["salt"]}, "its encryption entry is a list, not an object"),
+    ],
+)
+def test_a_damaged_device_json_is_named_in_json_words(tmp_path, info, problem):
+    from mlxmem.sync.folder import DeviceFolder
+
+    folder = DeviceFolder(tmp_path, "00000000-0000-4000-8000-000000000001")
+    folder.path.mkdir(parents=True)
+    (folder.path / "device.json").write_text(json.dumps(info))
+    assert folder.info_problem() == problem

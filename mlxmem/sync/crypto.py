@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from mlxmem.errors import InputError
+from mlxmem.text import a_kind
 
 PASSPHRASE_ENV = "MLXMEM_SYNC_PASSPHRASE"
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
@@ -62,7 +63,7 @@ class Cipher:
     def description_problem(info: object) -> str | None:
         """What is wrong with a device.json's "encryption" entry, or None."""
         if not isinstance(info, dict):
-            return f"its encryption entry is a {type(info).__name__}, not an object"
+            return f"its encryption entry is {a_kind(info)}, not an object"
         for key in ("salt", "check"):
             try:
                 if not base64.b64decode(info[key], validate=True):

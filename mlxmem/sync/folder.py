@@ -30,6 +30,7 @@ from mlxmem.memory.db import crash_point
 from mlxmem.memory.records import Record, check_record
 from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import PASSPHRASE_ENV, Cipher
+from mlxmem.text import a_kind
 
 DEVICE_INFO = "device.json"
 _CHANGE_FILE = re.compile(r"^(\d{6,})\.jsonl(\.enc)?$")
@@ -87,7 +88,7 @@ class DeviceFolder:
         except (OSError, ValueError) as exc:
             return f"not readable as JSON ({exc})"
         if not isinstance(info, dict):
-            return f"a JSON {type(info).__name__}, not an object"
+            return f"{a_kind(info)}, not an object"
         described = info.get("encryption")
         if described is not None and described is not False:
             return Cipher.description_problem(described)
