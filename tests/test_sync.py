@@ -863,9 +863,15 @@ def test_a_deletion_reaches_the_next_sync_past_a_damaged_file_of_its_device(devi
     monkeypatch.setattr(run, "time", SimpleNamespace(time=lambda: later))
     report = sync_json(a)
     assert report["damaged"] == [str(second)]
+    assert report["devices"] == report["held_devices"] == 1  # B's other changes wait
     assert (f"Allergic to {MARKER}", "manual") not in facts(a)
     assert files_containing(a, MARKER) == []
     assert files_containing(folder / "mlxmem" / "devices" / device(a), MARKER) == []
+    # What the person reads counts what happened: B's changes wait, but for the deletion.
+    said = " ".join(on(a, "sync").output.split())
+    assert "Synced with 0 of 1 other device (1 held back: see above)" in said
+    assert "wait for it but for their deletions, which apply now" in said
+    assert "Reading 1 other device in" in said
 
 
 def test_one_sync_at_a_time_per_data_directory(devices):

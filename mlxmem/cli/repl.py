@@ -27,6 +27,7 @@ from mlxmem.memory.companion import Companion, TurnResult
 from mlxmem.memory.summaries import describe_source
 from mlxmem.memory.turns import Turn
 from mlxmem.model_thread import ModelThread
+from mlxmem.text import plural
 
 from .common import err
 from .terminal import Terminal, report_after, report_noted
@@ -289,9 +290,11 @@ class Session:
                 markup=False,
             )
         if prompt.recalled:
-            err.print(f"recalled from the log: turn id(s) {', '.join(map(str, prompt.recalled))}")
+            ids = ", ".join(map(str, prompt.recalled))
+            err.print(f"recalled from the log: {plural(len(prompt.recalled), 'turn id')} {ids}")
         if prompt.facts_left_out:
-            err.print(f"{prompt.facts_left_out} fact(s) left out: the facts share is full")
+            left = plural(prompt.facts_left_out, "fact")
+            err.print(f"{left} left out: the facts share is full")
 
     def print_history(self, count: int) -> None:
         turns = self.companion.store.turns(self.companion.conversation)[-count:]

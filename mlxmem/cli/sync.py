@@ -75,18 +75,27 @@ def sync_command(
         if path in report.damaged:
             err.print(
                 f"Skipped {path}: unreadable, and older than a copy takes: damaged, or changed "
-                "by someone without the key. Nothing of it, nor of its device's other new files,"
-                " was merged; the next sync retries (its device rewrites it at its next sync)",
+                "by someone without the key. Nothing of it was merged, and its device's other "
+                "new files wait for it but for their deletions, which apply now; the next sync "
+                "retries (its device rewrites it at its next sync)",
                 markup=False,
             )
         else:
             err.print(
                 f"Skipped {path}: not readable whole yet (still copying?); its device's other"
-                " new files wait for it; the next sync retries",
+                " new files wait for it but for their deletions, which apply now; the next sync"
+                " retries",
                 markup=False,
             )
+    synced = report.devices - report.held_devices
+    held = f" ({report.held_devices} held back: see above)" if report.held_devices else ""
+    said = (
+        f"{synced} of {plural(report.devices, 'other device')}"
+        if held
+        else (plural(report.devices, "other device"))
+    )
     say(
-        f"Synced with {plural(report.devices, 'other device')} in {report.folder}: "
+        f"Synced with {said}{held} in {report.folder}: "
         f"{_merged(report.merged)}; wrote {plural(report.written, 'change')}"
         + (f", erased records from {plural(report.rewritten, 'file')}" if report.rewritten else "")
         + "."

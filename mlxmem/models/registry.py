@@ -287,7 +287,8 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
     unknown = set(fields) - _FIELDS
     if unknown:
         raise MlxmemError(
-            f"{origin}: model {alias!r} has unknown field(s) {', '.join(sorted(unknown))}; "
+            f"{origin}: model {alias!r} has unknown {'field' if len(unknown) == 1 else 'fields'}"
+            f" {', '.join(sorted(unknown))}; "
             f"known: {', '.join(sorted(_FIELDS))}"
         )
     for key in ("repo", "path", "generate", "arch", "description", "gguf_wheel", "gguf_file"):

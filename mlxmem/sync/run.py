@@ -44,7 +44,7 @@ from mlxmem.sync.cursor import (
     own_state,
 )
 from mlxmem.sync.folder import DEVICE_INFO, ChangeFile, DeviceFolder, device_folders
-from mlxmem.text import OLD_COUNT_NAMES, to_db, utc_now, with_old_names
+from mlxmem.text import OLD_COUNT_NAMES, plural, to_db, utc_now, with_old_names
 
 # A file unreadable for longer than a sync tool takes to copy one is damaged or tampered with,
 # not still arriving.
@@ -76,6 +76,9 @@ class SyncReport:
     # Files read whole but not merged (but for their tombstones), as another new file of their
     # device was not (skipped).
     held_back: int = 0
+    # Other devices whose new changes wait (a file skipped, or device.json damaged): `devices`
+    # less these is how many were synced with.
+    held_devices: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Reading:
     streams: dict[str, dict[str, list[int]]]
     bad_devices: list[str] = field(default_factory=list)  # "path: what is wrong", skipped
     held_back: int = 0  # files read whole but not merged: another of their device's was not
+    held_devices: int = 0  # devices with a file skipped, or a damaged device.json
 
 
 def sync(
@@ -119,7 +123,7 @@ def sync(
         state, digest = log.sync_state(names)
         cursor = Cursor.load(state.get(CURSOR_KEY), str(root))
         sequences = Sequences.load(state.get(SEQUENCES_KEY))
-        progress(f"Reading {len(others)} other device(s) in {root}")
+        progress(f"Reading {plural(len(others), 'other device')} in {root}")
         # Reading the others first checks the passphrase against their keys before anything
         # is written: a mistyped one must not become this device's key. A device with no key
         # yet checks it against every sealed stream, read before or not.
@@ -131,7 +135,7 @@ def sync(
         crash_point("sync:read")
         merged = MergeResult()
         if reading.records:
-            progress(f"Merging {len(reading.records)} record(s)")
+            progress(f"Merging {plural(len(reading.records), 'record')}")
             merged = log.merge(reading.records)
             digest = log.changes_digest(names)  # before plan_writes reads the changes
         encrypted = cipher is not None
@@ -148,7 +152,7 @@ def sync(
                 file.path.unlink(missing_ok=True)  # replaced by the other kind's name
         crash_point("sync:rewritten")
         if plan.new:
-            progress(f"Writing {len(plan.new)} change(s)")
+            progress(f"Writing {plural(len(plan.new), 'change')}")
             number, sequence = _next_number(mine), next_sequence(sequence)
             mine.write(number, plan.new, cipher, sequence)
             sequences.note(device, number, sequence)
@@ -177,6 +181,7 @@ def sync(
         compacted,
         reading.bad_devices,
         reading.held_back,
+        reading.held_devices,
     )
 
 
@@ -248,6 +253,7 @@ def read_streams(
         problem = folder.info_problem()
         if problem is not None:
             reading.bad_devices.append(f"{folder.path / DEVICE_INFO}: {problem}")
+            reading.held_devices += 1
             continue
         files = folder.files()
         # With a passphrase every change must be sealed: anyone who can write to the folder
@@ -307,6 +313,7 @@ def read_streams(
         else:  # not in the cursor: read again, whole, at the next sync
             reading.records += [r for r in records if r["kind"] == "tombstone"]
             reading.held_back += len(read)
+            reading.held_devices += 1
     return reading
 
 
