@@ -1,6 +1,6 @@
 """LoCoMo's conversations (CC BY-NC) are read from ../shared for tests and benchmarks, never
 copied into the repository: no tracked file holds seven words in a row of a conversation's
-turns, photo captions or questions."""
+turns, photo captions, questions, answers or observations (its gold facts)."""
 
 import json
 import re
@@ -29,8 +29,13 @@ def corpus_spans() -> set[str]:
             turn = json.loads(line)
             found |= spans(_PHOTO_RE.sub(" ", turn["text"]))
     for path in (LOCOMO / "qa").glob("*.qa.json"):
-        for q in json.loads(path.read_text())["qa"]:
-            found |= spans(q["question"])
+        qa = json.loads(path.read_text())
+        for q in qa["qa"]:
+            found |= spans(q["question"]) | spans(str(q.get("answer", "")))
+        for by_speaker in qa.get("observation", {}).values():  # its gold facts
+            for items in by_speaker.values():
+                for item in items:
+                    found |= spans(item[0])
     return found
 
 

@@ -140,7 +140,7 @@ def test_a_short_form_of_the_other_speakers_name_counts_too():
 def test_the_users_life_under_the_other_speakers_name_is_an_attribution_error():
     # John told Maria that he does kickboxing, and the fact names her.
     observations = [
-        fe.Observation("user", "John is currently doing kickboxing as a workout.", "D1:4", 1),
+        fe.Observation("user", "John does kickboxing to keep fit these days.", "D1:4", 1),
         fe.Observation("other", "Maria started doing aerial yoga.", "D1:3", 1),
     ]
     names = ("John", "Maria")
