@@ -154,11 +154,11 @@ def test_serve_logs_early_only_when_no_turn_is_queued_so_the_log_keeps_their_ord
 
     fold = Companion._fold_while_over_budget
 
-    def held_fold(self, on_status, headroom, snap, events, prompt=None):
+    def held_fold(self, on_status, headroom, snap, events, prompt=None, should_yield=None):
         if headroom > 0 and not fold_go.is_set():  # the fold ahead after a reply, held
             folding.set()
             assert fold_go.wait(30)
-        return fold(self, on_status, headroom, snap, events, prompt)
+        return fold(self, on_status, headroom, snap, events, prompt, should_yield)
 
     monkeypatch.setattr(Companion, "_fold_while_over_budget", held_fold)
     with fake_server(FakeEngine(model), extract_facts=True) as server:
@@ -271,3 +271,25 @@ def test_a_message_longer_than_the_room_kept_is_answered_at_once_and_folded_afte
     assert result.folds and store.summaries("default")
     first = store.turns("default")[0]
     assert store.summaries("default")[-1].first_seq <= first.seq
+
+
+def test_a_fold_gives_way_to_a_waiting_message_with_the_extractive_summary():
+    from conftest import scripted, user_text
+
+    def fill(companion, should_yield=None):
+        results = [turn(companion, user_text(i), should_yield) for i in range(12)]
+        return [e for r in results for e in r.folds]
+
+    # A message waiting at once: every fold is the extractive one, and the model never
+    # writes a summary; the window folds all the same and every prompt fits.
+    engine = FakeEngine(scripted)
+    companion = Companion(engine, Store(), "hurried", 700, 60, ChatSettings(extract_facts=False))
+    folds = fill(companion, should_yield=lambda: True)
+    assert folds and all(e.summary.source == "extractive" for e in folds)
+    assert not any("updated summary" in c.prompt for c in engine.calls)
+    assert all(e.prompt_tokens == 0 for e in folds)
+    # Nobody waiting: the model writes them, as before.
+    engine = FakeEngine(scripted)
+    companion = Companion(engine, Store(), "calm", 700, 60, ChatSettings(extract_facts=False))
+    assert {e.summary.source for e in fill(companion)} <= {"model", "model+extractive"}
+    assert any("updated summary" in c.prompt for c in engine.calls)

@@ -583,8 +583,8 @@ class Companion:
         and facts are stored together afterwards, with the cache, in one more.
 
         `should_yield()` turning true means a message is waiting for the model: the look for
-        a fact stops and is postponed to the next turn (the fold and the cache's warm-up do
-        not: the next prompt is built on them)."""
+        a fact stops and is postponed to the next turn, a fold writes the extractive summary
+        instead of the model's, and the cache's warm-up is left to the next reply."""
         return self._finish(
             turn, reply, stats, sampled_ids, on_status, on_logged, should_yield, at=None
         )
@@ -663,10 +663,15 @@ class Companion:
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
-            _, after = self._fold_while_over_budget(on_status, room, logged, events, prompt)
+            # A message already waiting does not wait for it: the fold then writes the
+            # extractive summary instead of the model's (see ConversationWindow.fold_oldest).
+            _, after = self._fold_while_over_budget(
+                on_status, room, logged, events, prompt, should_yield
+            )
             # A fold, or a recall block in this turn's message, changed the prompt before the
-            # reply: rebuild the cache now, so the next turn prefills only its own message.
-            rebuilt = events or turn.prompt.recalled
+            # reply: rebuild the cache now, so the next turn prefills only its own message
+            # (unless that message is waiting already: its reply prefills it).
+            rebuilt = (events or turn.prompt.recalled) and not (should_yield and should_yield())
             result.warm_prefilled_tokens = self._warm_cache(after) if rebuilt else 0
             if not interrupted:
                 found = self._look_for_facts(
@@ -793,11 +798,12 @@ class Companion:
         snap: Snapshot,
         events: list[FoldEvent],
         prompt: AssembledPrompt | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> tuple[Snapshot, AssembledPrompt]:
         """Fold until the assembled prompt fits with `headroom` to spare, appending each
         fold to `events` (its summary is not stored: the caller stores them); return the store
         as it will be once they are stored, and that prompt. `snap`: the store as just read,
-        `prompt`: its prompt, if assembled already."""
+        `prompt`: its prompt, if assembled already; `should_yield`: see fold_oldest."""
         while True:
             prompt = prompt or self._assemble(snap)
             if prompt.fits(headroom + self.recall_room):
@@ -806,7 +812,7 @@ class Companion:
                 on_status("folding older turns into the summary")
             facts = self.prompt_facts(snap)
             event = self.window.fold_oldest(
-                facts, snap.summary, snap.turns, summary_span=snap.summary_span
+                facts, snap.summary, snap.turns, snap.summary_span, should_yield
             )
             if event is None or event.summary is None:
                 # Only the newest exchanges are left: the assembler shortens them.

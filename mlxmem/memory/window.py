@@ -10,7 +10,7 @@ turns plus a summarization request, so only the request is prefilled.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
@@ -144,12 +144,16 @@ class ConversationWindow:
         summary: Summary | None,
         turns: Sequence[Turn],
         summary_span: Span | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> FoldEvent | None:
         """Fold the oldest half of the verbatim `turns` into a new rolling summary; `facts`,
         `summary` and `summary_span` (when its first and last turns were written) are what
         the chat prompt holds now, so its cached prefix is reused.
         The summary records the facts it saw; it is returned (`FoldEvent.summary`), not
-        stored: the caller stores it with the turn's other writes, under its forget epoch."""
+        stored: the caller stores it with the turn's other writes, under its forget epoch.
+        `should_yield()` turning true (the person's next message waits for the model) stops
+        the model's summary, and the extractive one (no model call, milliseconds) is written
+        instead: the fold finishes at once, and the person does not wait for it."""
         n = evict_count(turns)
         if n == 0:
             return None
@@ -168,12 +172,20 @@ class ConversationWindow:
             ],
             summary_span=summary_span,
         )
-        result = self.engine.generate(
-            prompt.tokens, slot=self.slot, max_tokens=self.summary_cap, temp=0.0
-        )
+        hurried = should_yield is not None and should_yield()
+        result = None
+        if not hurried:
+            result = self.engine.generate(
+                prompt.tokens,
+                slot=self.slot,
+                max_tokens=self.summary_cap,
+                temp=0.0,
+                should_stop=should_yield,
+            )
+            hurried = result.stats.finish_reason == "interrupted"
         # The model's summary, if it passes the check and the model saw every evicted turn;
-        # else one extracted from the earlier summary and the evicted turns.
-        text, source = self._cap(result.text.strip()), "model"
+        # else (or if it gave way) one extracted from the earlier summary and the evicted turns.
+        text, source = self._cap(result.text.strip() if result else ""), "model"
         earlier = summary.text if summary else None
         # The specifics after an earlier model summary are picked again below, not asked of
         # the model: it is checked against that summary's own paragraph.
@@ -182,7 +194,11 @@ class ConversationWindow:
             if summary and summary.source == "model+extractive"
             else earlier
         )
-        if prompt.omitted or not check_summary(text, [t.text for t in evicted], checked).ok:
+        if (
+            hurried
+            or prompt.omitted
+            or not check_summary(text, [t.text for t in evicted], checked).ok
+        ):
             text, source = self._fallback(summary, evicted, names), "extractive"
         else:
             room = self.summary_cap - self.engine.count_text(text) - 1  # a line break
@@ -201,9 +217,9 @@ class ConversationWindow:
             first_seq=first,
             last_seq=evicted[-1].seq,
             summary_tokens=tokens,
-            prompt_tokens=result.stats.prompt_tokens,
-            cached_tokens=result.stats.cached_tokens,
-            prefilled_tokens=result.stats.prefilled_tokens,
+            prompt_tokens=result.stats.prompt_tokens if result else 0,
+            cached_tokens=result.stats.cached_tokens if result else 0,
+            prefilled_tokens=result.stats.prefilled_tokens if result else 0,
             seconds=time.perf_counter() - start,
             summary=made,
         )
