@@ -546,9 +546,10 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
     prompt, stats = result.prompt, result.stats
     chat = [c for c in calls if c.slot == companion.slot]
     reply_at = next(j for j, c in enumerate(chat) if c.prompt == prompt.tokens)
-    # The chat slot's other calls are the folds, in the order the companion ran them.
-    fold_calls = chat[:reply_at] + chat[reply_at + 1 :]
-    assert len(fold_calls) == len(result.folds)
+    # The companion folds after a reply, never before it (Companion._fitting): the chat slot's
+    # other calls are the folds whose summary the model wrote (one that gave way to a waiting
+    # message wrote the extractive summary, with no call).
+    assert reply_at == 0 and len(chat) - 1 <= len(result.folds)
     folds = [
         FoldRecord(
             evicted_turns=event.evicted_turns,
@@ -557,9 +558,9 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
             cached_tokens=event.cached_tokens,
             prefilled_tokens=event.prefilled_tokens,
             seconds=event.seconds,
-            before_reply=j < reply_at,
+            before_reply=False,
         )
-        for j, event in enumerate(result.folds)
+        for event in result.folds
     ]
     layers = prompt.layers.to_dict()
     cap = companion.window.summary_cap
