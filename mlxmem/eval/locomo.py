@@ -1058,7 +1058,6 @@ def _replay(
     """Import `pairs` into `companion`'s conversation from the first one not logged yet,
     writing a line per exchange to the run (facts noted, what the looks found, seconds)."""
     done = len(companion.store.turns(companion.conversation)) // 2
-    sitting = time.time()  # this process's part of the replay
     for i in range(done, len(pairs)):
         tick(f"replay {i + 1}/{len(pairs)}")
         start = time.perf_counter()
@@ -1069,7 +1068,7 @@ def _replay(
             "noted": len(result.noted),
             "looks": dict(Counter(result.looks)),
             "seconds": round(time.perf_counter() - start, 3),
-            "sitting": sitting,
+            "sitting": run.sitting,
         }
         run.add_exchange(conv_id, line)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from mlxmem.errors import InputError
@@ -46,6 +47,7 @@ RESUME_KEYS = (
 class RunDir:
     def __init__(self, path: Path, settings: dict):
         self.path = Path(path)
+        self.sitting = time.time()  # marks the lines this run writes: a rerun is another sitting
         self.path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.path, 0o700)
         wanted = {k: settings.get(k) for k in RESUME_KEYS}
