@@ -23,7 +23,13 @@ def test_a_stratified_sample_gives_each_category_its_share_and_leaves_adversaria
     sample = ev.stratified_sample(qs, 19)
     counts = {c: sum(q.category == c for q in sample) for c in (1, 2, 3, 4, 5)}
     assert counts == {1: 6, 2: 4, 3: 1, 4: 8, 5: 0}
-    assert [q.index for q in sample] == sorted(q.index for q in sample)  # file order
+    # The categories interleaved, so that a run stopped part-way has asked each its share.
+    assert sorted(q.category for q in sample[:4]) == [1, 2, 3, 4]
+    assert {q.category for q in sample[4:8]} == {1, 2, 4}
+    for c in (1, 2, 4):  # each in file order
+        assert [q.index for q in sample if q.category == c] == sorted(
+            q.index for q in sample if q.category == c
+        )
     # Spread over each category, not its first questions.
     assert max(q.index for q in sample if q.category == 4) > 80
     # A rare category still gets one; asking for more than there are gives all of 1-4.

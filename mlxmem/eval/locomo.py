@@ -226,8 +226,10 @@ def pick_questions(questions: Sequence[Question], limit: int | None) -> list[Que
 def stratified_sample(questions: Sequence[Question], size: int) -> list[Question]:
     """About `size` of the questions of categories 1-4 (SCORED; adversarial ones compare with
     nothing published), each category given its share of `size` by largest remainder and at
-    least one, its questions spread evenly over the file (`pick_questions`); in file order.
-    The sample's means are per category, so a category's interval is over its own n."""
+    least one, its questions spread evenly over the file (`pick_questions`). The categories
+    are interleaved, each in file order, so that a run stopped part-way (a --run-dir
+    sitting) has asked each category its share so far. A category's interval is over its
+    own n."""
     groups = {c: [q for q in questions if q.category == c] for c in SCORED}
     groups = {c: qs for c, qs in groups.items() if qs}
     total = sum(len(qs) for qs in groups.values())
@@ -238,8 +240,11 @@ def stratified_sample(questions: Sequence[Question], size: int) -> list[Question
     by_remainder = sorted(groups, key=lambda c: quotas[c] - int(quotas[c]), reverse=True)
     for c in by_remainder[: max(0, size - sum(counts.values()))]:
         counts[c] += 1
-    chosen = {q.index for c, qs in groups.items() for q in pick_questions(qs, counts[c])}
-    return [q for q in questions if q.index in chosen]
+    picked = [pick_questions(qs, counts[c]) for c, qs in groups.items()]
+    # Categories taken in turn (the file groups them), so that a run stopped part-way (a
+    # --run-dir sitting) has asked each category its share so far, not the first ones only.
+    ordered = [(k / len(p), q.category, q) for p in picked for k, q in enumerate(p)]
+    return [q for *_, q in sorted(ordered, key=lambda t: t[:2])]
 
 
 # LoCoMo dates its sessions like "7:30 pm on 21 June, 2023".
