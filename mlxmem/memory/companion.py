@@ -258,7 +258,6 @@ def log_message(
     not touch the model."""
     text = checked_message(text, settings)
     ids = engine.encode_text(text)
-    due = settings.extract_facts and should_extract(text)
     return store.append_turn(
         conversation,
         "user",
@@ -266,8 +265,13 @@ def log_message(
         len(ids),
         sampled_ids=ids,
         sampled_by=engine.model_id,
-        look_due=due,
+        look_due=look_due(settings, text),
     )
+
+
+def look_due(settings: ChatSettings, text: str) -> bool:
+    """Whether the person's message `text` is to be looked at for a fact."""
+    return settings.extract_facts and should_extract(text)
 
 
 def _noted_dict(fact: Fact, replaced: int | None) -> dict:
@@ -315,10 +319,6 @@ class Companion:
         """The messages of this conversation the log marks for a look (none when this
         Companion does not look for facts)."""
         return self.store.looks_due(self.conversation) if self.settings.extract_facts else []
-
-    def _look_due(self, text: str) -> bool:
-        """Whether the person's message `text` is to be looked at for a fact."""
-        return self.settings.extract_facts and should_extract(text)
 
     def _check_budget(self) -> None:
         """Refuse a budget too small for the instructions, the facts share, the summary cap,
@@ -512,7 +512,7 @@ class Companion:
                     at=at,
                     previous=previous,
                     mark=mark,
-                    look_due=self._look_due(text),
+                    look_due=look_due(self.settings, text),
                 )
         snap = first
         if user.id not in {t.id for t in snap.turns}:
@@ -606,7 +606,7 @@ class Companion:
         result.timings = turn.timings
         snap, epoch = turn.snapshot, turn.snapshot.forget_epoch
         room = self._next_message_room(snap)
-        due = self._look_due(turn.user.text)
+        due = look_due(self.settings, turn.user.text)
         extract = due and not interrupted
         if due and interrupted:  # looked at after the next reply, as a postponed one
             self._postponed.append(turn.user)
