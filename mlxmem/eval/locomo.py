@@ -677,7 +677,8 @@ def probe(
         "window": window_prompt(companion, text),
     }
     for config, recall in (("mlxmem", False), ("recall", True)):
-        settings = replace(companion.settings, recall=recall)
+        # A probe runs no turn: no look for facts, so no read of the marks it would resume.
+        settings = replace(companion.settings, recall=recall, extract_facts=False)
         session = Companion(
             engine,
             companion.store,
@@ -1085,8 +1086,9 @@ def _resumable_store(run: RunDir, conv_id: str, conversations: Sequence[str]) ->
     path = run.store_path(conv_id)
     if path.exists() and run.replayed(conv_id) is None:
         store = Store(path)
-        if any(t and t[-1].role != "assistant" for t in map(store.turns, conversations)):
-            path = run.fresh_store(conv_id)
+        if not any(t and t[-1].role != "assistant" for t in map(store.turns, conversations)):
+            return store
+        path = run.fresh_store(conv_id)
     path.parent.mkdir(mode=0o700, exist_ok=True)
     return Store(path)
 
