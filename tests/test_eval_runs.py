@@ -131,6 +131,52 @@ def test_a_replay_stopped_anywhere_gives_the_result_of_one_that_was_not(
     assert again["layers"]["conv-1"]["facts"]["added"] == layers["facts"]["added"]
 
 
+@pytest.mark.parametrize("per_session", [False, True])
+def test_a_replay_stopped_inside_an_exchange_goes_on_from_the_last_copy_of_its_store(
+    tmp_path, monkeypatch, per_session
+):
+    monkeypatch.setattr(ev, "KEEP_EVERY", 2)
+    data = write_dataset(tmp_path / "data", sessions=4, chatter=3)
+    args = (data, ["conv-1"], 1000, 120)
+    first = FakeEngine(extracting_reader)
+    whole = ev.run_locomo(first, *args, per_session=per_session).to_dict()
+    exchanges = whole["layers"]["conv-1"]["turns"] // 2
+    # A kill while the model reads an exchange's prompt, most of the way through the replay.
+    prompts = [c for c in first.calls if c.max_tokens == 1]
+    assert len(prompts) == exchanges
+    stop_at = exchanges - 2
+
+    engine = FakeEngine(extracting_reader)
+    real_generate = engine.generate
+    seen = [0]
+
+    def generate(tokens, **kw):
+        if kw.get("max_tokens") == 1:
+            seen[0] += 1
+            if seen[0] == stop_at:
+                raise Stop
+        return real_generate(tokens, **kw)
+
+    engine.generate = generate
+    run_dir = tmp_path / "run"
+    with pytest.raises(Stop):
+        ev.run_locomo(engine, *args, per_session=per_session, run_dir=run_dir)
+    kept = read_lines(run_dir / "conv-1.replay.jsonl")
+    assert len(kept) == stop_at - 1 and (run_dir / "conv-1.kept").is_dir()
+    engine.generate, engine.slots, calls = real_generate, {}, len(engine.calls)
+    again = ev.run_locomo(engine, *args, per_session=per_session, run_dir=run_dir).to_dict()
+    assert comparable(again) == comparable(whole)
+    # Only the exchanges after the last copy were read again: not the whole replay.
+    read_again = sum(c.max_tokens == 1 for c in engine.calls[calls:])
+    assert 0 < read_again <= exchanges - (stop_at - 1) + 1
+    assert len(read_lines(run_dir / "conv-1.replay.jsonl")) == exchanges  # a line each, once
+    assert again["layers"]["conv-1"]["replay_sittings"] == 2
+    assert (
+        again["layers"]["conv-1"]["facts"]["added"] == whole["layers"]["conv-1"]["facts"]["added"]
+    )
+    assert not any(p.name.startswith("conv-1.kept") for p in run_dir.iterdir())
+
+
 def test_a_run_folder_refuses_other_settings_and_drops_a_line_cut_short(tmp_path):
     settings = {"mode": "one_conversation", "sample": 60, "model_id": "m", "context_tokens": 4096}
     run = RunDir(tmp_path / "run", settings)

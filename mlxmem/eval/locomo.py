@@ -57,7 +57,7 @@ import Stemmer
 from mlxmem.bench.common import Progress, no_progress
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
-from mlxmem.eval.runlog import RunDir
+from mlxmem.eval.runlog import KEEP_EVERY, RunDir
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import recall_block
@@ -1077,12 +1077,15 @@ def _replay(
             "sitting": run.sitting,
         }
         run.add_exchange(conv_id, line)
+        if (i + 1 - done) % KEEP_EVERY == 0:
+            run.keep_store(conv_id)
 
 
 def _resumable_store(run: RunDir, conv_id: str, conversations: Sequence[str]) -> Store:
     """The store of `conv_id`'s replay in the run: as left, unless a conversation of it ends
     inside an exchange (a message logged without its reply: the replay was stopped there),
-    in which case the replay starts over."""
+    in which case it goes on from the store's last copy (RunDir.keep_store), or starts over
+    when there is none."""
     path = run.store_path(conv_id)
     if path.exists() and run.replayed(conv_id) is None:
         store = Store(path)

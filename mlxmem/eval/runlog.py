@@ -1,12 +1,15 @@
 """A long `eval locomo` run's folder (`--run-dir`): what the run has done, written as it goes,
 so that a run of whole conversations on a slow model can span several sittings. A rerun with
 the same settings skips what is done: a conversation whose replay finished is not replayed
-again, a replay that stopped between two exchanges goes on from there, and a question already
-answered is not asked again.
+again, a replay that stopped between two exchanges goes on from there, one that stopped inside
+an exchange (where a kill usually lands: the model reads the prompt) goes on from the last
+copy of its store, and a question already answered is not asked again.
 
     settings.json           what the run is (a rerun with other settings is refused)
     CONV/                   the replay's store, its files (the conversation's text: the folder
                             is private)
+    CONV.kept/              the store as a whole exchange left it, copied every
+                            KEEP_EVERY exchanges, with the count of replay lines it matches
     CONV.replay.jsonl       a line per exchange replayed: facts noted, what the looks found
     CONV.replay.json        the replay's own figures, written once it is whole
     CONV.items.jsonl        a line per question: every configuration's answer and scores
@@ -26,9 +29,11 @@ import time
 from pathlib import Path
 
 from mlxmem.errors import InputError
-from mlxmem.paths import make_private
+from mlxmem.paths import CACHE_DIRNAME, make_private
 
 SETTINGS = "settings.json"
+COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
+KEEP_EVERY = 10  # exchanges between two copies of the store (a few MB, milliseconds)
 # The settings a run's results depend on: a rerun must match them. The conversations may grow.
 RESUME_KEYS = (
     "mode",
@@ -73,11 +78,47 @@ class RunDir:
         return self.path / conv_id / "eval.duckdb"
 
     def fresh_store(self, conv_id: str) -> Path:
-        """The store path of `conv_id` with no replay in it: a replay that cannot go on (it
-        stopped inside an exchange) starts again."""
-        shutil.rmtree(self.path / conv_id, ignore_errors=True)
-        (self.path / f"{conv_id}.replay.jsonl").unlink(missing_ok=True)
+        """The store path of `conv_id` as its last copy left it, the replay's lines cut back to
+        the same exchange; with no copy, with no replay in it. For a replay that cannot go on
+        (it stopped inside an exchange)."""
+        store, lines = self.path / conv_id, self.path / f"{conv_id}.replay.jsonl"
+        shutil.rmtree(store, ignore_errors=True)
+        kept = self._kept(conv_id)
+        if kept is None:
+            lines.unlink(missing_ok=True)
+            return self.store_path(conv_id)
+        count = int((kept / COUNT).read_text())
+        _write_whole(lines, "".join(json.dumps(x) + "\n" for x in read_lines(lines)[:count]))
+        shutil.copytree(kept, store, ignore=shutil.ignore_patterns(COUNT))
+        os.chmod(store, 0o700)
         return self.store_path(conv_id)
+
+    def keep_store(self, conv_id: str) -> None:
+        """Copy `conv_id`'s store as it stands (call it between two exchanges, no operation
+        open on it) with the count of replay lines written: a replay stopped inside a later
+        exchange goes on from here. The copy replaces the last one whole: the new one is
+        written aside first, and the old one moved away before the new one takes its name."""
+        kept, new, old = (self.path / f"{conv_id}.kept{end}" for end in ("", ".new", ".old"))
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.copytree(
+            self.path / conv_id, new, ignore=shutil.ignore_patterns("*.lock*", CACHE_DIRNAME)
+        )
+        _write_whole(new / COUNT, str(len(self.exchanges(conv_id))))
+        _fsync_tree(new)
+        if kept.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            kept.rename(old)
+        new.rename(kept)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _kept(self, conv_id: str) -> Path | None:
+        """The last whole copy of `conv_id`'s store: the current one, or the one it was about
+        to replace when a kill came between the two renames."""
+        for end in ("", ".old"):
+            kept = self.path / f"{conv_id}.kept{end}"
+            if (kept / COUNT).exists():
+                return kept
+        return None
 
     def replayed(self, conv_id: str) -> dict | None:
         """The figures of `conv_id`'s replay, once it is whole; else None."""
@@ -86,6 +127,8 @@ class RunDir:
 
     def replay_done(self, conv_id: str, figures: dict) -> None:
         _write_whole(self.path / f"{conv_id}.replay.json", json.dumps(figures, indent=1))
+        for end in ("", ".new", ".old"):  # the copies of a replay under way are not needed now
+            shutil.rmtree(self.path / f"{conv_id}.kept{end}", ignore_errors=True)
 
     def exchanges(self, conv_id: str) -> list[dict]:
         return read_lines(self.path / f"{conv_id}.replay.jsonl")
@@ -122,6 +165,13 @@ def append_line(path: Path, value: dict) -> None:
         os.fsync(f.fileno())
     if new:
         make_private(path)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in folder.iterdir():
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
 
 
 def _write_whole(path: Path, text: str) -> None:
