@@ -91,6 +91,7 @@ class FakeEngine(Engine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Generator[Chunk, None, None]:
         if max_tokens < 1:
             raise InputError("max_tokens must be at least 1")
@@ -98,6 +99,9 @@ class FakeEngine(Engine):
         cached = min(common_prefix_len(self.slots.get(slot, []), prompt), len(prompt) - 1)
         text = self.decode(prompt)
         self.calls.append(FakeCall(slot, text, len(prompt), cached, max_tokens))
+        if should_stop is not None and should_stop():  # the prefill is one batch here
+            yield Chunk("", None, self._stats(prompt, cached, [], "interrupted"))
+            return
         reply = self.encode_text(self.responder(text))
         if ignore_eos:  # no end of turn: repeat the reply up to exactly max_tokens
             reply = (reply or [self._id(".")]) * (max_tokens // max(1, len(reply)) + 1)
@@ -113,20 +117,20 @@ class FakeEngine(Engine):
         except StopGeneration:
             finish, out = "interrupted", out[:shown]
             self.slots[slot] = prompt + out
-        yield Chunk(
-            "",
-            None,
-            GenerationStats(
-                prompt_tokens=len(prompt),
-                cached_tokens=cached,
-                prefilled_tokens=len(prompt) - cached,
-                generated_tokens=len(out),
-                ttft_s=0.0,
-                prefill_tps=0.0,
-                decode_tps=0.0,
-                peak_memory_gb=0.0,
-                finish_reason=finish,
-            ),
+        yield Chunk("", None, self._stats(prompt, cached, out, finish))
+
+    @staticmethod
+    def _stats(prompt: list[int], cached: int, out: list[int], finish: str) -> GenerationStats:
+        return GenerationStats(
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            prefilled_tokens=len(prompt) - cached,
+            generated_tokens=len(out),
+            ttft_s=0.0,
+            prefill_tps=0.0,
+            decode_tps=0.0,
+            peak_memory_gb=0.0,
+            finish_reason=finish,
         )
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:

@@ -7,6 +7,7 @@ import pytest
 from conftest import check_chat_blocks
 
 from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine.mlx import PREFILL_STEP
 from mlxmem.engine.slots import KV_BLOCK_TOKENS, CacheWarning
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.db import wipe_caches
@@ -302,3 +303,19 @@ def test_on_prefill_hears_how_far_a_long_prompt_is_read(tiny_fp, tmp_path):
     engine.generate(prompt + engine.encode_text("more"), slot="warm", max_tokens=2)
     assert heard[0][0] == 0 and heard[-1][0] == heard[-1][1]  # only the new suffix is read
     assert heard[-1][1] < 8
+
+
+def test_a_stop_asked_for_during_the_prefill_ends_it_after_the_batch_under_way(tiny_fp, tmp_path):
+    engine = MLXEngine(tiny_fp, cache_dir=tmp_path / "kv")
+    prompt = engine.encode_chat(conversation(60))
+    assert len(prompt) > 2 * PREFILL_STEP
+    asked = []
+    cut = engine.generate(
+        prompt, slot="s", max_tokens=4, should_stop=lambda: asked.append(1) or True
+    )
+    assert cut.stats.finish_reason == "interrupted" and cut.tokens == []
+    assert len(asked) == 1  # heard after the first batch, and the prefill ended there
+    again = engine.generate(prompt, slot="s", max_tokens=6, ignore_eos=True)
+    assert again.stats.cached_tokens == PREFILL_STEP
+    fresh = MLXEngine(tiny_fp, cache_dir=tmp_path / "kv2")
+    assert again.tokens == fresh.generate(prompt, slot="s", max_tokens=6, ignore_eos=True).tokens

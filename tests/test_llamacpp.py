@@ -21,7 +21,7 @@ if os.environ.get("MLXMEM_REQUIRE_LLAMACPP"):  # CI installs it: a missing bindi
 else:
     pytest.importorskip("llama_cpp")
 
-from mlxmem.engine.llamacpp import MAX_SLOTS, LlamaCppEngine  # noqa: E402
+from mlxmem.engine.llamacpp import MAX_SLOTS, N_BATCH, LlamaCppEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,22 @@ def test_an_interrupted_reply_leaves_the_slot_true(tiny_gguf):
     again = e.generate(follow, max_tokens=8)
     assert again.stats.cached_tokens >= len(prompt)
     assert again.tokens == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
+
+
+def test_a_stop_asked_for_during_the_prefill_ends_it_after_the_batch_under_way(tiny_gguf):
+    """A fold that gives way to a person's message must not make them wait for its whole
+    prompt: the stop is heard between two batches, and the batch read stays cached."""
+    e = LlamaCppEngine(tiny_gguf, context_tokens=2048)
+    prompt = chat(e, "the cat is the cat " * 120)
+    assert len(prompt) > 2 * N_BATCH
+    asked = []
+    cut = e.generate(prompt, max_tokens=4, should_stop=lambda: asked.append(1) or True)
+    assert cut.stats.finish_reason == "interrupted" and cut.tokens == []
+    assert len(asked) == 1  # heard after the first batch, and the prefill ended there
+    again = e.generate(prompt, max_tokens=6, ignore_eos=True)
+    assert again.stats.cached_tokens == N_BATCH
+    fresh = LlamaCppEngine(tiny_gguf, context_tokens=2048)
+    assert again.tokens == fresh.generate(prompt, max_tokens=6, ignore_eos=True).tokens
 
 
 def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch):

@@ -373,6 +373,7 @@ class RecordingEngine(Engine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Generator[Chunk, None, None]:
         """The inner engine's stream, each call recorded when its last chunk (with the stats)
         passes; a StopGeneration thrown in is passed on, as the chat stops a reply."""
@@ -386,6 +387,7 @@ class RecordingEngine(Engine):
             top_p=top_p,
             seed=seed,
             ignore_eos=ignore_eos,
+            should_stop=should_stop,
         )
         try:
             chunk = next(chunks, None)

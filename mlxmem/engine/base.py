@@ -143,12 +143,16 @@ class Engine:
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Generator[Chunk, None, None]:
         """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix.
         The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
         stopped it early. With `ignore_eos` the end-of-turn token does not stop generation:
         exactly `max_tokens` are generated (as llama.cpp's --ignore-eos and vLLM's
-        SamplingParams.ignore_eos: a decode of known length)."""
+        SamplingParams.ignore_eos: a decode of known length). `should_stop()` is asked between
+        two batches of the prompt's prefill: once true, the stream ends there with no token,
+        its stats `interrupted`, and the slot keeps what was prefilled (a later call reuses it).
+        A long prefill is the one wait a caller could not cut short otherwise."""
         raise NotImplementedError
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
@@ -175,12 +179,13 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,
         **kwargs,
     ) -> Generation:
-        """Collect a whole `stream` call; if `should_stop()` turns true between two tokens,
-        the stream is stopped there and its stats say `interrupted`."""
+        """Collect a whole `stream` call; if `should_stop()` turns true between two batches of
+        the prefill or two tokens, the stream is stopped there and its stats say
+        `interrupted`."""
         parts: list[str] = []
         tokens: list[int] = []
         stats = None
-        stream = self.stream(prompt, **kwargs)
+        stream = self.stream(prompt, should_stop=should_stop, **kwargs)
         for chunk in stream:
             parts.append(chunk.text)
             if chunk.token is not None:

@@ -230,6 +230,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Generator[Chunk, None, None]:
         if not prompt:
             raise InputError("empty prompt")
@@ -246,10 +247,10 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         finish = "interrupted"
         text = codecs.getincrementaldecoder("utf-8")("replace")
         try:
-            self._decode(held, prompt[cached:])
-            first = time.perf_counter()
-            self.restart.record_prefill(len(prompt) - cached, first - start)
             try:
+                self._decode(held, prompt[cached:], should_stop=should_stop)
+                first = time.perf_counter()
+                self.restart.record_prefill(len(prompt) - cached, first - start)
                 while True:
                     token = lc.llama_sampler_sample(sampler, self._ctx, -1)
                     out.append(token)
@@ -301,10 +302,17 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         held = (self.slots.peek(n) for n in self.slots.names())
         return sum(len(s.tokens) for s in held if s is not None and s is not but)
 
-    def _decode(self, held: LlamaSlot, tokens: Sequence[int], logits: bool = True) -> None:
+    def _decode(
+        self,
+        held: LlamaSlot,
+        tokens: Sequence[int],
+        logits: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
         """Append `tokens` to the slot's sequence, N_BATCH at a time; the logits of the last
         one are kept (`logits`) for the sampler. The slot's tokens follow every batch, so an
-        interruption leaves them true."""
+        interruption leaves them true: StopGeneration once `should_stop()` holds between two
+        batches."""
         batch = self._batch
         total, done = len(tokens), 0
         progress = self.on_prefill if total > 1 else None
@@ -332,6 +340,8 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
             done += len(chunk)
             if progress is not None:
                 progress(done, total)
+            if should_stop is not None and done < total and should_stop():
+                raise StopGeneration
 
     def _range_state(self, seq: int, start: int, end: int) -> np.ndarray:
         """The state of positions [start, end) of sequence `seq`: the range is copied onto the

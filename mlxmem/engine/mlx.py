@@ -139,6 +139,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Generator[Chunk, None, None]:
         from mlx_lm.generate import generate_step
         from mlx_lm.sample_utils import make_sampler
@@ -156,6 +157,16 @@ class MLXEngine(PooledSlots, TemplatedEngine):
             mx.random.seed(seed)
         if self.on_prefill is not None:
             self.on_prefill(0, len(prompt) - cached)  # mlx-lm tells the rest
+
+        def prefilled(done: int, total: int) -> None:
+            # mlx-lm calls this before the prefill (done 0) and after each evaluated batch: the
+            # cache holds whole batches, so stopping here leaves it true (sync_tokens reads
+            # its offset).
+            if self.on_prefill is not None:
+                self.on_prefill(done, total)
+            if should_stop is not None and 0 < done < total and should_stop():
+                raise StopGeneration
+
         # mlx-lm annotates each step as (mx.array, mx.array), but the token it yields is
         # `y.item()`, an int.
         steps = cast(
@@ -166,7 +177,8 @@ class MLXEngine(PooledSlots, TemplatedEngine):
                 max_tokens=max_tokens,
                 sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
                 prompt_cache=kv.cache,
-                prompt_progress_callback=self.on_prefill,
+                prefill_step_size=PREFILL_STEP,
+                prompt_progress_callback=prefilled,
             ),
         )
         detokenizer = self.tokenizer.detokenizer
