@@ -92,6 +92,7 @@ class FakeEngine(Engine):
         seed: int | None = None,
         ignore_eos: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        prefill_batch: int | None = None,
     ) -> Generator[Chunk, None, None]:
         if max_tokens < 1:
             raise InputError("max_tokens must be at least 1")

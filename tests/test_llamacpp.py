@@ -91,7 +91,7 @@ def test_a_stop_asked_for_during_the_prefill_ends_it_after_the_batch_under_way(t
     """A fold that gives way to a person's message must not make them wait for its whole
     prompt: the stop is heard between two batches, and the batch read stays cached."""
     e = LlamaCppEngine(tiny_gguf, context_tokens=2048)
-    prompt = chat(e, "the cat is the cat " * 120)
+    prompt = chat(e, "the cat is the cat " * 200)
     assert len(prompt) > 2 * N_BATCH
     asked = []
     cut = e.generate(prompt, max_tokens=4, should_stop=lambda: asked.append(1) or True)
@@ -101,6 +101,12 @@ def test_a_stop_asked_for_during_the_prefill_ends_it_after_the_batch_under_way(t
     assert again.stats.cached_tokens == N_BATCH
     fresh = LlamaCppEngine(tiny_gguf, context_tokens=2048)
     assert again.tokens == fresh.generate(prompt, max_tokens=6, ignore_eos=True).tokens
+    # Work that must give way quickly reads in smaller batches, and hears the stop sooner.
+    small = fresh.generate(
+        prompt, slot="b", max_tokens=4, should_stop=lambda: True, prefill_batch=64
+    )
+    assert small.stats.finish_reason == "interrupted"
+    assert fresh.generate(prompt, slot="b", max_tokens=1).stats.cached_tokens == 64
 
 
 def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch):

@@ -374,6 +374,7 @@ class RecordingEngine(Engine):
         seed: int | None = None,
         ignore_eos: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        prefill_batch: int | None = None,
     ) -> Generator[Chunk, None, None]:
         """The inner engine's stream, each call recorded when its last chunk (with the stats)
         passes; a StopGeneration thrown in is passed on, as the chat stops a reply."""
@@ -388,6 +389,7 @@ class RecordingEngine(Engine):
             seed=seed,
             ignore_eos=ignore_eos,
             should_stop=should_stop,
+            prefill_batch=prefill_batch,
         )
         try:
             chunk = next(chunks, None)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlxmem.engine.base import (
+    YIELD_BATCH,
     Chunk,
     Engine,
     Generation,
@@ -40,6 +41,7 @@ __all__ = [
     "MLXEngine",
     "Message",
     "StopGeneration",
+    "YIELD_BATCH",
     "engine_loader",
     "load_engine",
     "make_engine",

@@ -231,6 +231,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         seed: int | None = None,
         ignore_eos: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        prefill_batch: int | None = None,
     ) -> Generator[Chunk, None, None]:
         if not prompt:
             raise InputError("empty prompt")
@@ -248,7 +249,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         text = codecs.getincrementaldecoder("utf-8")("replace")
         try:
             try:
-                self._decode(held, prompt[cached:], should_stop=should_stop)
+                self._decode(held, prompt[cached:], should_stop=should_stop, size=prefill_batch)
                 first = time.perf_counter()
                 self.restart.record_prefill(len(prompt) - cached, first - start)
                 while True:
@@ -308,18 +309,19 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         tokens: Sequence[int],
         logits: bool = True,
         should_stop: Callable[[], bool] | None = None,
+        size: int | None = None,
     ) -> None:
-        """Append `tokens` to the slot's sequence, N_BATCH at a time; the logits of the last
-        one are kept (`logits`) for the sampler. The slot's tokens follow every batch, so an
-        interruption leaves them true: StopGeneration once `should_stop()` holds between two
-        batches."""
-        batch = self._batch
+        """Append `tokens` to the slot's sequence, `size` (at most N_BATCH, the default) at a
+        time; the logits of the last one are kept (`logits`) for the sampler. The slot's
+        tokens follow every batch, so an interruption leaves them true: StopGeneration once
+        `should_stop()` holds between two batches."""
+        batch, size = self._batch, min(size or N_BATCH, N_BATCH)
         total, done = len(tokens), 0
         progress = self.on_prefill if total > 1 else None
         if progress is not None:
             progress(0, total)
         while done < total:
-            chunk = tokens[done : done + N_BATCH]
+            chunk = tokens[done : done + size]
             pos = len(held.tokens)
             batch.n_tokens = len(chunk)
             for i, token in enumerate(chunk):

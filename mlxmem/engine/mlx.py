@@ -140,6 +140,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         seed: int | None = None,
         ignore_eos: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        prefill_batch: int | None = None,
     ) -> Generator[Chunk, None, None]:
         from mlx_lm.generate import generate_step
         from mlx_lm.sample_utils import make_sampler
@@ -177,7 +178,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
                 max_tokens=max_tokens,
                 sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
                 prompt_cache=kv.cache,
-                prefill_step_size=PREFILL_STEP,
+                prefill_step_size=prefill_batch or PREFILL_STEP,
                 prompt_progress_callback=prefilled,
             ),
         )

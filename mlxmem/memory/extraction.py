@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from mlxmem.defaults import FACTS_SLOT
-from mlxmem.engine import Engine, Message
+from mlxmem.engine import YIELD_BATCH, Engine, Message
 from mlxmem.memory.budget import shorten
 from mlxmem.memory.facts import normalize
 from mlxmem.memory.terms import terms as stemmed_terms
@@ -432,7 +432,12 @@ class FactExtractor:
         if prompt is None:
             return Look(None, "no_room")
         result = self.engine.generate(
-            prompt, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0, should_stop=should_stop
+            prompt,
+            slot=FACTS_SLOT,
+            max_tokens=MAX_FACT_TOKENS,
+            temp=0.0,
+            should_stop=should_stop,
+            prefill_batch=YIELD_BATCH if should_stop else None,
         )
         answer = result.text
         if result.stats.finish_reason == "interrupted":

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from mlxmem.engine import Engine, Message
+from mlxmem.engine import YIELD_BATCH, Engine, Message
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.dates import Span, dated, same_day
 from mlxmem.memory.extractive import extractive_summary, shorten_to, specifics_left_out
@@ -181,6 +181,7 @@ class ConversationWindow:
                 max_tokens=self.summary_cap,
                 temp=0.0,
                 should_stop=should_yield,
+                prefill_batch=YIELD_BATCH if should_yield else None,
             )
             hurried = result.stats.finish_reason == "interrupted"
         # The model's summary, if it passes the check and the model saw every evicted turn;
