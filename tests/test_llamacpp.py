@@ -74,12 +74,13 @@ def test_an_interrupted_reply_leaves_the_slot_true(tiny_gguf):
     e = engine(tiny_gguf)
     prompt = chat(e, "the cat is")
     asked = []
-    cut = e.generate(
-        prompt,
-        max_tokens=20,
-        ignore_eos=True,
-        should_stop=lambda: asked.append(1) or len(asked) > 3,
-    )
+
+    def after_three_tokens() -> bool:  # asked during the prefill too: counted after it
+        if len(e.slots.peek("chat").tokens) >= len(prompt):
+            asked.append(1)
+        return len(asked) > 3
+
+    cut = e.generate(prompt, max_tokens=20, ignore_eos=True, should_stop=after_three_tokens)
     assert cut.stats.finish_reason == "interrupted" and 3 <= len(cut.tokens) < 20
     follow = prompt + cut.tokens + e.encode_text(" the")
     again = e.generate(follow, max_tokens=8)
@@ -87,26 +88,31 @@ def test_an_interrupted_reply_leaves_the_slot_true(tiny_gguf):
     assert again.tokens == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
 
 
-def test_a_stop_asked_for_during_the_prefill_ends_it_after_the_batch_under_way(tiny_gguf):
-    """A fold that gives way to a person's message must not make them wait for its whole
-    prompt: the stop is heard between two batches, and the batch read stays cached."""
+def test_a_stop_asked_for_during_the_prefill_ends_it_inside_the_batch_under_way(tiny_gguf):
+    """A fold that gives way to a person's message must not make them wait for its prompt:
+    llama.cpp asks between two steps of its graph, gives the batch under way up, and keeps the
+    batches read before it."""
     e = LlamaCppEngine(tiny_gguf, context_tokens=2048)
     prompt = chat(e, "the cat is the cat " * 200)
     assert len(prompt) > 2 * N_BATCH
-    asked = []
-    cut = e.generate(prompt, max_tokens=4, should_stop=lambda: asked.append(1) or True)
+    asked: list[int] = []  # how many tokens the slot held at each ask
+
+    def second_batch_under_way() -> bool:
+        asked.append(len(e.slots.peek("chat").tokens))
+        return asked[-1] >= N_BATCH
+
+    cut = e.generate(prompt, slot="chat", max_tokens=4, should_stop=second_batch_under_way)
     assert cut.stats.finish_reason == "interrupted" and cut.tokens == []
-    assert len(asked) == 1  # heard after the first batch, and the prefill ended there
-    again = e.generate(prompt, max_tokens=6, ignore_eos=True)
-    assert again.stats.cached_tokens == N_BATCH
+    assert asked.count(0) > 10  # asked inside the first batch, step by step
+    assert asked.count(N_BATCH) == 1  # and the stop heard at once, inside the second
+    again = e.generate(prompt, slot="chat", max_tokens=6, ignore_eos=True)
+    assert again.stats.cached_tokens == N_BATCH  # the first batch kept, the second given up
     fresh = LlamaCppEngine(tiny_gguf, context_tokens=2048)
     assert again.tokens == fresh.generate(prompt, max_tokens=6, ignore_eos=True).tokens
-    # Work that must give way quickly reads in smaller batches, and hears the stop sooner.
-    small = fresh.generate(
-        prompt, slot="b", max_tokens=4, should_stop=lambda: True, prefill_batch=64
-    )
-    assert small.stats.finish_reason == "interrupted"
-    assert fresh.generate(prompt, slot="b", max_tokens=1).stats.cached_tokens == 64
+    # The callback is unset after the call: the next calls are not asked anything.
+    asks = len(asked)
+    assert e.generate(prompt, slot="chat", max_tokens=2).stats.finish_reason != "interrupted"
+    assert len(asked) == asks
 
 
 def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch):

@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass
 from mlxmem.defaults import CHAT_SLOT
 
 # Tokens a prefill batch for memory work that gives way to a waiting message (a fold, a look
-# for a fact): the stop is heard within 64 tokens' time, tens of milliseconds for a small
-# model, for a prefill about 1.5x as long as in full batches (SmolLM2 on llama.cpp, 2 cores).
-# Only that work pays it: a reply prefills in the engine's own batches.
+# for a fact), on an engine that hears a stop only between batches (MLX): it is heard within
+# 64 tokens' time, for a prefill up to 1.5x as long as in full batches (measured on llama.cpp,
+# 2 cores, before it stopped inside a batch). Only that work pays it: a reply prefills in the
+# engine's own batches.
 YIELD_BATCH = 64
 
 
@@ -156,12 +157,14 @@ class Engine:
         The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
         stopped it early. With `ignore_eos` the end-of-turn token does not stop generation:
         exactly `max_tokens` are generated (as llama.cpp's --ignore-eos and vLLM's
-        SamplingParams.ignore_eos: a decode of known length). `should_stop()` is asked between
-        two batches of the prompt's prefill: once true, the stream ends there with no token,
-        its stats `interrupted`, and the slot keeps what was prefilled (a later call reuses it).
-        A long prefill is the one wait a caller could not cut short otherwise. `prefill_batch`:
-        tokens a batch (None: the engine's own, the fastest), so that work which must give
-        way quickly hears `should_stop` sooner, at some cost in speed."""
+        SamplingParams.ignore_eos: a decode of known length). `should_stop()` is also asked
+        during the prompt's prefill (between two batches, or inside one where the engine can):
+        once true, the stream ends there with no token, its stats `interrupted`, and the slot
+        keeps what was prefilled (a later call reuses it). A long prefill is the one wait a
+        caller could not cut short otherwise. `prefill_batch`: tokens a batch (None: the
+        engine's own, the fastest), so that work which must give way quickly hears
+        `should_stop` sooner, at some cost in speed; an engine that hears it inside a batch
+        (llama.cpp) needs no smaller ones and ignores it."""
         raise NotImplementedError
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:

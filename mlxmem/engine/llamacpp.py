@@ -65,6 +65,7 @@ LAYOUT_VERSION = "llamacpp-2"  # llama_state_seq_get_data's bytes, in blocks and
 MAX_SLOTS = 3  # sequences in the context: chat, facts and one more (a fold's fresh summary)
 SCRATCH = MAX_SLOTS  # one more sequence, through which a slot is saved and loaded by blocks
 N_BATCH = 512  # tokens per llama_decode call while prefilling
+ABORTED = 2  # llama_decode's status when its abort callback said stop
 _CONTROL = 3  # llama.cpp's token type for control tokens (the template's special tokens)
 _LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5  # ggml_log_level
 
@@ -249,7 +250,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         text = codecs.getincrementaldecoder("utf-8")("replace")
         try:
             try:
-                self._decode(held, prompt[cached:], should_stop=should_stop, size=prefill_batch)
+                self._decode(held, prompt[cached:], should_stop=should_stop)
                 first = time.perf_counter()
                 self.restart.record_prefill(len(prompt) - cached, first - start)
                 while True:
@@ -309,41 +310,51 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         tokens: Sequence[int],
         logits: bool = True,
         should_stop: Callable[[], bool] | None = None,
-        size: int | None = None,
     ) -> None:
-        """Append `tokens` to the slot's sequence, `size` (at most N_BATCH, the default) at a
-        time; the logits of the last one are kept (`logits`) for the sampler. The slot's
-        tokens follow every batch, so an interruption leaves them true: StopGeneration once
-        `should_stop()` holds between two batches."""
-        batch, size = self._batch, min(size or N_BATCH, N_BATCH)
+        """Append `tokens` to the slot's sequence, N_BATCH at a time; the logits of the last
+        one are kept (`logits`) for the sampler. The slot's tokens follow every batch, so an
+        interruption leaves them true. With `should_stop`, llama.cpp asks it between two steps
+        of its graph (its abort callback): once true, the batch under way is given up (its
+        cells taken back) and StopGeneration raised, within milliseconds, where a check
+        between batches could wait seconds for a long one."""
+        batch = self._batch
         total, done = len(tokens), 0
         progress = self.on_prefill if total > 1 else None
         if progress is not None:
             progress(0, total)
-        while done < total:
-            chunk = tokens[done : done + size]
-            pos = len(held.tokens)
-            batch.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
-                batch.pos[i] = pos + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = held.seq
-                batch.logits[i] = False
-            batch.logits[len(chunk) - 1] = logits and done + len(chunk) == total
-            _log_lines.clear()
-            try:
-                status = lc.llama_decode(self._ctx, batch)
-            finally:
-                # A Ctrl-C lands as soon as llama_decode returns: the cells say what it did.
-                held.appended(chunk)
-            if status != 0:
-                raise RuntimeError(f"llama_decode failed ({status}): {_last_error()}")
-            done += len(chunk)
-            if progress is not None:
-                progress(done, total)
-            if should_stop is not None and done < total and should_stop():
-                raise StopGeneration
+        # Kept referenced while llama.cpp may call it; a null pointer unsets it after.
+        abort = lc.ggml_abort_callback(lambda _: bool(should_stop())) if should_stop else None
+        if abort is not None:
+            lc.llama_set_abort_callback(self._ctx, abort, None)
+        try:
+            while done < total:
+                chunk = tokens[done : done + N_BATCH]
+                pos = len(held.tokens)
+                batch.n_tokens = len(chunk)
+                for i, token in enumerate(chunk):
+                    batch.token[i] = token
+                    batch.pos[i] = pos + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = held.seq
+                    batch.logits[i] = False
+                batch.logits[len(chunk) - 1] = logits and done + len(chunk) == total
+                _log_lines.clear()
+                try:
+                    status = lc.llama_decode(self._ctx, batch)
+                finally:
+                    # A Ctrl-C lands as soon as llama_decode returns: the cells say what it
+                    # did.
+                    held.appended(chunk)
+                if status == ABORTED and abort is not None:
+                    raise StopGeneration
+                if status != 0:
+                    raise RuntimeError(f"llama_decode failed ({status}): {_last_error()}")
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            if abort is not None:
+                lc.llama_set_abort_callback(self._ctx, lc.ggml_abort_callback(), None)
 
     def _range_state(self, seq: int, start: int, end: int) -> np.ndarray:
         """The state of positions [start, end) of sequence `seq`: the range is copied onto the
