@@ -115,6 +115,27 @@ def test_a_stop_asked_for_during_the_prefill_ends_it_inside_the_batch_under_way(
     assert len(asked) == asks
 
 
+def test_a_ctrl_c_inside_a_stoppable_prefill_is_raised_not_dropped(tiny_gguf):
+    """With the model on the main thread, a Ctrl-C lands inside the abort callback's Python
+    code, where ctypes would print and drop it: it stops the batch and is raised after."""
+    e = LlamaCppEngine(tiny_gguf, context_tokens=2048)
+    prompt = chat(e, "the cat is the cat " * 200)
+    asks = []
+
+    def ctrl_c_in_the_second_batch() -> bool:
+        asks.append(1)
+        if len(e.slots.peek("chat").tokens) >= N_BATCH:
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        e.generate(prompt, slot="chat", max_tokens=4, should_stop=ctrl_c_in_the_second_batch)
+    again = e.generate(prompt, slot="chat", max_tokens=6, ignore_eos=True)
+    assert again.stats.cached_tokens == N_BATCH
+    fresh = LlamaCppEngine(tiny_gguf, context_tokens=2048)
+    assert again.tokens == fresh.generate(prompt, max_tokens=6, ignore_eos=True).tokens
+
+
 def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch):
     """Python raises a pending KeyboardInterrupt as soon as llama_decode returns, before the
     slot can note what it decoded: the slot follows what the cells hold."""

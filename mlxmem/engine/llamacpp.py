@@ -322,8 +322,19 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         progress = self.on_prefill if total > 1 else None
         if progress is not None:
             progress(0, total)
+        # What the callback raised (a Ctrl-C lands in it when the model runs on the main
+        # thread): ctypes would print and drop it, so it stops the batch and is raised after.
+        raised: list[BaseException] = []
+
+        def asked(_: object) -> bool:
+            try:
+                return bool(should_stop and should_stop())
+            except BaseException as exc:  # noqa: BLE001 - raised again once llama_decode returns
+                raised.append(exc)
+                return True
+
         # Kept referenced while llama.cpp may call it; a null pointer unsets it after.
-        abort = lc.ggml_abort_callback(lambda _: bool(should_stop())) if should_stop else None
+        abort = lc.ggml_abort_callback(asked) if should_stop else None
         if abort is not None:
             lc.llama_set_abort_callback(self._ctx, abort, None)
         try:
@@ -345,6 +356,8 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
                     # A Ctrl-C lands as soon as llama_decode returns: the cells say what it
                     # did.
                     held.appended(chunk)
+                if raised:
+                    raise raised[0]
                 if status == ABORTED and abort is not None:
                     raise StopGeneration
                 if status != 0:
