@@ -874,6 +874,30 @@ def test_a_deletion_reaches_the_next_sync_past_a_damaged_file_of_its_device(devi
     assert "Reading 1 other device in" in said
 
 
+def test_a_deletion_reaches_the_next_sync_past_a_damaged_device_json(devices):
+    # B removes a fact; then B's device.json is damaged. B's other changes wait for B to
+    # write it again, but the tombstone, in a plain file A can read whole, applies now.
+    a, b, folder = devices
+    on(b, "memory", "add", f"Allergic to {MARKER}")
+    on(b, "sync", str(folder))
+    on(a, "sync", str(folder))
+    assert (f"Allergic to {MARKER}", "manual") in facts(a)
+    on(b, "memory", "rm", "1")
+    on(b, "memory", "add", "Reads at night")
+    on(b, "sync")
+    info = folder / "mlxmem" / "devices" / device(b) / "device.json"
+    info.write_text("{not json")
+    said = " ".join(on(a, "sync").stderr.split())
+    assert "Skipped a device" in said and "but for their deletions, which apply now" in said
+    assert (f"Allergic to {MARKER}", "manual") not in facts(a)
+    assert ("Reads at night", "manual") not in facts(a)  # held back with the device
+    assert files_containing(a, MARKER) == []
+    assert files_containing(folder / "mlxmem" / "devices" / device(a), MARKER) == []
+    on(b, "sync")  # B writes its device.json again: the rest arrives
+    on(a, "sync")
+    assert ("Reads at night", "manual") in facts(a)
+
+
 def test_one_sync_at_a_time_per_data_directory(devices):
     from mlxmem.sync.run import _sync_lock
 

@@ -67,8 +67,9 @@ def sync_command(
         return
     for problem in report.bad_devices:
         say(
-            f"Skipped a device: {problem}. Nothing of it was merged; the next sync retries"
-            " (that device rewrites the file at its next sync).",
+            f"Skipped a device: {problem}. Its changes wait for it"
+            + ("" if passphrase else " but for their deletions, which apply now")
+            + "; the next sync retries (that device rewrites the file at its next sync).",
             err=True,
         )
     for path in report.skipped:

@@ -254,6 +254,11 @@ def read_streams(
         if problem is not None:
             reading.bad_devices.append(f"{folder.path / DEVICE_INFO}: {problem}")
             reading.held_devices += 1
+            # Its changes wait for the device to write its device.json again, but not its
+            # deletions, where they can be read: plain files and no passphrase (with one,
+            # every change must be sealed, and a sealed file needs the key device.json names).
+            if not passphrase:
+                reading.records += _tombstones(folder)
             continue
         files = folder.files()
         # With a passphrase every change must be sealed: anyone who can write to the folder
@@ -315,6 +320,12 @@ def read_streams(
             reading.held_back += len(read)
             reading.held_devices += 1
     return reading
+
+
+def _tombstones(folder: DeviceFolder) -> list[Record]:
+    """The tombstones in a device stream's plain change files that can be read whole."""
+    found = (folder.read(f, None) for f in folder.files() if not f.encrypted)
+    return [r for c in found if c is not None for r in c.records if r["kind"] == "tombstone"]
 
 
 def plan_writes(log: SyncLog, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
