@@ -45,6 +45,15 @@ def visible_controls(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+def name_problem(name: str, what: str = "conversation name") -> str | None:
+    """Why check_new_name refuses `name`, or None."""
+    try:
+        check_new_name(name, what)
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
 def check_new_name(name: str, what: str = "conversation name") -> str:
     """`name` for something made new, such as a conversation: text (check_text), not blank,
     with no space at either end and no control character. "work " or "new\nline" would list

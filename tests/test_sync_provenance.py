@@ -114,3 +114,19 @@ def test_deleting_a_fact_here_keeps_its_forks_and_names_the_fork_of_its_text(mlx
     log.merge([fact(fork_uid(original, 1, OTHER), "Drinks GONE-COFFEE.", None, original, 1)])
     assert texts(store) == ["Drinks FORKED-TEA."]
     assert files_containing(mlxmem_home, "GONE-COFFEE") == []
+
+
+def test_a_conversation_name_a_new_one_may_not_have_arrives_whole_and_is_reported(mlxmem_home):
+    # Written by an older version, or by hand: a space at an end, a newline. Nothing is lost,
+    # the name stays what every device calls it, and the merge says which names are odd.
+    store, log = Store(), SyncLog()
+    records = []
+    for name in ("work ", "two\nlines", "fine"):
+        record = message(uid(), f"a turn in {name!r}")
+        records.append(record | {"conversation": name, "conversation_uid": conversation_uid(name)})
+    result = log.merge(records)
+    assert sorted(result.odd_names) == ["two\nlines", "work "]
+    for name in ("work ", "two\nlines", "fine"):
+        assert [t.text for t in store.turns(name)] == [f"a turn in {name!r}"]
+        assert store.check_name(name) == name  # opens by its name
+    assert log.merge(records).odd_names == []  # nothing new arrived in them

@@ -14,6 +14,7 @@ from mlxmem.memory.synclog import SyncLog
 from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.crypto import PASSPHRASE_ENV
 from mlxmem.sync.run import status, sync
+from mlxmem.text import name_problem
 
 from .common import JSON, err, nonempty_path, out, plural, print_json, say, shown
 from .memory import local_time
@@ -70,6 +71,13 @@ def sync_command(
             f"Skipped a device: {problem}. Its changes wait for it"
             + ("" if passphrase else " but for their deletions, which apply now")
             + "; the next sync retries (that device rewrites the file at its next sync).",
+            err=True,
+        )
+    for name in report.merged.odd_names:
+        say(
+            f"Turns arrived in a conversation whose name a new one may not have here:"
+            f" {name_problem(name)}. It is kept under that name, so that every device still"
+            " agrees; `mlxmem history` lists it, and `mlxmem chat -c` opens it by that name.",
             err=True,
         )
     for path in report.skipped:

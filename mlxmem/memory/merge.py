@@ -55,7 +55,7 @@ from mlxmem.memory.turns import (
     insert_synced_turns,
     keep_private_after_deletion,
 )
-from mlxmem.text import to_db, utc_now
+from mlxmem.text import name_problem, to_db, utc_now
 
 
 @dataclass
@@ -70,6 +70,10 @@ class MergeResult:
     # Facts two devices edited before they met: (the fact, which took the winning text; the
     # fact added to keep this side's text; the device that wrote that text).
     conflicts: list[tuple[int, int, str]] = field(default_factory=list)
+    # Conversations that received turns under a name a new one may not have here (a space at
+    # an end, a control character: written by an older version, or by hand): kept as they
+    # are, so that nothing is lost and every device still agrees, and reported.
+    odd_names: list[str] = field(default_factory=list)
 
 
 def merge_records(db: Database, records: list[Record], device: str) -> MergeResult:
@@ -165,6 +169,8 @@ def _merge_turns(db: Database, records: list[Record], device: str, result: Merge
         for name, group in groupby(ordered, key=lambda r: r["conversation"]):
             if _merge_conversation(con, name, list(group), device):
                 result.renumbered.append(name)
+            if name_problem(name) is not None:
+                result.odd_names.append(name)
         if result.renumbered:
             # Turns moved under what a running chat read: it must not write a summary or a
             # cache from before; the caches may mirror the old order.
