@@ -50,6 +50,20 @@ def make_private(path: Path) -> None:
         pass
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write `path` whole or not at all, readable by the owner only: the text goes to a
+    private temporary file beside it (named for this process), which then takes its name. On
+    OSError the temporary file is removed and the error raised; `path` is as it was."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        make_private(tmp)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def db_path() -> Path:
     return data_dir() / DB_FILENAME
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from mlxmem import paths
@@ -58,10 +57,7 @@ def _load_weight_hashes() -> dict[str, str]:
 
 def _save_weight_hashes(known: dict[str, str]) -> None:
     target = paths.data_dir() / _WEIGHT_HASHES
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(known))
-        paths.make_private(tmp)
-        os.replace(tmp, target)
+        paths.write_whole(target, json.dumps(known))
     except OSError:
-        tmp.unlink(missing_ok=True)  # only a speed-up: hash again next time
+        pass  # only a speed-up: hash again next time

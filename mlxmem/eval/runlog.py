@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from mlxmem.errors import InputError
-from mlxmem.paths import CACHE_DIRNAME, make_private
+from mlxmem.paths import CACHE_DIRNAME, make_private, write_whole
 
 SETTINGS = "settings.json"
 COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
@@ -72,7 +72,7 @@ class RunDir:
                     "them, or give another --run-dir"
                 )
         else:
-            _write_whole(file, json.dumps(wanted, indent=1))
+            write_whole(file, json.dumps(wanted, indent=1))
 
     def store_path(self, conv_id: str) -> Path:
         return self.path / conv_id / "eval.duckdb"
@@ -88,7 +88,7 @@ class RunDir:
             lines.unlink(missing_ok=True)
             return self.store_path(conv_id)
         count = int((kept / COUNT).read_text())
-        _write_whole(lines, "".join(json.dumps(x) + "\n" for x in read_lines(lines)[:count]))
+        write_whole(lines, "".join(json.dumps(x) + "\n" for x in read_lines(lines)[:count]))
         shutil.copytree(kept, store, ignore=shutil.ignore_patterns(COUNT))
         os.chmod(store, 0o700)
         return self.store_path(conv_id)
@@ -103,7 +103,7 @@ class RunDir:
         shutil.copytree(
             self.path / conv_id, new, ignore=shutil.ignore_patterns("*.lock*", CACHE_DIRNAME)
         )
-        _write_whole(new / COUNT, str(len(self.exchanges(conv_id))))
+        write_whole(new / COUNT, str(len(self.exchanges(conv_id))))
         _fsync_tree(new)
         if kept.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -126,7 +126,7 @@ class RunDir:
         return json.loads(file.read_text()) if file.exists() else None
 
     def replay_done(self, conv_id: str, figures: dict) -> None:
-        _write_whole(self.path / f"{conv_id}.replay.json", json.dumps(figures, indent=1))
+        write_whole(self.path / f"{conv_id}.replay.json", json.dumps(figures, indent=1))
         for end in ("", ".new", ".old"):  # the copies of a replay under way are not needed now
             shutil.rmtree(self.path / f"{conv_id}.kept{end}", ignore_errors=True)
 
@@ -172,11 +172,3 @@ def _fsync_tree(folder: Path) -> None:
         if file.is_file():
             with open(file, "rb") as f:
                 os.fsync(f.fileno())
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """Write `path` whole or not at all."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    make_private(tmp)
-    os.replace(tmp, path)

@@ -87,13 +87,9 @@ def _write_config(config: dict) -> None:
         for key, value in config.items()
         if isinstance(value, (str, int, bool)) and re.fullmatch(r"[A-Za-z0-9_-]+", key)
     ]
-    tmp = path.with_name(f".{CONFIG_FILENAME}.tmp")
     try:
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        paths.make_private(tmp)
-        os.replace(tmp, path)
+        paths.write_whole(path, "\n".join(lines) + "\n")
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise MlxmemError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 

@@ -413,10 +413,7 @@ def register_local_model(
     fields["response_reserve"] = min(DEFAULT_RESPONSE_RESERVE, context_tokens // 4)
     fields |= {k: v for k, v in (("description", description), ("license", license)) if v}
     entries[alias] = fields
-    tmp = user_file.with_name(f".{REGISTRY_FILENAME}.tmp")
-    tmp.write_text(_to_toml(entries), encoding="utf-8")
-    paths.make_private(tmp)
-    os.replace(tmp, user_file)
+    paths.write_whole(user_file, _to_toml(entries))
     return user_file
 
 
