@@ -13,7 +13,7 @@ from mlxmem.engine import Message
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import SUMMARY_HEADER, system_text
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.dates import day_range, local_midnight_utc, named_days
+from mlxmem.memory.dates import anchored, day_range, local_midnight_utc, named_days, unanchored
 from mlxmem.memory.recall import RecallQuery, recall_line, recall_query, search_before
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import UNANSWERED, as_messages
@@ -149,6 +149,47 @@ def test_recalled_turns_and_the_summary_header_carry_their_dates():
         "Be kind.\n\nSummary of the earlier conversation (8 May 2023):\nThey met."
     )
     assert day_range(day(8), day(25)) == "8 May 2023 to 25 May 2023"
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("We went last week.", "We went last week (the week before 16 May 2023)."),
+        (
+            "Yesterday, and the day before yesterday",
+            "Yesterday (15 May 2023), and the day before yesterday (14 May 2023)",
+        ),
+        (
+            "We adopted her two weeks ago!",
+            "We adopted her two weeks ago (two weeks before 16 May 2023)!",
+        ),
+        ("an hour ago, a day ago", "an hour ago, a day ago (a day before 16 May 2023)"),
+        (
+            "last month; the past year",
+            "last month (April 2023); the past year (the year before 16 May 2023)",
+        ),
+        ("last year", "last year (2022)"),
+        ("last Friday", "last Friday (12 May 2023)"),  # 16 May 2023 was a Tuesday
+        ("last weekend", "last weekend (the weekend before 16 May 2023)"),
+        (
+            "0 days ago, a week-long trip, the last Friday of May",
+            "0 days ago, a week-long trip, the last Friday of May",
+        ),
+        ("On 3 May 2023 we met.", "On 3 May 2023 we met."),  # said outright already
+    ],
+)
+def test_a_recalled_turn_says_outright_the_days_it_names_from_when_it_was_written(text, shown):
+    assert anchored(text, day(16, 12)) == shown
+    assert unanchored(shown) == text  # a turn's own words can still be found in a prompt
+
+
+def test_a_recalled_turn_read_out_of_its_place_carries_the_day_it_meant():
+    text = "I joined a support group last week."
+    Store().append_turn("c", "user", text, 9, False, None, "fake", at=day(16, 12))
+    (turn,) = Store().turns("c")
+    assert recall_line(turn) == (
+        "- [16 May 2023] user: I joined a support group last week (the week before 16 May 2023)."
+    )
 
 
 def test_a_given_time_travels_with_its_turn_to_another_device(devices):

@@ -60,6 +60,7 @@ from mlxmem.errors import InputError
 from mlxmem.eval.runlog import KEEP_EVERY, RunDir
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.dates import unanchored
 from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
 from mlxmem.memory.terms import STOPWORDS
@@ -617,7 +618,7 @@ def evidence_in_prompt(conv: LocomoConversation, question: Question, text: str) 
     turns = [" ".join(by_id[e].split()) for e in question.evidence if e in by_id]
     if not turns:
         return None
-    shown = " ".join(text.split())
+    shown = " ".join(unanchored(text).split())  # a recalled turn's days said outright
     return float(any(t in shown for t in turns))
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import MlxmemError
-from mlxmem.memory.dates import Span, day_range
+from mlxmem.memory.dates import Span, day_range, unanchored
 from mlxmem.memory.recall import RECALL_SHARE, RECALLED_TURN_TOKENS, recall_block
 
 DEFAULT_FACTS_SHARE = 0.15
@@ -261,7 +261,7 @@ class PromptBudget:
             return prompt
         cap = min(int(self.budget * RECALL_SHARE), prompt.layers.free)
         each = min(RECALLED_TURN_TOKENS, cap // 2)  # room for two turns at least
-        lines = [(i, shorten(self.engine, text, each)) for i, text in recalled]
+        lines = [(i, self._line(text, each)) for i, text in recalled]
         *head, newest = prompt.messages
         while lines:
             text = recall_block([line for _, line in lines], newest.content)
@@ -280,6 +280,14 @@ class PromptBudget:
                 )
             lines.pop()  # the weakest match goes first
         return prompt
+
+    def _line(self, line: str, each: int) -> str:
+        """A recalled line in at most `each` tokens: whole if it fits, else without the days it
+        says outright (dates.anchored) first, since the turn's own words come before them, and
+        then shortened."""
+        if self.engine.count_text(line) <= each:
+            return line
+        return shorten(self.engine, unanchored(line), each)
 
     def _longest_shrinkable(self, turns: list[Message], stuck: set[int]) -> int | None:
         # The newest message is shortened last: earlier ones go first when they can.

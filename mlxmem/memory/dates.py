@@ -170,6 +170,67 @@ def named_days(text: str, today: date | None = None) -> list[DayRange]:
     return list(dict.fromkeys(days for _, days in sorted(found)))
 
 
+def anchored(text: str, when: datetime) -> str:
+    """`text`, written at `when`, with each day it names relative to then followed by that day
+    said outright: "last week (the week before 16 June 2023)", "yesterday (15 June 2023)",
+    "two weeks ago (two weeks before 11 August 2023)". For turns shown out of their place (a
+    recalled turn): a small model copies what it reads, and told only "last week" it answers
+    "last week". The temporal anchoring of TimeML-style normalizers, done with the phrases
+    named_days reads; as vague as the phrase is ("the week before"), no more precise."""
+    today = local_day(when).date()
+    found: list[tuple[int, int, str]] = []
+    rest = text
+    for pattern in _RELATIVE_RES:
+        for match in pattern.finditer(rest):
+            try:
+                said = _said_outright(match, today)
+            except (ValueError, OverflowError):
+                continue
+            found.append((match.start(), match.end(), said))
+        rest = pattern.sub(lambda match: " " * len(match[0]), rest)
+    for _, end, said in sorted(found, reverse=True):
+        text = f"{text[:end]} ({said}){text[end:]}"
+    return text
+
+
+_MONTH_NAME = f"(?:{'|'.join(MONTHS)})"
+_A_DAY = rf"\d{{1,2}} {_MONTH_NAME} \d{{4}}"
+# What anchored() adds after a phrase: " (the week before 16 June 2023)", " (15 June 2023)".
+_ANCHOR_RE = re.compile(
+    rf" \((?:the (?:day|week|weekend|month|year) before {_A_DAY}"
+    rf"|[\w ]+ (?:day|week|month|year)s? before {_A_DAY}|{_A_DAY}|{_MONTH_NAME} \d{{4}}|\d{{4}})\)"
+)
+
+
+def unanchored(text: str) -> str:
+    """`text` without what anchored() added (to find a turn's own words in a prompt)."""
+    return _ANCHOR_RE.sub("", text)
+
+
+def _label(day: date) -> str:
+    return f"{day.day} {MONTHS[day.month - 1]} {day.year}"
+
+
+def _said_outright(match: re.Match, today: date) -> str:
+    """The day a relative phrase `match` names, seen from `today`, as words: a day where the
+    phrase names one, else the span it names against `today`'s date."""
+    groups = match.groupdict()
+    if "weekday" in groups or "unit" not in groups:  # "last Friday", "yesterday": one day
+        return _label(_relative_days(match, today)[0])
+    unit = match["unit"].lower()
+    if "which" in groups:
+        if unit == "month" and not match["the"] and match["which"].lower() != "past":
+            first, _ = _relative_days(match, today)
+            return f"{MONTHS[first.month - 1]} {first.year}"
+        if unit == "year" and not match["the"] and match["which"].lower() != "past":
+            return str(today.year - 1)
+        return f"the {unit} before {_label(today)}"
+    count = " ".join(match["n"].split())
+    _relative_days(match, today)  # refuses "0 days ago"
+    plural = "" if count.lower() in ("1", "a", "an", "one") else "s"
+    return f"{count} {unit}{plural} before {_label(today)}"
+
+
 def local_midnight_utc(day: date) -> datetime:
     """The start of a local `day` as the store keeps times: naive UTC. Where a clock change
     skips midnight (Santiago, Cairo), the day starts at the first time it has."""

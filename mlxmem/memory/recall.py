@@ -29,6 +29,7 @@ from mlxmem.memory.dates import (
     MONTHS,
     WEEKDAYS,
     DayRange,
+    anchored,
     day_label,
     day_marker,
     local_midnight_utc,
@@ -690,7 +691,7 @@ def recall_line(turn: Turn, conversation: str | None = None) -> str:
     day = day_marker(turn.created_at)
     if conversation is not None and turn.conversation != conversation:
         day = f'[{day_label(turn.created_at)}, in "{turn.conversation}"]'
-    return f"- {day} {turn.role}: {' '.join(turn.text.split())}"
+    return f"- {day} {turn.role}: {' '.join(anchored(turn.text, turn.created_at).split())}"
 
 
 def recall_block(lines: Sequence[str], message: str) -> str:
