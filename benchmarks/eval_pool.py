@@ -237,7 +237,14 @@ def versus(
     out = {}
     for a, b in pairs:  # one item per question, the two configs under names that cannot clash
         both = [{"category": i["category"], "a": i[a], "b": j[b]} for i, j in shared]
-        out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b", metric=metric)
+        out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b", metric=metric) | {
+            "by_category": {
+                CATEGORIES[c]: paired_difference(
+                    [x for x in both if x["category"] == c], "a", "b", metric=metric
+                )
+                for c in SCORED
+            }
+        }
     return out
 
 
@@ -351,6 +358,8 @@ def main() -> None:
         a, b = key.split("_vs_")
         clear = "  (clear of zero)" if d["beats"] else ""
         print(f"{a} - {b} of --versus, {d['n']} shared questions: {_figure(d, '+.3f')}{clear}")
+        for name, dc in d["by_category"].items():
+            print(f"  {name} ({dc['n']}): {_figure(dc, '+.3f')}")
 
 
 def print_tables(fig: dict, configs: tuple[str, ...]) -> None:
