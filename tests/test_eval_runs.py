@@ -177,6 +177,45 @@ def test_a_replay_stopped_inside_an_exchange_goes_on_from_the_last_copy_of_its_s
     assert not any(p.name.startswith("conv-1.kept") for p in run_dir.iterdir())
 
 
+@pytest.mark.parametrize("per_session", [False, True])
+def test_a_replay_stopped_between_an_exchange_and_its_line_goes_on_in_step(
+    tmp_path, monkeypatch, per_session
+):
+    """A kill after an exchange was logged (its looks done) but before its line was written:
+    the store holds one exchange more than the lines; the rerun goes back to the last copy."""
+    monkeypatch.setattr(ev, "KEEP_EVERY", 2)
+    data = write_dataset(tmp_path / "data", sessions=4, chatter=3)
+    args = (data, ["conv-1"], 1000, 120)
+    whole = ev.run_locomo(FakeEngine(extracting_reader), *args, per_session=per_session)
+    whole = whole.to_dict()
+    exchanges = whole["layers"]["conv-1"]["turns"] // 2
+    real = ev.RunDir.add_exchange
+    written = [0]
+
+    def add_exchange(self, conv_id, line):
+        if written[0] == exchanges - 3:
+            raise Stop
+        written[0] += 1
+        real(self, conv_id, line)
+
+    monkeypatch.setattr(ev.RunDir, "add_exchange", add_exchange)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Stop):
+        ev.run_locomo(
+            FakeEngine(extracting_reader), *args, per_session=per_session, run_dir=run_dir
+        )
+    monkeypatch.setattr(ev.RunDir, "add_exchange", real)
+    again = ev.run_locomo(
+        FakeEngine(extracting_reader), *args, per_session=per_session, run_dir=run_dir
+    ).to_dict()
+    assert comparable(again) == comparable(whole)
+    lines = read_lines(run_dir / "conv-1.replay.jsonl")
+    assert len(lines) == exchanges  # an exchange a line, none missing
+    assert (
+        again["layers"]["conv-1"]["facts"]["added"] == whole["layers"]["conv-1"]["facts"]["added"]
+    )
+
+
 def test_a_run_folder_refuses_other_settings_and_drops_a_line_cut_short(tmp_path):
     settings = {"mode": "one_conversation", "sample": 60, "model_id": "m", "context_tokens": 4096}
     run = RunDir(tmp_path / "run", settings)

@@ -1084,13 +1084,17 @@ def _replay(
 
 def _resumable_store(run: RunDir, conv_id: str, conversations: Sequence[str]) -> Store:
     """The store of `conv_id`'s replay in the run: as left, unless a conversation of it ends
-    inside an exchange (a message logged without its reply: the replay was stopped there),
-    in which case it goes on from the store's last copy (RunDir.keep_store), or starts over
-    when there is none."""
+    inside an exchange (a message logged without its reply: the replay was stopped there) or
+    it holds another count of exchanges than the replay's lines, in which case it goes on from
+    the store's last copy (RunDir.keep_store), or starts over when there is none."""
     path = run.store_path(conv_id)
     if path.exists() and run.replayed(conv_id) is None:
         store = Store(path)
-        if not any(t and t[-1].role != "assistant" for t in map(store.turns, conversations)):
+        logged = [store.turns(c) for c in conversations]
+        whole = not any(t and t[-1].role != "assistant" for t in logged)
+        # A kill after an exchange was logged but before its line was written: the lines and
+        # the store disagree, and the copy puts them back in step.
+        if whole and sum(len(t) // 2 for t in logged) == len(run.exchanges(conv_id)):
             return store
         path = run.fresh_store(conv_id)
     path.parent.mkdir(mode=0o700, exist_ok=True)
