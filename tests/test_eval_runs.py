@@ -216,6 +216,32 @@ def test_a_replay_stopped_between_an_exchange_and_its_line_goes_on_in_step(
     )
 
 
+def test_extractive_summaries_make_no_model_call_and_a_run_from_before_the_setting_goes_on(
+    tmp_path,
+):
+    data = write_dataset(tmp_path / "data", sessions=4, chatter=3)
+    args = (data, ["conv-1"], 1000, 120)
+    model = FakeEngine(extracting_reader)
+    with_model = ev.run_locomo(model, *args).to_dict()["layers"]["conv-1"]["summaries"]
+    engine = FakeEngine(extracting_reader)
+    run_dir = tmp_path / "run"
+    result = ev.run_locomo(engine, *args, run_dir=run_dir, summary="extractive").to_dict()
+    summaries = result["layers"]["conv-1"]["summaries"]
+    assert summaries["count"] == with_model["count"] > 0  # the same folds
+    assert summaries["sources"] == {"extractive": summaries["count"]}
+    asked = [c for c in engine.calls if window.summary_request({}).split(".")[0] in c.prompt]
+    assert asked == [] and any(
+        window.summary_request({}).split(".")[0] in c.prompt for c in model.calls
+    )
+    assert result["settings"]["summary"] == "extractive"
+    # A run folder written before the setting existed reads as the model's summaries.
+    settings = json.loads((run_dir / "settings.json").read_text())
+    del settings["summary"]
+    (run_dir / "settings.json").write_text(json.dumps(settings))
+    with pytest.raises(InputError, match="summary 'model' there, 'extractive' now"):
+        ev.run_locomo(engine, *args, run_dir=run_dir, summary="extractive")
+
+
 def test_a_run_folder_refuses_other_settings_and_drops_a_line_cut_short(tmp_path):
     settings = {"mode": "one_conversation", "sample": 60, "model_id": "m", "context_tokens": 4096}
     run = RunDir(tmp_path / "run", settings)

@@ -92,6 +92,13 @@ def locomo(
         help="Replay only the first N sessions of each conversation and ask only the questions "
         "whose evidence lies in them (for slow models; the same replay up to there).",
     ),
+    summary: str = typer.Option(
+        "model",
+        "--summary",
+        help="How a fold writes the rolling summary in the replay: model (the model writes it, "
+        "checked; the extractive one where it fails) or extractive (picked from the turns, no "
+        "model call: measures what the model's summary adds).",
+    ),
     per_session: bool = typer.Option(
         False,
         "--conversation-per-session",
@@ -115,6 +122,8 @@ def locomo(
     prompt: an evidence turn, and every content word of the gold answer."""
     if limit and sample:
         raise InputError("give --limit or --sample, not both")
+    if summary not in ("model", "extractive"):
+        raise InputError(f"--summary is model or extractive, not {summary!r}")
     if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
         raise InputError(f"--run-dir {run_dir} is a file, not a folder")
     with _locomo_folder(data or ev.default_data_dir()) as folder:
@@ -138,6 +147,7 @@ def locomo(
                 sessions=sessions,
                 per_session=per_session,
                 run_dir=run_dir,
+                summary=summary,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:

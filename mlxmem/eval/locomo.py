@@ -1006,6 +1006,7 @@ def run_locomo(
     sessions: int | None = None,
     per_session: bool = False,
     run_dir: Path | None = None,
+    summary: str = "model",
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each, or a
     `sample` stratified by category); without `answers`, only assemble their prompts and
@@ -1013,7 +1014,8 @@ def run_locomo(
     their questions (`first_sessions`). With `per_session`, each session is logged as a
     conversation of its own, with fact extraction on as in a chat, and the questions are asked
     in a new conversation (PER_SESSION_CONFIGS); `facts` is then always on. With `run_dir`,
-    the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`)."""
+    the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`).
+    `summary`: how the replay's folds write their summaries (ChatSettings.summary)."""
     settings = {
         "mode": "conversation_per_session" if per_session else "one_conversation",
         "data": str(data),
@@ -1024,6 +1026,7 @@ def run_locomo(
         "context_tokens": context_tokens,
         "response_reserve": response_reserve,
         "facts": facts or per_session,
+        "summary": summary,
         "answers": answers,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
@@ -1047,9 +1050,13 @@ def run_locomo(
             )
             budget = (context_tokens, response_reserve)
             if per_session:
-                one = _run_per_session(engine, conv, budget, questions, progress, answers, run)
+                one = _run_per_session(
+                    engine, conv, budget, questions, progress, answers, run, summary
+                )
             else:
-                one = _run_one(engine, conv, budget, questions, facts, progress, answers, run)
+                one = _run_one(
+                    engine, conv, budget, questions, facts, progress, answers, run, summary
+                )
             result.conversations.append(one)
     return result
 
@@ -1147,6 +1154,7 @@ def _run_one(
     progress: Progress,
     answers: bool,
     run: RunDir,
+    summary: str = "model",
 ) -> dict:
     pairs, seq_of = exchanges(conv)
     times = exchange_times(conv)
@@ -1156,7 +1164,7 @@ def _run_one(
         progress(f"{conv.id} {what}", next(steps), total)
 
     store = _resumable_store(run, conv.id, [CONVERSATION])
-    settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True)
+    settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True, summary=summary)
     # Recall on, so that the window keeps its room free; an imported exchange recalls
     # nothing (its reply is given).
     companion = Companion(engine, store, CONVERSATION, *budget, settings)
@@ -1189,6 +1197,7 @@ def _run_per_session(
     progress: Progress,
     answers: bool,
     run: RunDir,
+    summary: str = "model",
 ) -> dict:
     sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
     turns = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
@@ -1202,7 +1211,7 @@ def _run_per_session(
         tick(f"{session} {what}")
 
     store = _resumable_store(run, conv.id, [name for name, *_ in sessions])
-    settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True)
+    settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True, summary=summary)
     where: dict[str, int] = {}  # dialogue id -> turn id
     last_at = None
     replayed = run.replayed(conv.id)

@@ -35,6 +35,8 @@ SETTINGS = "settings.json"
 COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
 KEEP_EVERY = 10  # exchanges between two copies of the store (a few MB, milliseconds)
 # The settings a run's results depend on: a rerun must match them. The conversations may grow.
+# A setting added later is read as its default in a run made before it.
+RESUME_DEFAULTS = {"summary": "model"}
 RESUME_KEYS = (
     "mode",
     "limit",
@@ -43,6 +45,7 @@ RESUME_KEYS = (
     "context_tokens",
     "response_reserve",
     "facts",
+    "summary",
     "answers",
     "answer_tokens",
     "model_id",
@@ -64,6 +67,7 @@ class RunDir:
                 raise InputError(
                     f"{file} is not a run's settings ({exc}); give another --run-dir"
                 ) from None
+            kept = RESUME_DEFAULTS | kept
             differ = sorted(k for k in RESUME_KEYS if kept.get(k) != wanted[k])
             if differ:
                 shown = ", ".join(f"{k} {kept.get(k)!r} there, {wanted[k]!r} now" for k in differ)

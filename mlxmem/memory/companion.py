@@ -110,6 +110,9 @@ class ChatSettings:
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
     recall: bool = DEFAULT_RECALL  # recall old turns from the log into a message about the past
     context_tokens: int | None = None  # the prompt's budget; None: the model's (models.toml)
+    # A fold's summary: "model" (the model writes it, checked, the extractive one if it fails)
+    # or "extractive" (no model call: picked from the turns, as when a fold gives way).
+    summary: str = "model"
 
 
 @dataclass
@@ -301,7 +304,13 @@ class Companion:
             engine, context_tokens, budget_reserve(response_reserve, context_tokens)
         )
         self.window = ConversationWindow(
-            engine, store, conversation, self.budget, self.settings.instructions, self.slot
+            engine,
+            store,
+            conversation,
+            self.budget,
+            self.settings.instructions,
+            self.slot,
+            model_summary=self.settings.summary == "model",
         )
         self._check_budget()
         self.extractor = FactExtractor(engine, context_tokens)

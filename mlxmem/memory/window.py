@@ -126,8 +126,10 @@ class ConversationWindow:
         budget: PromptBudget,
         instructions: str,
         slot: str,
+        model_summary: bool = True,
     ):
         self.engine = engine
+        self.model_summary = model_summary  # False: every fold writes the extractive summary
         self.store = store
         self.conversation = conversation
         self.budget = budget
@@ -174,7 +176,7 @@ class ConversationWindow:
         )
         hurried = should_yield is not None and should_yield()
         result = None
-        if not hurried:
+        if not hurried and self.model_summary:
             result = self.engine.generate(
                 prompt.tokens,
                 slot=self.slot,
@@ -197,6 +199,7 @@ class ConversationWindow:
         )
         if (
             hurried
+            or not self.model_summary
             or prompt.omitted
             or not check_summary(text, [t.text for t in evicted], checked).ok
         ):
