@@ -328,7 +328,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
 
         def asked(_: object) -> bool:
             try:
-                return bool(should_stop and should_stop())
+                return bool(should_stop())  # type: ignore[misc]  # set only with should_stop
             except BaseException as exc:  # noqa: BLE001 - raised again once llama_decode returns
                 raised.append(exc)
                 return True

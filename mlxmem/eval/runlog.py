@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from mlxmem.errors import InputError
-from mlxmem.paths import CACHE_DIRNAME, make_private, write_whole
+from mlxmem.paths import CACHE_DIRNAME, fsync_path, make_private, write_whole
 
 SETTINGS = "settings.json"
 COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
@@ -108,11 +108,13 @@ class RunDir:
             self.path / conv_id, new, ignore=shutil.ignore_patterns("*.lock*", CACHE_DIRNAME)
         )
         write_whole(new / COUNT, str(len(self.exchanges(conv_id))))
-        _fsync_tree(new)
+        for file in new.iterdir():
+            fsync_path(file)
         if kept.exists():
             shutil.rmtree(old, ignore_errors=True)
             kept.rename(old)
         new.rename(kept)
+        fsync_path(self.path)  # the renames, on the disk before the old copy goes
         shutil.rmtree(old, ignore_errors=True)
 
     def _kept(self, conv_id: str) -> Path | None:
@@ -169,10 +171,3 @@ def append_line(path: Path, value: dict) -> None:
         os.fsync(f.fileno())
     if new:
         make_private(path)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for file in folder.iterdir():
-        if file.is_file():
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
