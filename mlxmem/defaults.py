@@ -24,3 +24,14 @@ DEFAULT_SLOT_MEMORY_BYTES = 2 * 1024**3
 # window was +0.161 F1 [+0.09, +0.23] and recall - mlxmem +0.14 [+0.08, +0.21]
 # (docs/memory-quality.md, "In one conversation").
 DEFAULT_RECALL = True
+# Let a new automatic fact replace an older one it makes out of date (a lexical gate, then one
+# "is the old fact still true?" call per candidate; mlxmem.memory.extraction). Off: measured on
+# Qwen2.5-Coder-1.5B, the call cannot tell an update from a look-alike. On 73 labelled pairs of
+# LoCoMo's observations it caught 3 of 16 updates and replaced a fact wrongly in 29 pairs
+# (`mlxmem eval facts --updates`); its margin orders an update's old fact above the other gated
+# facts no better than chance (AUC 0.53, benchmarks/fact_replacement_margins.py); and in three
+# whole-conversation replays it hid 54 of the 204 facts noted, of which at most 3 were a
+# change of the same thing, read one by one (docs/memory-quality.md). A fact hidden by mistake
+# is memory lost; with both kept, the prompt holds the old and the new. `--replace-facts` turns
+# it on, for a model shown to do better.
+DEFAULT_REPLACE_FACTS = False

@@ -746,8 +746,19 @@ def test_the_gate_finds_facts_about_the_same_thing_and_the_answer_decides():
     assert still_true("YES") and still_true("Yes, it is.") and still_true("maybe")
 
 
-def test_an_automatic_fact_replaces_an_older_one_which_leaves_the_prompt_at_the_next_fold():
+def test_by_default_a_new_fact_replaces_nothing_and_costs_no_check():
     engine, store, companion = make(budget=900, responder=replacing)
+    old = store.add_fact("The user lives in Lisbon.", source="automatic")
+    result = companion.send("Big news: I moved to Porto last spring and I love the river there.")
+    assert result.fact_added.text == MOVED and result.fact_replaced is None
+    assert [f.text for f in store.facts()] == ["The user lives in Lisbon.", MOVED]
+    assert [f.replaced_by for f in store.facts(replaced=True)] == [None, None]
+    assert store.facts()[0].id == old.id
+    assert not any("still true" in c.prompt for c in engine.calls)
+
+
+def test_an_automatic_fact_replaces_an_older_one_which_leaves_the_prompt_at_the_next_fold():
+    engine, store, companion = make(budget=900, responder=replacing, replace_facts=True)
     old = store.add_fact("The user lives in Lisbon.", source="automatic")
     result = companion.send("Big news: I moved to Porto last spring and I love the river there.")
     assert result.fact_added.text == MOVED and result.fact_replaced == old.id

@@ -24,6 +24,7 @@ from .common import (
     MAX_MESSAGE_CHARS,
     MODEL,
     RECALL,
+    REPLACE_FACTS,
     err,
     model_or_default,
     print_json,
@@ -79,6 +80,7 @@ def chat(
     context_tokens: int = CONTEXT_TOKENS,
     engine_name: str | None = ENGINE,
     facts: bool = FACTS,
+    replace_facts: bool = REPLACE_FACTS,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
     private: bool = typer.Option(
@@ -132,6 +134,7 @@ def chat(
         max_tokens=max_tokens,
         seed=seed,
         extract_facts=facts,
+        replace_facts=replace_facts,
         recall=recall,
         max_message_chars=max_message_chars,
         context_tokens=context_tokens,

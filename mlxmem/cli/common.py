@@ -19,6 +19,7 @@ from mlxmem.defaults import (
     DEFAULT_MAX_MESSAGE_CHARS,
     DEFAULT_MODEL,
     DEFAULT_RECALL,
+    DEFAULT_REPLACE_FACTS,
 )
 from mlxmem.defaults import MAX_MESSAGE_CHARS as MESSAGE_CHARS_CEILING
 from mlxmem.errors import InputError, MlxmemError
@@ -83,8 +84,17 @@ CONTEXT_TOKENS = typer.Option(
     None, help="Context budget in tokens, overriding the model's (try a small window)."
 )
 FACTS = typer.Option(True, "--facts/--no-facts", help="Let the model note durable facts about you.")
+REPLACE_FACTS = typer.Option(
+    DEFAULT_REPLACE_FACTS,
+    "--replace-facts/--no-replace-facts",
+    help="Let a newly noted fact replace an older one it makes out of date (one short model "
+    "call per likely candidate). Off by default: Qwen2.5-Coder-1.5B hides true facts far more "
+    "often than out-of-date ones (`mlxmem eval facts --updates` measures a model). Replaced "
+    "facts stay listed by `mlxmem memory list --all`.",
+)
 RECALL = typer.Option(
     DEFAULT_RECALL,
+    DEFAULT_REPLACE_FACTS,
     "--recall/--no-recall",
     help="When a message may refer to the past, recall a few old turns from the log into it "
     "(BM25 over the turns that left the window; on by default, as measured by `mlxmem eval "

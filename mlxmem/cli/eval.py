@@ -13,6 +13,7 @@ from rich.table import Table
 
 from mlxmem import bench
 from mlxmem.bench.locomo_data import convert_locomo
+from mlxmem.defaults import DEFAULT_REPLACE_FACTS
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
@@ -99,6 +100,13 @@ def locomo(
         "checked; the extractive one where it fails) or extractive (picked from the turns, no "
         "model call: measures what the model's summary adds).",
     ),
+    replace_facts: bool = typer.Option(
+        DEFAULT_REPLACE_FACTS,
+        "--replace-facts/--no-replace-facts",
+        help="Let a fact noted in the replay replace an older one it makes out of date, as "
+        "`chat --replace-facts` does (off by default, as in a chat; a run folder made before "
+        "the option ran with it on).",
+    ),
     per_session: bool = typer.Option(
         False,
         "--conversation-per-session",
@@ -148,6 +156,7 @@ def locomo(
                 per_session=per_session,
                 run_dir=run_dir,
                 summary=summary,
+                replace_facts=replace_facts,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:

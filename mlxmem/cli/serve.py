@@ -26,6 +26,7 @@ from .common import (
     MAX_MESSAGE_CHARS,
     MODEL,
     RECALL,
+    REPLACE_FACTS,
     err,
     model_or_default,
 )
@@ -56,6 +57,7 @@ def serve(
     context_tokens: int = CONTEXT_TOKENS,
     engine_name: str | None = ENGINE,
     facts: bool = FACTS,
+    replace_facts: bool = REPLACE_FACTS,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not log each request."),
@@ -75,6 +77,7 @@ def serve(
     spec = resolve(model)
     settings = ChatSettings(
         extract_facts=facts,
+        replace_facts=replace_facts,
         recall=recall,
         max_message_chars=max_message_chars,
         context_tokens=context_tokens,

@@ -55,6 +55,7 @@ from pathlib import Path
 import Stemmer
 
 from mlxmem.bench.common import Progress, no_progress
+from mlxmem.defaults import DEFAULT_REPLACE_FACTS
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.eval.runlog import KEEP_EVERY, RunDir
@@ -1007,6 +1008,7 @@ def run_locomo(
     per_session: bool = False,
     run_dir: Path | None = None,
     summary: str = "model",
+    replace_facts: bool = DEFAULT_REPLACE_FACTS,
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each, or a
     `sample` stratified by category); without `answers`, only assemble their prompts and
@@ -1015,7 +1017,8 @@ def run_locomo(
     conversation of its own, with fact extraction on as in a chat, and the questions are asked
     in a new conversation (PER_SESSION_CONFIGS); `facts` is then always on. With `run_dir`,
     the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`).
-    `summary`: how the replay's folds write their summaries (ChatSettings.summary)."""
+    `summary`: how the replay's folds write their summaries (ChatSettings.summary);
+    `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
     settings = {
         "mode": "conversation_per_session" if per_session else "one_conversation",
         "data": str(data),
@@ -1027,6 +1030,7 @@ def run_locomo(
         "response_reserve": response_reserve,
         "facts": facts or per_session,
         "summary": summary,
+        "replace_facts": replace_facts,
         "answers": answers,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
@@ -1049,13 +1053,16 @@ def run_locomo(
                 else pick_questions(conv.questions, limit)
             )
             budget = (context_tokens, response_reserve)
+            replay = ChatSettings(
+                temp=0.0, seed=0, recall=True, summary=summary, replace_facts=replace_facts
+            )
             if per_session:
                 one = _run_per_session(
-                    engine, conv, budget, questions, progress, answers, run, summary
+                    engine, conv, budget, questions, progress, answers, run, replay
                 )
             else:
                 one = _run_one(
-                    engine, conv, budget, questions, facts, progress, answers, run, summary
+                    engine, conv, budget, questions, facts, progress, answers, run, replay
                 )
             result.conversations.append(one)
     return result
@@ -1154,7 +1161,7 @@ def _run_one(
     progress: Progress,
     answers: bool,
     run: RunDir,
-    summary: str = "model",
+    replay: ChatSettings,
 ) -> dict:
     pairs, seq_of = exchanges(conv)
     times = exchange_times(conv)
@@ -1164,7 +1171,7 @@ def _run_one(
         progress(f"{conv.id} {what}", next(steps), total)
 
     store = _resumable_store(run, conv.id, [CONVERSATION])
-    settings = ChatSettings(temp=0.0, seed=0, extract_facts=facts, recall=True, summary=summary)
+    settings = replace(replay, extract_facts=facts)
     # Recall on, so that the window keeps its room free; an imported exchange recalls
     # nothing (its reply is given).
     companion = Companion(engine, store, CONVERSATION, *budget, settings)
@@ -1197,7 +1204,7 @@ def _run_per_session(
     progress: Progress,
     answers: bool,
     run: RunDir,
-    summary: str = "model",
+    replay: ChatSettings,
 ) -> dict:
     sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
     turns = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
@@ -1211,7 +1218,7 @@ def _run_per_session(
         tick(f"{session} {what}")
 
     store = _resumable_store(run, conv.id, [name for name, *_ in sessions])
-    settings = ChatSettings(temp=0.0, seed=0, extract_facts=True, recall=True, summary=summary)
+    settings = replace(replay, extract_facts=True)
     where: dict[str, int] = {}  # dialogue id -> turn id
     last_at = None
     replayed = run.replayed(conv.id)

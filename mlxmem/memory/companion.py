@@ -17,6 +17,7 @@ from mlxmem.defaults import (
     DEFAULT_CONVERSATION,
     DEFAULT_MAX_MESSAGE_CHARS,
     DEFAULT_RECALL,
+    DEFAULT_REPLACE_FACTS,
     DEFAULT_SEED,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
@@ -113,6 +114,7 @@ class ChatSettings:
     # A fold's summary: "model" (the model writes it, checked, the extractive one if it fails)
     # or "extractive" (no model call: picked from the turns, as when a fold gives way).
     summary: str = "model"
+    replace_facts: bool = DEFAULT_REPLACE_FACTS  # a new automatic fact may replace an older one
 
 
 @dataclass
@@ -942,7 +944,9 @@ class Companion:
 
     def _replaces(self, fact: str, facts: list[Fact]) -> int | None:
         """The id of a current fact that the new automatic `fact` replaces, if any (best
-        effort, as extraction is)."""
+        effort, as extraction is); None when replacement is off."""
+        if not self.settings.replace_facts:
+            return None
         try:
             return self.extractor.replaces(fact, [(f.id, f.text) for f in facts])
         except Exception as exc:  # noqa: BLE001 - best effort by design
