@@ -23,6 +23,7 @@ from mlxmem.memory.extraction import (
     normalize,
     replacement_candidates,
     still_true,
+    without_addressee,
 )
 from mlxmem.memory.recall import RECALL_HEADER
 from mlxmem.memory.store import Store
@@ -797,3 +798,45 @@ def test_the_whole_reply_is_out_before_the_memory_work_after_it():
     result = companion.reply(turn, on_written=lambda _: seen.append((len(engine.calls), logged())))
     assert result.fact_added is not None  # the extraction ran, after the reply was out
     assert seen == [(1, ["user", "assistant"])] and len(engine.calls) == 2
+
+
+def test_the_model_reads_a_message_without_the_name_it_greets():
+    # Qwen2.5-Coder-1.5B gave the writer's news to the person greeted ("Yeah Maria, I'm hoping
+    # to get into local politics" -> about Maria, refused); without the name it cannot.
+    cases = {
+        "Hey Gina! My kids love painting.": "Hey! My kids love painting.",
+        "Thanks, Gina! I owe you one.": "Thanks! I owe you one.",
+        "Yeah Gina, I'm hoping to get into local politics.": "Yeah, I'm hoping to get into "
+        "local politics.",
+        "Yeah, Gina, thanks for always backing me up.": "Yeah, thanks for always backing me up.",
+        "Wow Gina, so proud of you! I ran a race too.": "Wow, so proud of you! I ran a race too.",
+        # Only where it is greeted: the same name talked about stays, and so does a sentence
+        # that opens with a word and a comma ("Cool" is no name), or a name called out.
+        "Thanks, Anna! My daughter is also called Anna, after my mother.": "Thanks! My daughter "
+        "is also called Anna, after my mother.",
+        "Cool, Gina! I like chess.": "Cool, Gina! I like chess.",
+        "Max, my golden retriever, turned five today!": "Max, my golden retriever, turned five "
+        "today!",
+        "Oh Mark called me yesterday, he is moving to Denver!": "Oh Mark called me yesterday, he "
+        "is moving to Denver!",
+    }
+    for message, read in cases.items():
+        assert without_addressee(message) == read
+    seen = []
+
+    def extracting(prompt: str) -> str:
+        seen.append(prompt)
+        return "The user hopes to get into local politics."
+
+    extractor = FactExtractor(FakeEngine(extracting), 2000)
+    look = extractor.extract("Yeah Maria, I'm really hoping to get into local politics soon.", [])
+    assert look.fact == "The user hopes to get into local politics."
+    assert "Yeah, I'm really hoping" in seen[-1] and "Maria" not in seen[-1]
+    # The checks after the answer still read the message as written.
+    thanks = "Thanks, Gina! I owe you one. I'll keep practising the cello every day."
+    assert (
+        FactExtractor(FakeEngine(lambda _: "The user is named Gina."), 2000)
+        .extract(thanks, [])
+        .outcome
+        == "about_addressee"
+    )

@@ -231,6 +231,22 @@ def greeted(message: str) -> set[str]:
     return {name for names in _GREETED_RE.findall(message.strip()) for name in names if name}
 
 
+def without_addressee(message: str) -> str:
+    """`message` with the names it greets taken out where it greets them ("Hey Gina! My kids
+    paint." -> "Hey! My kids paint."; "Yeah Gina, I ..." -> "Yeah, I ..."). The model reads
+    the person spoken to as the person who writes (on the 1.5B, 146 of conv-41's 335 looks
+    were refused as about the addressee); with the name gone, it has no one else to give the
+    writer's news to. Only the greeting's own place: "My daughter is also called Anna, after
+    my mother" keeps its Anna. Only after a greeting, thanks or interjection: a sentence that
+    opens with "Name, " may open with a word ("Cool, Gina!"), and the check after the answer
+    (`about_addressee`) still reads those."""
+    message = message.strip()
+    spans = [m.span(g) for m in _GREETED_RE.finditer(message) for g in (1, 2) if m.group(g)]
+    for start, end in sorted(set(spans), reverse=True):  # "Thanks, Gina!" -> "Thanks!"
+        message = message[:start].rstrip(" ,") + message[end:]
+    return message
+
+
 def about_addressee(fact: str, message: str) -> bool:
     """The fact is about someone `message` greets or calls out (_is_about)."""
     greets = greeted(message)
@@ -387,12 +403,13 @@ class FactExtractor:
         return self.engine.count_chat(extraction_messages(""))
 
     def prompt(self, message: str) -> list[int] | None:
-        """The extraction prompt, with the message shortened so that the prompt plus the
-        answer fits the budget; None if even a short message would not fit."""
+        """The extraction prompt, with the message less the names it greets
+        (`without_addressee`) and shortened so that the prompt plus the answer fits the
+        budget; None if even a short message would not fit."""
         room = self.budget - MAX_FACT_TOKENS - self.frame - 8
         if room < 16:
             return None
-        message = shorten(self.engine, message, room)
+        message = shorten(self.engine, without_addressee(message), room)
         tokens = self.engine.encode_chat(extraction_messages(message))
         return tokens if len(tokens) + MAX_FACT_TOKENS <= self.budget else None
 
