@@ -12,9 +12,11 @@ from mlxmem.memory.summary_words import looks_like_name
 from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant"}
+# The words around a name in any case, the name itself capitalized: "The user is grateful for
+# ..." names no one (a fact like it once made "grateful" the user's name in every summary).
 _NAMED_RE = re.compile(
-    r"\b(?:the )?(user|assistant)(?:'s name)? is (?:called |named )?([A-Z][a-z]+)\b|"
-    r"\bmy name is ([A-Z][a-z]+)\b",
+    r"\b(?:the )?(user|assistant)(?:'s name)? is (?:called |named )?(?-i:([A-Z][a-z]+))\b|"
+    r"\bmy name is (?-i:([A-Z][a-z]+))\b",
     re.IGNORECASE,
 )
 _GREETING_RE = re.compile(
