@@ -4,7 +4,7 @@ names (`mlxmem.memory.extraction.without_addressee`), paired: the first user mes
 development conversation, as `mlxmem eval facts` sends them, scored by its matcher against
 LoCoMo's observations (precision, attribution errors, coverage).
 
-    python benchmarks/addressee_ab.py RUN.jsonl [--model qwen2.5-coder-1.5b] [--json]
+    python benchmarks/addressee_ab.py RUN.jsonl [--model qwen2.5-coder-1.5b] [--score]
 
 The model's answer depends only on the message, so a message that greets nobody is asked once
 and counts for both arms. RUN.jsonl keeps each message's answers as they come (the model's

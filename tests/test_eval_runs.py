@@ -252,13 +252,16 @@ def test_a_run_folder_refuses_other_settings_and_drops_a_line_cut_short(tmp_path
         RunDir(tmp_path / "run", settings | {"sample": 80})
     with pytest.raises(InputError, match="model_id"):
         RunDir(tmp_path / "run", settings | {"model_id": "other"})
-    # Made before facts could be left unreplaced: its replays replaced them, as it goes on.
-    before = json.loads((tmp_path / "run" / "settings.json").read_text())
-    del before["replace_facts"]
-    (tmp_path / "run" / "settings.json").write_text(json.dumps(before))
-    with pytest.raises(InputError, match="replace_facts True there, False now"):
-        RunDir(tmp_path / "run", settings | {"replace_facts": False})
-    RunDir(tmp_path / "run", settings | {"replace_facts": True})
+    # Made before facts could be left unreplaced: with facts on, its replays replaced them, as
+    # it goes on; with facts off there was nothing to replace.
+    file = tmp_path / "run" / "settings.json"
+    for facts, replaced in ((True, True), (False, False)):
+        before = json.loads(file.read_text()) | {"facts": facts}
+        before.pop("replace_facts", None)
+        file.write_text(json.dumps(before))
+        with pytest.raises(InputError, match=f"replace_facts {replaced} there"):
+            RunDir(tmp_path / "run", settings | {"facts": facts, "replace_facts": not replaced})
+        RunDir(tmp_path / "run", settings | {"facts": facts, "replace_facts": replaced})
     items = tmp_path / "run" / "conv-1.items.jsonl"
     with open(items, "a") as f:
         f.write('{"index": 4, "x"')  # a kill while writing

@@ -819,6 +819,12 @@ def test_the_model_reads_a_message_without_the_name_it_greets():
         "today!",
         "Oh Mark called me yesterday, he is moving to Denver!": "Oh Mark called me yesterday, he "
         "is moving to Denver!",
+        # A word that runs on after a greeting is no one spoken to.
+        "Hi, My name is Ana and I bake bread.": "Hi, My name is Ana and I bake bread.",
+        "Hey, Portland was amazing last week!": "Hey, Portland was amazing last week!",
+        "Hey Gina's mom called me today.": "Hey Gina's mom called me today.",
+        "Hey Mary-Jane! I got the job.": "Hey Mary-Jane! I got the job.",
+        "Thanks, Gina": "Thanks",
     }
     for message, read in cases.items():
         assert without_addressee(message) == read

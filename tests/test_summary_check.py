@@ -120,7 +120,7 @@ def test_speaker_names_from_greetings_and_address():
     assert speaker_names([("user", "Hi! My name is Ana and I bake bread.")]) == {"user": "Ana"}
     # A fact that says how the user is names no one (made "grateful" the user in conv-26's
     # summaries); nor does a greeting's next word in lower case ("Thanks, looking forward").
-    facts = ["The user is grateful for her friends.", "The user is looking into adoption."]
+    facts = ["The user is grateful for her friends.", "The user is Melanie's friend."]
     assert speaker_names(CHAT[:2], facts) == {}
     assert speaker_names([("user", "Well, my name is not important.")] * 2) == {}
     said = [("assistant", "Thanks, looking forward to it!"), ("assistant", "Wow, ready to go?")]

@@ -360,6 +360,7 @@ def run_turns(
         companion = Companion(recorder, store, CONVERSATION, context_tokens, response_reserve, chat)
         settings["response_reserve"] = companion.budget.reserve
         settings["summary_cap"] = companion.window.summary_cap
+        settings["replace_facts"] = chat.replace_facts and facts  # the product's default
         disk = SaveMeter(engine, companion.slot)
 
         def record(turn: RanTurn, result: TurnResult) -> None:

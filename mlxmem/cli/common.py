@@ -94,7 +94,6 @@ REPLACE_FACTS = typer.Option(
 )
 RECALL = typer.Option(
     DEFAULT_RECALL,
-    DEFAULT_REPLACE_FACTS,
     "--recall/--no-recall",
     help="When a message may refer to the past, recall a few old turns from the log into it "
     "(BM25 over the turns that left the window; on by default, as measured by `mlxmem eval "

@@ -188,7 +188,7 @@ UPDATES = typer.Option(
     "--updates",
     help="Score fact replacement instead: for each labelled pair of the user's observations "
     "(--pairs), hold the earlier one as a fact, give the later one as a new fact, and run the "
-    "replacement check a chat runs: updates caught and wrong replacements.",
+    "replacement check a chat runs with --replace-facts: updates caught and wrong replacements.",
 )
 PAIRS = typer.Option(
     None,

@@ -1030,7 +1030,7 @@ def run_locomo(
         "response_reserve": response_reserve,
         "facts": facts or per_session,
         "summary": summary,
-        "replace_facts": replace_facts,
+        "replace_facts": replace_facts and (facts or per_session),  # only noted facts
         "answers": answers,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,

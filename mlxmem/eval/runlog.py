@@ -36,7 +36,7 @@ COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
 KEEP_EVERY = 10  # exchanges between two copies of the store (a few MB, milliseconds)
 # The settings a run's results depend on: a rerun must match them. The conversations may grow.
 # A setting added later is read as its default in a run made before it.
-RESUME_DEFAULTS = {"summary": "model", "replace_facts": True}
+RESUME_DEFAULTS = {"summary": "model"}
 RESUME_KEYS = (
     "mode",
     "limit",
@@ -68,7 +68,9 @@ class RunDir:
                 raise InputError(
                     f"{file} is not a run's settings ({exc}); give another --run-dir"
                 ) from None
-            kept = RESUME_DEFAULTS | kept
+            # Facts were replaced where they were noted: in a run with facts off it changed
+            # nothing.
+            kept = RESUME_DEFAULTS | {"replace_facts": bool(kept.get("facts"))} | kept
             differ = sorted(k for k in RESUME_KEYS if kept.get(k) != wanted[k])
             if differ:
                 shown = ", ".join(f"{k} {kept.get(k)!r} there, {wanted[k]!r} now" for k in differ)

@@ -242,6 +242,10 @@ def without_addressee(message: str) -> str:
     (`about_addressee`) still reads those."""
     message = message.strip()
     spans = [m.span(g) for m in _GREETED_RE.finditer(message) for g in (1, 2) if m.group(g)]
+    # Where a name is spoken to, punctuation follows it ("Hey Gina!", "Yeah Gina, I ..."); a
+    # word that runs on is the message's own ("Hi, My name is Ana", "Hey, Portland was great",
+    # "Hey Gina's mom ...").
+    spans = [(a, b) for a, b in spans if b == len(message) or message[b] in ",.!?"]
     for start, end in sorted(set(spans), reverse=True):  # "Thanks, Gina!" -> "Thanks!"
         message = message[:start].rstrip(" ,") + message[end:]
     return message

@@ -13,10 +13,11 @@ from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant"}
 # The words around a name in any case, the name itself capitalized: "The user is grateful for
-# ..." names no one (a fact like it once made "grateful" the user's name in every summary).
+# ..." names no one (a fact like it once made "grateful" the user's name in every summary), nor
+# does "The user is Melanie's friend".
 _NAMED_RE = re.compile(
-    r"\b(?:the )?(user|assistant)(?:'s name)? is (?:called |named )?(?-i:([A-Z][a-z]+))\b|"
-    r"\bmy name is (?-i:([A-Z][a-z]+))\b",
+    r"\b(?:the )?(user|assistant)(?:'s name)? is (?:called |named )?(?-i:([A-Z][a-z]+))\b"
+    r"(?!['’]s)|\bmy name is (?-i:([A-Z][a-z]+))\b(?!['’]s)",
     re.IGNORECASE,
 )
 _GREETING_RE = re.compile(
