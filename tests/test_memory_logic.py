@@ -801,13 +801,12 @@ def test_the_whole_reply_is_out_before_the_memory_work_after_it():
 
 
 def test_the_model_reads_a_message_without_the_name_it_greets():
-    # Qwen2.5-Coder-1.5B gave the writer's news to the person greeted ("Yeah Maria, I'm hoping
-    # to get into local politics" -> about Maria, refused); without the name it cannot.
+    # Qwen2.5-Coder-1.5B gave the writer's news to the person greeted (made up here: "Yeah
+    # Nadia, I'm hoping to open a bakery" -> about Nadia, refused); without the name it cannot.
     cases = {
         "Hey Gina! My kids love painting.": "Hey! My kids love painting.",
         "Thanks, Gina! I owe you one.": "Thanks! I owe you one.",
-        "Yeah Gina, I'm hoping to get into local politics.": "Yeah, I'm hoping to get into "
-        "local politics.",
+        "Yeah Gina, I'm hoping to open a bakery.": "Yeah, I'm hoping to open a bakery.",
         "Yeah, Gina, thanks for always backing me up.": "Yeah, thanks for always backing me up.",
         "Wow Gina, so proud of you! I ran a race too.": "Wow, so proud of you! I ran a race too.",
         # Only where it is greeted: the same name talked about stays, and so does a sentence
@@ -832,12 +831,14 @@ def test_the_model_reads_a_message_without_the_name_it_greets():
 
     def extracting(prompt: str) -> str:
         seen.append(prompt)
-        return "The user hopes to get into local politics."
+        return "The user hopes to open a bakery."
 
     extractor = FactExtractor(FakeEngine(extracting), 2000)
-    look = extractor.extract("Yeah Maria, I'm really hoping to get into local politics soon.", [])
-    assert look.fact == "The user hopes to get into local politics."
-    assert "Yeah, I'm really hoping" in seen[-1] and "Maria" not in seen[-1]
+    look = extractor.extract(
+        "Yeah Nadia, I'm really hoping to open a bakery in town this spring.", []
+    )
+    assert look.fact == "The user hopes to open a bakery."
+    assert "Yeah, I'm really hoping" in seen[-1] and "Nadia" not in seen[-1]
     # The checks after the answer still read the message as written.
     thanks = "Thanks, Gina! I owe you one. I'll keep practising the cello every day."
     assert (
