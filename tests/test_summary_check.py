@@ -432,3 +432,9 @@ def test_the_extractive_summary_does_not_depend_on_the_hash_seed():
         for seed in range(8)
     }
     assert len(seen) == 1
+
+
+def test_a_name_from_a_fact_passes_the_same_check_as_one_from_a_greeting():
+    # "The user is Yeah ..." is no name, however a small model capitalizes it.
+    assert speaker_names(CHAT[:2], ["The user is Yeah happy today."]) == {}
+    assert speaker_names([("user", "my name is So and so.")] * 2) == {}

@@ -1053,17 +1053,18 @@ def run_locomo(
                 else pick_questions(conv.questions, limit)
             )
             budget = (context_tokens, response_reserve)
+            # Recall on, so that the window keeps its room free; an imported exchange recalls
+            # nothing (its reply is given). Per session, facts are noted as in a chat.
             replay = ChatSettings(
-                temp=0.0, seed=0, recall=True, summary=summary, replace_facts=replace_facts
+                temp=0.0,
+                seed=0,
+                extract_facts=facts or per_session,
+                recall=True,
+                summary=summary,
+                replace_facts=replace_facts,
             )
-            if per_session:
-                one = _run_per_session(
-                    engine, conv, budget, questions, progress, answers, run, replay
-                )
-            else:
-                one = _run_one(
-                    engine, conv, budget, questions, facts, progress, answers, run, replay
-                )
+            run_conversation = _run_per_session if per_session else _run_one
+            one = run_conversation(engine, conv, budget, questions, progress, answers, run, replay)
             result.conversations.append(one)
     return result
 
@@ -1157,11 +1158,10 @@ def _run_one(
     conv: LocomoConversation,
     budget: tuple[int, int],
     questions: Sequence[Question],
-    facts: bool,
     progress: Progress,
     answers: bool,
     run: RunDir,
-    replay: ChatSettings,
+    settings: ChatSettings,
 ) -> dict:
     pairs, seq_of = exchanges(conv)
     times = exchange_times(conv)
@@ -1171,16 +1171,15 @@ def _run_one(
         progress(f"{conv.id} {what}", next(steps), total)
 
     store = _resumable_store(run, conv.id, [CONVERSATION])
-    settings = replace(replay, extract_facts=facts)
-    # Recall on, so that the window keeps its room free; an imported exchange recalls
-    # nothing (its reply is given).
     companion = Companion(engine, store, CONVERSATION, *budget, settings)
     layers = run.replayed(conv.id)
     if layers is None:
         _replay(companion, run, conv.id, pairs, times, tick)
         engine.drop_slot(companion.slot)
         added, outcomes, seconds, sittings = _replay_figures(run, conv.id)
-        layers = _layer_stats(companion, conv, seq_of, len(pairs), facts, added, outcomes)
+        layers = _layer_stats(
+            companion, conv, seq_of, len(pairs), settings.extract_facts, added, outcomes
+        )
         layers |= {"replay_seconds": seconds, "replay_sittings": sittings}
         run.replay_done(conv.id, layers)
     else:
@@ -1204,7 +1203,7 @@ def _run_per_session(
     progress: Progress,
     answers: bool,
     run: RunDir,
-    replay: ChatSettings,
+    settings: ChatSettings,
 ) -> dict:
     sessions = [(name, s, *exchanges(s), exchange_times(s)) for name, s in sessions_apart(conv)]
     turns = sum(2 * len(pairs) for _, _, pairs, _, _ in sessions)
@@ -1218,7 +1217,6 @@ def _run_per_session(
         tick(f"{session} {what}")
 
     store = _resumable_store(run, conv.id, [name for name, *_ in sessions])
-    settings = replace(replay, extract_facts=True)
     where: dict[str, int] = {}  # dialogue id -> turn id
     last_at = None
     replayed = run.replayed(conv.id)

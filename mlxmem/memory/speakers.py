@@ -45,12 +45,12 @@ def speaker_names(said: Sequence[tuple[str, str]], facts: Sequence[str] = ()) ->
     votes: dict[str, Counter[str]] = {"user": Counter(), "assistant": Counter()}
     for fact in facts:
         for role, name, _ in _NAMED_RE.findall(fact):
-            if role:
+            if role and looks_like_name(name):
                 named.setdefault(role.lower(), name)
     for role, text in said:
         other = "assistant" if role == "user" else "user"
         for _, _, mine in _NAMED_RE.findall(text):
-            if mine:
+            if mine and looks_like_name(mine):
                 votes[role][mine] += 2
         votes[other].update(_addresses(text))
     for role, counts in votes.items():
