@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import tempfile
 from collections.abc import Iterator
@@ -41,6 +42,22 @@ DATA = typer.Option(
     "(default: $MLXMEM_LOCOMO or ../shared/corpora/locomo).",
 )
 PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
+
+
+class SummaryKind(str, enum.Enum):
+    """--summary's choices (an Enum: typer checks and lists them in --help)."""
+
+    model = "model"
+    extractive = "extractive"
+
+
+SUMMARY = typer.Option(
+    SummaryKind.model,
+    "--summary",
+    help="How a fold writes the rolling summary in the replay: model (the model writes it, "
+    "checked; the extractive one where it fails) or extractive (picked from the turns, no "
+    "model call: measures what the model's summary adds).",
+)
 
 
 RUN_DIR = typer.Option(
@@ -93,13 +110,7 @@ def locomo(
         help="Replay only the first N sessions of each conversation and ask only the questions "
         "whose evidence lies in them (for slow models; the same replay up to there).",
     ),
-    summary: str = typer.Option(
-        "model",
-        "--summary",
-        help="How a fold writes the rolling summary in the replay: model (the model writes it, "
-        "checked; the extractive one where it fails) or extractive (picked from the turns, no "
-        "model call: measures what the model's summary adds).",
-    ),
+    summary: SummaryKind = SUMMARY,
     replace_facts: bool = typer.Option(
         DEFAULT_REPLACE_FACTS,
         "--replace-facts/--no-replace-facts",
@@ -130,8 +141,6 @@ def locomo(
     prompt: an evidence turn, and every content word of the gold answer."""
     if limit and sample:
         raise InputError("give --limit or --sample, not both")
-    if summary not in ("model", "extractive"):
-        raise InputError(f"--summary is model or extractive, not {summary!r}")
     if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
         raise InputError(f"--run-dir {run_dir} is a file, not a folder")
     with _locomo_folder(data or ev.default_data_dir()) as folder:
@@ -155,7 +164,7 @@ def locomo(
                 sessions=sessions,
                 per_session=per_session,
                 run_dir=run_dir,
-                summary=summary,
+                summary=summary.value,
                 replace_facts=replace_facts,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
