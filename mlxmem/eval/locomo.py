@@ -550,17 +550,10 @@ def entity_survival(
 # -- probes -----------------------------------------------------------------------------------
 
 
-# How a probe asks for its answer: LoCoMo's own question-answering prompt, which A-Mem's reuses
-# ("an answer in the form of a short phrase ... exact words from the context whenever
-# possible"), so that the F1 figures held against A-Mem's table come from answers asked for the
-# same way. One form for every category: a companion does not know a question's category.
-ANSWER_FORM = "Answer with a short phrase, in the exact words that were said where possible."
-
-
 def probe_text(conv: LocomoConversation, question: Question) -> str:
     return (
         f"(You are {conv.assistant_name}; I am {conv.user_name}.) Question: "
-        f"{question.question} {ANSWER_FORM}"
+        f"{question.question} Answer in a few words."
     )
 
 

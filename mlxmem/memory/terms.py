@@ -51,7 +51,7 @@ STOPWORDS = frozenset(
     like just got get know think remember recall said say tell told mention mentioned earlier
     last time ago thing things something anything
     answer answers question questions word words few brief briefly short sentence reply
-    please phrase exact possible""".split()
+    please""".split()
 )
 
 # PyStemmer's objects are not thread-safe (the server answers on threads): one per thread.
