@@ -296,6 +296,36 @@ def test_no_answers_measures_the_prompts_and_generates_nothing(tmp_path):
     assert item["recall"]["answer"] is None and item["recall"]["evidence_in_prompt"] == 1.0
 
 
+def test_answer_configs_answers_those_only_and_measures_every_prompt(tmp_path):
+    data = write_dataset(tmp_path)
+    whole = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 2200, 120).to_dict()
+    engine = FakeEngine(reader)
+    args = (data, ["conv-1"], 2200, 120)
+    result = ev.run_locomo(engine, *args, answer_configs=["window", "mlxmem"]).to_dict()
+    asked = [c.slot for c in engine.calls if c.slot.startswith("probe/")]
+    items = result["conversations"][0]["items"]
+    assert sorted(asked) == sorted(["probe/window", "probe/mlxmem"] * len(items))
+    assert result["settings"]["answer_configs"] == ["mlxmem", "window"]
+    for config in ev.CONFIGS:
+        answered = config in ("window", "mlxmem")
+        assert (result[config]["f1"] == whole[config]["f1"]) is answered
+        assert (result[config]["f1"]["overall"]["n"] == 0) is not answered
+        assert result[config]["evidence_in_prompt"] == whole[config]["evidence_in_prompt"]
+    # Where each question's evidence was is read as before (recall's prompt is assembled).
+    assert [i["place"] for i in items] == [i["place"] for i in whole["conversations"][0]["items"]]
+    engine = FakeEngine(reader)
+    per_session = ev.run_locomo(engine, *args, per_session=True, answer_configs=["facts"])
+    asked = [c.slot for c in engine.calls if c.slot == ev.NEW_CHAT_SLOTS["facts"]]
+    assert len(asked) == len(per_session.to_dict()["conversations"][0]["items"])
+    assert per_session.to_dict()["recall"]["f1"]["overall"]["n"] == 0
+    with pytest.raises(InputError, match="no configuration facts in this mode"):
+        ev.run_locomo(FakeEngine(reader), *args, answer_configs=["facts"])
+    # A run folder remembers them: a rerun that answers others is refused.
+    ev.run_locomo(FakeEngine(reader), *args, answer_configs=["window"], run_dir=tmp_path / "r")
+    with pytest.raises(InputError, match="answer_configs"):
+        ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "r")
+
+
 @pytest.mark.skipif(not (LOCOMO / "qa").is_dir(), reason="LoCoMo data not present")
 def test_categories_in_the_real_files_are_what_the_eval_says():
     evidence: dict[int, list[int]] = {}

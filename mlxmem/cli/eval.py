@@ -51,6 +51,13 @@ class SummaryKind(str, enum.Enum):
     extractive = "extractive"
 
 
+ANSWER_CONFIGS = typer.Option(
+    None,
+    "--answer-config",
+    help="Answer only this configuration (repeat it); the others' prompts are still "
+    "assembled and measured, as --no-answers does. mlxmem - window on the questions whose "
+    "evidence was folded needs only those two, each a second or two per question.",
+)
 SUMMARY = typer.Option(
     SummaryKind.model,
     "--summary",
@@ -103,6 +110,7 @@ def locomo(
         help="Generate the probes' answers; --no-answers only assembles their prompts and "
         "measures what reached them (cheap: no answer is generated).",
     ),
+    answer_configs: list[str] = ANSWER_CONFIGS,
     sessions: int = typer.Option(
         None,
         "--sessions",
@@ -161,6 +169,7 @@ def locomo(
                 seed=seed,
                 progress=progress,
                 answers=answers,
+                answer_configs=answer_configs,
                 sessions=sessions,
                 per_session=per_session,
                 run_dir=run_dir,

@@ -17,7 +17,10 @@ What reached the prompt is measured for every configuration, with no model neede
 and `answer_in_prompt` (after LoCoMo's normalization, every content word of the gold answer is
 in the prompt; the probe's own question does not count). They bound what any model could
 answer, and with `answers=False` (`--no-answers`) only they are measured: the replay runs and
-the prompts are assembled, but no answer is generated.
+the prompts are assembled, but no answer is generated. `answer_configs` (`--answer-config`)
+answers some configurations only, and measures the others' prompts so: the summary's worth,
+say, needs only `window` and `mlxmem` answered, each in a second or two after the shared
+prefix, where `recall` takes several.
 
 Each answer is scored three ways (SCORERS), and kept, so that any scoring can be redone from a
 result file (`rescore`):
@@ -47,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -660,11 +663,11 @@ def probe(
     conv: LocomoConversation,
     question: Question,
     log: LogView | None = None,
-    answers: bool = True,
+    answers: Collection[str] = CONFIGS,
 ) -> dict:
     """One question under every configuration; nothing is logged. For each, what reached the
-    prompt (`evidence_in_prompt`, `answer_in_prompt`) and, with `answers`, the model's answer
-    and its scores (else they are None). `companion` holds the
+    prompt (`evidence_in_prompt`, `answer_in_prompt`) and, for those in `answers`, the model's
+    answer and its scores (else they are None). `companion` holds the
     replayed conversation: a chat session over it, with recall on or off, assembles the
     prompt of configs mlxmem and recall (`Companion.context`, which reads the store and never
     writes it). `log` (from `log_view`, the same for every question) says where the evidence
@@ -711,14 +714,15 @@ def scored(
     question: Question,
     text: str,
     prompts: dict[str, AssembledPrompt],
-    answers: bool,
+    answers: Collection[str],
     slots: dict[str, str],
 ) -> dict:
-    """The item of one question: for each configuration's prompt, what reached it and (with
-    `answers`) the model's answer, its scores and its cost. Each configuration answers on the
-    KV slot `slots` names for it: a slot is shared by configurations whose prompts share a
-    prefix (recall's extends mlxmem's), and its cache keeps the prefix the questions share
-    (instructions, facts, summary, window), so a question prefills only what follows it."""
+    """The item of one question: for each configuration's prompt, what reached it and (for
+    those in `answers`) the model's answer, its scores and its cost. Each configuration
+    answers on the KV slot `slots` names for it: a slot is shared by configurations whose
+    prompts share a prefix (recall's extends mlxmem's), and its cache keeps the prefix the
+    questions share (instructions, facts, summary, window), so a question prefills only what
+    follows it."""
     item = {
         "index": question.index,
         "question": question.question,
@@ -728,7 +732,8 @@ def scored(
         "about": subject(conv, question.question),
     }
     for config, prompt in prompts.items():
-        answer, cost = ask(engine, prompt.tokens, slots[config]) if answers else (None, {})
+        answered = config in answers
+        answer, cost = ask(engine, prompt.tokens, slots[config]) if answered else (None, {})
         unscored: dict[str, float | None] = dict.fromkeys((*SCORERS, "exact"))
         shown = prompt_text(prompt, text)
         item[config] = {
@@ -750,7 +755,7 @@ def probe_new_chat(
     budget: tuple[int, int],
     at: datetime | None,
     facts: Sequence[str],
-    answers: bool = True,
+    answers: Collection[str] = PER_SESSION_CONFIGS,
 ) -> dict:
     """One question asked in a new conversation (NEW_CHAT, never logged) after every session
     was logged as a conversation of its own, under PER_SESSION_CONFIGS. `budget`: the context
@@ -1004,6 +1009,7 @@ def run_locomo(
     seed: int = 0,
     progress: Progress = no_progress,
     answers: bool = True,
+    answer_configs: Sequence[str] | None = None,
     sessions: int | None = None,
     per_session: bool = False,
     run_dir: Path | None = None,
@@ -1012,10 +1018,12 @@ def run_locomo(
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each, or a
     `sample` stratified by category); without `answers`, only assemble their prompts and
-    measure what reached them. With `sessions`, only the first that many sessions of each and
-    their questions (`first_sessions`). With `per_session`, each session is logged as a
-    conversation of its own, with fact extraction on as in a chat, and the questions are asked
-    in a new conversation (PER_SESSION_CONFIGS); `facts` is then always on. With `run_dir`,
+    measure what reached them; with `answer_configs`, answer those configurations only (of
+    the mode's) and measure the others' prompts. With `sessions`, only the first that many
+    sessions of each and their questions (`first_sessions`). With `per_session`, each
+    session is logged as a conversation of its own, with fact extraction on as in a chat, and
+    the questions are asked in a new conversation (PER_SESSION_CONFIGS); `facts` is then
+    always on. With `run_dir`,
     the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
     `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
@@ -1032,6 +1040,7 @@ def run_locomo(
         "summary": summary,
         "replace_facts": replace_facts and (facts or per_session),  # only noted facts
         "answers": answers,
+        "answer_configs": sorted(answer_configs) if answers and answer_configs else None,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
         "model_id": engine.model_id,
@@ -1040,6 +1049,14 @@ def run_locomo(
         "f1_amem": "A-Mem's set F1 (utils.py calculate_metrics): no stemming, no category rule",
         "entities": "capitalized words not opening a sentence",
     }
+    mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
+    unknown = sorted(set(answer_configs or ()) - set(mode_configs))
+    if unknown:
+        raise InputError(
+            f"no configuration {', '.join(unknown)} in this mode; answer some of "
+            f"{', '.join(mode_configs)}"
+        )
+    answered = tuple(answer_configs or mode_configs) if answers else ()
     result = EvalResult(settings)
     convs = [first_sessions(load_conversation(data, cid), sessions) for cid in conversation_ids]
     with contextlib.ExitStack() as stack:
@@ -1064,7 +1081,7 @@ def run_locomo(
                 replace_facts=replace_facts,
             )
             run_conversation = _run_per_session if per_session else _run_one
-            one = run_conversation(engine, conv, budget, questions, progress, answers, run, replay)
+            one = run_conversation(engine, conv, budget, questions, progress, answered, run, replay)
             result.conversations.append(one)
     return result
 
@@ -1159,7 +1176,7 @@ def _run_one(
     budget: tuple[int, int],
     questions: Sequence[Question],
     progress: Progress,
-    answers: bool,
+    answers: Collection[str],
     run: RunDir,
     settings: ChatSettings,
 ) -> dict:
@@ -1201,7 +1218,7 @@ def _run_per_session(
     budget: tuple[int, int],
     questions: Sequence[Question],
     progress: Progress,
-    answers: bool,
+    answers: Collection[str],
     run: RunDir,
     settings: ChatSettings,
 ) -> dict:
