@@ -15,9 +15,11 @@ figures and question ids, no text.
 """
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from mlxmem.engine import load_engine
@@ -41,23 +43,29 @@ def recall_prompt(companion: Companion, text: str, at, anchored: bool):
         recall.anchored = real
 
 
+@contextlib.contextmanager
+def replayed_companion(engine, run_dir: Path, conv_id: str, settings: dict) -> Iterator[Companion]:
+    """A chat session, recall on and no fact extraction, over a copy of the store the run
+    replayed `conv_id` into (the run's own store stays as the run left it), removed after."""
+    with tempfile.TemporaryDirectory(prefix="mlxmem-replayed-") as tmp:
+        shutil.copytree(
+            run_dir / conv_id, Path(tmp) / conv_id, ignore=shutil.ignore_patterns("*.lock*")
+        )
+        store = Store(Path(tmp) / conv_id / "eval.duckdb")
+        chat = ChatSettings(temp=0.0, seed=0, extract_facts=False, recall=True)
+        yield Companion(
+            engine, store, ev.CONVERSATION, settings["context_tokens"],
+            settings["response_reserve"], chat,
+        )  # fmt: skip
+
+
 def ask_conversation(engine, run_dir: Path, conv_id: str, category: int, settings: dict) -> list:
     data = ev.default_data_dir()
     conv = ev.load_conversation(data, conv_id)
     log_file = run_dir / f"{conv_id}.dates-ab.jsonl"
     done = {item["index"]: item for item in read_lines(log_file)}
     questions = [q for q in conv.questions if q.category == category]
-    with tempfile.TemporaryDirectory(prefix="mlxmem-dates-ab-") as tmp:
-        # A copy: the run's own store stays as the run left it.
-        shutil.copytree(
-            run_dir / conv_id, Path(tmp) / conv_id, ignore=shutil.ignore_patterns("*.lock*")
-        )
-        store = Store(Path(tmp) / conv_id / "eval.duckdb")
-        chat = ChatSettings(temp=0.0, seed=0, extract_facts=False, recall=True)
-        companion = Companion(
-            engine, store, ev.CONVERSATION, settings["context_tokens"],
-            settings["response_reserve"], chat,
-        )  # fmt: skip
+    with replayed_companion(engine, run_dir, conv_id, settings) as companion:
         log = ev.log_view(companion, ev.exchanges(conv)[1])
         for n, question in enumerate(questions, 1):
             if question.index in done:

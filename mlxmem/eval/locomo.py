@@ -83,6 +83,9 @@ PER_SESSION_PAIRS = (("facts", "no_memory"), ("recall", "facts"), ("oracle", "no
 # worth over the plain window, recall's over that, and the memory's over none.
 PLACE_PAIRS = (("mlxmem", "window"), ("recall", "mlxmem"), ("recall", "no_memory"))
 NEW_CHAT = "questions"  # where the per-session questions are asked: never logged
+# The modes whose questions are asked in a new chat (PER_SESSION_CONFIGS): the per-session
+# replay's, and benchmarks/new_chat_on_replay.py's on a one-conversation replay.
+NEW_CHAT_MODES = ("conversation_per_session", "new_chat_after_one_conversation")
 # The KV slot each configuration answers on. Three, as many as the llama.cpp engine keeps at
 # once (so that no question evicts the prefix the next one reuses): the short prompts share
 # the instructions, recall's prompt extends mlxmem's (facts's in a new chat).
@@ -911,7 +914,7 @@ class EvalResult:
         return [i for c in self.conversations for i in c["items"]]
 
     def to_dict(self) -> dict:
-        if self.settings.get("mode") == "conversation_per_session":
+        if self.settings.get("mode") in NEW_CHAT_MODES:
             return self._per_session_dict()
         seed = self.settings.get("seed", 0)
         scores = aggregate(self.items, seed)
