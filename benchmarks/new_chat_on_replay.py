@@ -25,6 +25,7 @@ runs' figures (facts - no_memory, recall - facts, by whom the question names); i
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from recall_dates_ab import replayed_companion
@@ -39,7 +40,9 @@ MODE = ev.NEW_CHAT_MODES[1]
 def ask_conversation(
     engine, run_dir: Path, conv_id: str, sample: int | None, answers: tuple[str, ...], settings
 ) -> list[dict]:
-    conv = ev.load_conversation(ev.default_data_dir(), conv_id)
+    conv = ev.first_sessions(
+        ev.load_conversation(ev.default_data_dir(), conv_id), settings.get("sessions")
+    )
     log_file = run_dir / f"{conv_id}.new-chat.jsonl"
     done = {item["index"]: item for item in read_lines(log_file)}
     scored = [q for q in conv.questions if q.category in ev.SCORED]
@@ -54,13 +57,11 @@ def ask_conversation(
             if question.index in done:
                 continue
             print(f"{conv_id} question {n}/{len(questions)}", flush=True)
-            item = ev.probe_new_chat(
-                engine, store, conv, question, budget, log.last_at, log.facts, answers
+            start = time.perf_counter()
+            item = ev.new_chat_item(
+                engine, store, conv, question, budget, log.last_at, log.facts, answers, where
             )
-            evidence = {where[e] for e in question.evidence if e in where}
-            item["evidence_seqs"] = sorted(evidence)
-            item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
-            item["place"] = ev.evidence_place(item)
+            item["seconds"] = round(time.perf_counter() - start, 3)
             append_line(log_file, item)
             done[question.index] = item
     return [done[q.index] for q in questions if q.index in done]
@@ -84,10 +85,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="the items as a run (with text)")
     args = parser.parse_args()
     settings = json.loads((args.run_dir / "settings.json").read_text())
-    if not settings.get("facts"):
-        parser.error(f"{args.run_dir} was replayed without --facts: it noted none")
-    answers = tuple(args.answer_config or ev.PER_SESSION_CONFIGS)
+    if settings.get("mode") != "one_conversation" or not settings.get("facts"):
+        parser.error(f"{args.run_dir} is not a one-conversation replay with --facts")
+    answers = tuple(
+        c for c in ev.PER_SESSION_CONFIGS if c in (args.answer_config or ev.PER_SESSION_CONFIGS)
+    )
     engine, _ = load_engine(args.model, engine=args.engine)
+    if engine.model_id != settings["model_id"]:
+        parser.error(
+            f"{args.run_dir} was replayed by {settings['model_id']}, not {engine.model_id}"
+        )
+    # What this reading's items depend on: a rerun that differs would mix its answers in.
+    mine = {"model_id": engine.model_id, "sample": args.sample, "answer_configs": list(answers)}
+    kept = args.run_dir / "new-chat.settings.json"
+    if kept.exists() and json.loads(kept.read_text()) != mine:
+        parser.error(f"{kept} holds other settings ({kept.read_text().strip()}); rerun with them")
+    kept.write_text(json.dumps(mine) + "\n")
     conversations = []
     for conv_id in args.conversation:
         if not (args.run_dir / f"{conv_id}.replay.json").exists():
@@ -101,7 +114,8 @@ def main() -> None:
             "mode": MODE,
             "conversations": args.conversation,
             "sample": args.sample,
-            "answer_configs": list(answers),
+            "answer_configs": None if answers == ev.PER_SESSION_CONFIGS else list(answers),
+            "answers": True,
         }
     )
     run.conversations = conversations

@@ -305,7 +305,7 @@ def test_answer_configs_answers_those_only_and_measures_every_prompt(tmp_path):
     asked = [c.slot for c in engine.calls if c.slot.startswith("probe/")]
     items = result["conversations"][0]["items"]
     assert sorted(asked) == sorted(["probe/window", "probe/mlxmem"] * len(items))
-    assert result["settings"]["answer_configs"] == ["mlxmem", "window"]
+    assert result["settings"]["answer_configs"] == ["window", "mlxmem"]
     for config in ev.CONFIGS:
         answered = config in ("window", "mlxmem")
         assert (result[config]["f1"] == whole[config]["f1"]) is answered
@@ -320,6 +320,11 @@ def test_answer_configs_answers_those_only_and_measures_every_prompt(tmp_path):
     assert per_session.to_dict()["recall"]["f1"]["overall"]["n"] == 0
     with pytest.raises(InputError, match="no configuration facts in this mode"):
         ev.run_locomo(FakeEngine(reader), *args, answer_configs=["facts"])
+    with pytest.raises(InputError, match="not both"):
+        ev.run_locomo(FakeEngine(reader), *args, answers=False, answer_configs=["window"])
+    # Every configuration named is the plain run: its folder goes on with or without them.
+    ev.run_locomo(FakeEngine(reader), *args, answer_configs=ev.CONFIGS, run_dir=tmp_path / "a")
+    ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "a")
     # A run folder remembers them: a rerun that answers others is refused.
     ev.run_locomo(FakeEngine(reader), *args, answer_configs=["window"], run_dir=tmp_path / "r")
     with pytest.raises(InputError, match="answer_configs"):

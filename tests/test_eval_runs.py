@@ -244,18 +244,22 @@ def test_extractive_summaries_make_no_model_call_and_a_run_from_before_the_setti
 
 @pytest.mark.parametrize("per_session", [False, True])
 @pytest.mark.parametrize("replace", [False, True])
-def test_the_replay_replaces_facts_only_when_asked(tmp_path, monkeypatch, per_session, replace):
-    """The replay's Companion gets --replace-facts as given, and notes facts when asked to."""
+@pytest.mark.parametrize("facts", [False, True])
+def test_the_replay_replaces_facts_only_when_asked(
+    tmp_path, monkeypatch, per_session, replace, facts
+):
+    """The replay's Companion gets --replace-facts as given, and notes facts when asked to
+    (always, per session)."""
     data = write_dataset(tmp_path / "data", sessions=2, chatter=1)
     seen = []
     for name in ("_run_one", "_run_per_session"):
         monkeypatch.setattr(ev, name, lambda *args: seen.append(args[-1]))
     ev.run_locomo(
-        FakeEngine(reader), data, ["conv-1"], 2200, 120, facts=True, replace_facts=replace,
+        FakeEngine(reader), data, ["conv-1"], 2200, 120, facts=facts, replace_facts=replace,
         per_session=per_session,
     )  # fmt: skip
     (replay,) = seen
-    assert (replay.replace_facts, replay.extract_facts) == (replace, True)
+    assert (replay.replace_facts, replay.extract_facts) == (replace, facts or per_session)
 
 
 def test_a_run_folder_refuses_other_settings_and_drops_a_line_cut_short(tmp_path):

@@ -54,9 +54,11 @@ class SummaryKind(str, enum.Enum):
 ANSWER_CONFIGS = typer.Option(
     None,
     "--answer-config",
-    help="Answer only this configuration (repeat it); the others' prompts are still "
-    "assembled and measured, as --no-answers does. mlxmem - window on the questions whose "
-    "evidence was folded needs only those two, each a second or two per question.",
+    help="Answer only this configuration (repeat it): no_memory, window, mlxmem, recall or "
+    "oracle (with --conversation-per-session: no_memory, facts, recall or oracle). The "
+    "others' prompts are still assembled and measured, as --no-answers does: mlxmem - window "
+    "on the questions whose evidence was folded needs only those two answered, which reuse "
+    "the prefix the questions share, where recall's prefill its recalled turns.",
 )
 SUMMARY = typer.Option(
     SummaryKind.model,

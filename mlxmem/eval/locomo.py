@@ -86,6 +86,7 @@ NEW_CHAT = "questions"  # where the per-session questions are asked: never logge
 # The modes whose questions are asked in a new chat (PER_SESSION_CONFIGS): the per-session
 # replay's, and benchmarks/new_chat_on_replay.py's on a one-conversation replay.
 NEW_CHAT_MODES = ("conversation_per_session", "new_chat_after_one_conversation")
+SUMMARY_KINDS = ("model", "extractive")  # ChatSettings.summary
 # The KV slot each configuration answers on. Three, as many as the llama.cpp engine keeps at
 # once (so that no question evicts the prefix the next one reuses): the short prompts share
 # the instructions, recall's prompt extends mlxmem's (facts's in a new chat).
@@ -788,6 +789,27 @@ def probe_new_chat(
     return item
 
 
+def new_chat_item(
+    engine: Engine,
+    store: Store,
+    conv: LocomoConversation,
+    question: Question,
+    budget: tuple[int, int],
+    at: datetime | None,
+    facts: Sequence[str],
+    answers: Collection[str],
+    where: dict[str, int],
+) -> dict:
+    """`probe_new_chat`'s item, with where the evidence was: `where` maps LoCoMo's dialogue
+    ids to the ids of the turns they were logged as."""
+    item = probe_new_chat(engine, store, conv, question, budget, at, facts, answers)
+    evidence = {where[e] for e in question.evidence if e in where}
+    item["evidence_seqs"] = sorted(evidence)
+    item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
+    item["place"] = evidence_place(item)
+    return item
+
+
 def facts_shown(question: Question, facts: Sequence[str], shown: str) -> dict:
     """How many of the facts `facts` the prompt text `shown` held, and how many of those hold
     a content word of the gold answer."""
@@ -1030,6 +1052,18 @@ def run_locomo(
     the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
     `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
+    if summary not in SUMMARY_KINDS:
+        raise InputError(f"summary is one of {', '.join(SUMMARY_KINDS)}, not {summary!r}")
+    mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
+    chosen = set(answer_configs or ())
+    if chosen and not answers:
+        raise InputError("give --answer-config or --no-answers, not both")
+    if chosen - set(mode_configs):
+        raise InputError(
+            f"no configuration {', '.join(sorted(chosen - set(mode_configs)))} in this mode; "
+            f"answer some of {', '.join(mode_configs)}"
+        )
+    answered = tuple(c for c in mode_configs if c in chosen) or (mode_configs if answers else ())
     settings = {
         "mode": "conversation_per_session" if per_session else "one_conversation",
         "data": str(data),
@@ -1043,7 +1077,8 @@ def run_locomo(
         "summary": summary,
         "replace_facts": replace_facts and (facts or per_session),  # only noted facts
         "answers": answers,
-        "answer_configs": sorted(answer_configs) if answers and answer_configs else None,
+        # None: every configuration (or none, without answers), as a run from before it.
+        "answer_configs": list(answered) if chosen and chosen != set(mode_configs) else None,
         "answer_tokens": ANSWER_TOKENS,
         "seed": seed,
         "model_id": engine.model_id,
@@ -1052,14 +1087,6 @@ def run_locomo(
         "f1_amem": "A-Mem's set F1 (utils.py calculate_metrics): no stemming, no category rule",
         "entities": "capitalized words not opening a sentence",
     }
-    mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
-    unknown = sorted(set(answer_configs or ()) - set(mode_configs))
-    if unknown:
-        raise InputError(
-            f"no configuration {', '.join(unknown)} in this mode; answer some of "
-            f"{', '.join(mode_configs)}"
-        )
-    answered = tuple(answer_configs or mode_configs) if answers else ()
     result = EvalResult(settings)
     convs = [first_sessions(load_conversation(data, cid), sessions) for cid in conversation_ids]
     with contextlib.ExitStack() as stack:
@@ -1273,12 +1300,7 @@ def _run_per_session(
         run.replay_done(conv.id, replayed)
 
     def ask_one(question: Question) -> dict:
-        item = probe_new_chat(engine, store, conv, question, budget, last_at, texts, answers)
-        evidence = {where[e] for e in question.evidence if e in where}
-        item["evidence_seqs"] = sorted(evidence)
-        item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
-        item["place"] = evidence_place(item)
-        return item
+        return new_chat_item(engine, store, conv, question, budget, last_at, texts, answers, where)
 
     items = _ask_all(run, conv.id, questions, ask_one, tick)
     for slot in set(NEW_CHAT_SLOTS.values()):
