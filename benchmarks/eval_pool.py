@@ -57,6 +57,7 @@ from mlxmem.eval.locomo import (
     PER_SESSION_CONFIGS,
     PER_SESSION_PAIRS,
     PLACE_PAIRS,
+    PLACES,
     SCORED,
     SCORERS,
     aggregate,
@@ -231,19 +232,26 @@ def versus(
     items: list[dict], others: list[dict], pairs: list[tuple[str, str]], metric: str = "f1"
 ) -> dict:
     """Config a of `items` minus config b of `others` (`metric`), paired over the questions
-    both hold."""
+    both hold; per category, and per place of the evidence as the first runs found it."""
     theirs = {question_key(i): i for i in others}
     shared = [(i, theirs[question_key(i)]) for i in items if question_key(i) in theirs]
     out = {}
     for a, b in pairs:  # one item per question, the two configs under names that cannot clash
-        both = [{"category": i["category"], "a": i[a], "b": j[b]} for i, j in shared]
-        out[f"{a}_vs_{b}"] = paired_difference(both, "a", "b", metric=metric) | {
-            "by_category": {
-                CATEGORIES[c]: paired_difference(
-                    [x for x in both if x["category"] == c], "a", "b", metric=metric
-                )
-                for c in SCORED
-            }
+        both = [
+            {"category": i["category"], "place": i.get("place"), "a": i[a], "b": j[b]}
+            for i, j in shared
+        ]
+
+        def of(keep, both=both) -> dict:
+            return paired_difference([x for x in both if keep(x)], "a", "b", metric=metric)
+
+        out[f"{a}_vs_{b}"] = of(lambda x: True) | {
+            "by_category": {CATEGORIES[c]: of(lambda x, c=c: x["category"] == c) for c in SCORED},
+            "by_place": {
+                place: of(lambda x, place=place: x["place"] == place)
+                for place in PLACES
+                if any(x["place"] == place and x["category"] in SCORED for x in both)
+            },
         }
     return out
 
@@ -360,6 +368,8 @@ def main() -> None:
         print(f"{a} - {b} of --versus, {d['n']} shared questions: {_figure(d, '+.3f')}{clear}")
         for name, dc in d["by_category"].items():
             print(f"  {name} ({dc['n']}): {_figure(dc, '+.3f')}")
+        for name, dc in d["by_place"].items():
+            print(f"  evidence {name} ({dc['n']}): {_figure(dc, '+.3f')}")
 
 
 def print_tables(fig: dict, configs: tuple[str, ...]) -> None:
