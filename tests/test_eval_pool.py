@@ -100,6 +100,11 @@ def test_versus_pairs_the_questions_two_sets_of_runs_share(tmp_path):
     """The same conversation in both modes: a config of one minus a config of the other, over
     the questions both asked (matched by text; a question only one run holds is left out)."""
     one = run_file(tmp_path / "one.json", "conv-1", [(0.5, 0.0), (0.4, 0.1), (0.9, 0.9)])
+    run = json.loads(one.read_text())  # where each question's evidence was, as the eval says
+    places = ["folded", "recalled", "folded", "folded"]  # the last: the adversarial copy
+    for item, place in zip(run["conversations"][0]["items"], places, strict=True):
+        item["place"] = place
+    one.write_text(json.dumps(run))
     items = [
         {"question": f"SECRET question {i}?", "answer": "SECRET", "category": 4}
         | {config: {"f1": {"recall": r}.get(config, 0.0)} for config in PER_SESSION_CONFIGS}
@@ -118,6 +123,10 @@ def test_versus_pairs_the_questions_two_sets_of_runs_share(tmp_path):
     assert versus["recall_vs_recall"]["n"] == 2  # questions 0 and 1
     assert abs(versus["recall_vs_recall"]["mean"] - ((0.5 - 0.2) + (0.4 - 0.6)) / 2) < 1e-9
     assert abs(versus["window_vs_facts"]["mean"] - (0.0 + 0.1) / 2) < 1e-9
+    # Split by where the first runs found the evidence: question 0 folded, 1 recalled.
+    by_place = versus["recall_vs_recall"]["by_place"]
+    assert {k: v["n"] for k, v in by_place.items()} == {"recalled": 1, "folded": 1}
+    assert abs(by_place["folded"]["mean"] - (0.5 - 0.2)) < 1e-9
     assert "recall - recall of --versus, 2 shared questions" in done.stdout
     assert "SECRET" not in out.read_text()
     wrong = subprocess.run([*command, "--pair", "facts:recall"], capture_output=True, text=True)
