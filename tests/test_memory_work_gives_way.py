@@ -286,6 +286,7 @@ def test_a_fold_gives_way_to_a_waiting_message_with_the_extractive_summary():
     companion = Companion(engine, Store(), "hurried", 700, 60, ChatSettings(extract_facts=False))
     folds = fill(companion, should_yield=lambda: True)
     assert folds and all(e.summary.source == "extractive" for e in folds)
+    assert all(e.fallback == "gave way" for e in folds)
     assert not any("updated summary" in c.prompt for c in engine.calls)
     assert all(e.prompt_tokens == 0 for e in folds)
     # Nobody waiting: the model writes them, as before.

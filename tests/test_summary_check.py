@@ -317,6 +317,7 @@ def test_a_fold_names_its_speakers_from_the_whole_window():
     )
     event = window.fold_oldest([], None, logged(chat))
     assert event.evicted_turns == 4 and event.summary.source == "extractive"
+    assert "repetition" in event.fallback  # why the model's was not kept
     assert "Nadia: I moved to Boston" in event.summary.text
     assert "Tom: We camp in Yosemite" in event.summary.text
     assert "User:" not in event.summary.text and "Assistant:" not in event.summary.text
@@ -346,6 +347,7 @@ def test_a_model_summary_is_followed_by_the_specifics_it_left_out():
     event = window.fold_oldest([], None, logged(chat))
     folded = [text for _, text in chat[: event.evicted_turns]]
     assert check_summary(gist, folded).ok and event.summary.source == "model+extractive"
+    assert event.fallback is None
     text = event.summary.text
     assert text.startswith(gist + "\n[")
     assert "Tom: We camp in Yosemite" in text and "Ana flies in on 3 July" in text

@@ -1136,6 +1136,8 @@ def _replay(
             "exchange": i,
             "noted": len(result.noted),
             "looks": dict(Counter(result.looks)),
+            # Each fold's summary: the model's kept, or why not (FoldEvent.fallback).
+            "folds": [f.fallback or "model" for f in result.folds],
             "seconds": round(time.perf_counter() - start, 3),
             "sitting": run.sitting,
         }

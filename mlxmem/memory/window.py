@@ -66,6 +66,9 @@ class FoldEvent:
     cached_tokens: int
     prefilled_tokens: int
     seconds: float
+    # Why the model's summary was not kept, if it was not: "gave way" (a message came),
+    # "extractive asked", "turns left out" (of the model's prompt), or the check's problems.
+    fallback: str | None = None
     # The summary the fold made, for the caller to store (not stored yet: its id is 0).
     summary: Summary | None = field(default=None, repr=False, compare=False)
 
@@ -197,12 +200,16 @@ class ConversationWindow:
             if summary and summary.source == "model+extractive"
             else earlier
         )
-        if (
-            hurried
-            or not self.model_summary
-            or prompt.omitted
-            or not check_summary(text, [t.text for t in evicted], checked).ok
-        ):
+        fallback = (
+            "gave way"
+            if hurried
+            else "extractive asked"
+            if not self.model_summary
+            else "turns left out"
+            if prompt.omitted
+            else ", ".join(check_summary(text, [t.text for t in evicted], checked).problems)
+        )
+        if fallback:
             text, source = self._fallback(summary, evicted, names), "extractive"
         else:
             room = self.summary_cap - self.engine.count_text(text) - 1  # a line break
@@ -225,6 +232,7 @@ class ConversationWindow:
             cached_tokens=result.stats.cached_tokens if result else 0,
             prefilled_tokens=result.stats.prefilled_tokens if result else 0,
             seconds=time.perf_counter() - start,
+            fallback=fallback or None,
             summary=made,
         )
 
