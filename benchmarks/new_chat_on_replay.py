@@ -23,12 +23,11 @@ runs' figures (facts - no_memory, recall - facts, by whom the question names); i
 `--per-question` keeps them without text for the repository.
 """
 
-import argparse
 import json
 import time
 from pathlib import Path
 
-from recall_dates_ab import replayed_companion
+from recall_dates_ab import replay_arguments, replayed_companion
 
 from mlxmem.engine import load_engine
 from mlxmem.eval import locomo as ev
@@ -58,7 +57,7 @@ def ask_conversation(
                 continue
             print(f"{conv_id} question {n}/{len(questions)}", flush=True)
             start = time.perf_counter()
-            item = ev.new_chat_item(
+            item = ev.probe_new_chat(
                 engine, store, conv, question, budget, log.last_at, log.facts, answers, where
             )
             item["seconds"] = round(time.perf_counter() - start, 3)
@@ -73,11 +72,7 @@ def _difference(d: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--conversation", action="append", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--engine", default=None)
+    parser = replay_arguments(__doc__)
     parser.add_argument("--sample", type=int, default=None, help="as eval locomo --sample")
     parser.add_argument(
         "--answer-config", action="append", choices=ev.PER_SESSION_CONFIGS, default=None

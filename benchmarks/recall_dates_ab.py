@@ -59,6 +59,16 @@ def replayed_companion(engine, run_dir: Path, conv_id: str, settings: dict) -> I
         )  # fmt: skip
 
 
+def replay_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of a script that reads an eval run's replayed stores."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--conversation", action="append", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--engine", default=None)
+    return parser
+
+
 def ask_conversation(engine, run_dir: Path, conv_id: str, category: int, settings: dict) -> list:
     data = ev.default_data_dir()
     conv = ev.load_conversation(data, conv_id)
@@ -96,11 +106,7 @@ def ask_conversation(engine, run_dir: Path, conv_id: str, category: int, setting
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--conversation", action="append", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--engine", default=None)
+    parser = replay_arguments(__doc__)
     parser.add_argument("--category", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

@@ -759,14 +759,16 @@ def probe_new_chat(
     budget: tuple[int, int],
     at: datetime | None,
     facts: Sequence[str],
-    answers: Collection[str] = PER_SESSION_CONFIGS,
+    answers: Collection[str],
+    where: dict[str, int],
 ) -> dict:
     """One question asked in a new conversation (NEW_CHAT, never logged) after every session
     was logged as a conversation of its own, under PER_SESSION_CONFIGS. `budget`: the context
     budget and response reserve; `at`: when it is asked (after the last session); `facts`: the
-    texts of the facts kept. The item also says how many of them the `facts` prompt held and
-    how many of those hold a content word of the gold answer, and which turns recall brought
-    (`recalled`, by message id)."""
+    texts of the facts kept; `where`: LoCoMo's dialogue ids to the ids of the turns they were
+    logged as. The item also says how many of the facts the `facts` prompt held and how many
+    of those hold a content word of the gold answer, which turns recall brought (`recalled`,
+    by message id), and where the evidence was (`evidence_place`)."""
     text = probe_text(conv, question)
 
     def new_chat(recall: bool) -> Companion:
@@ -786,23 +788,6 @@ def probe_new_chat(
     item["facts"] |= facts_shown(question, facts, prompt_text(prompts["facts"], text))
     item["recall"]["recalled"] = prompts["recall"].recalled
     item["recall"]["recall_tokens"] = prompts["recall"].layers.recall
-    return item
-
-
-def new_chat_item(
-    engine: Engine,
-    store: Store,
-    conv: LocomoConversation,
-    question: Question,
-    budget: tuple[int, int],
-    at: datetime | None,
-    facts: Sequence[str],
-    answers: Collection[str],
-    where: dict[str, int],
-) -> dict:
-    """`probe_new_chat`'s item, with where the evidence was: `where` maps LoCoMo's dialogue
-    ids to the ids of the turns they were logged as."""
-    item = probe_new_chat(engine, store, conv, question, budget, at, facts, answers)
     evidence = {where[e] for e in question.evidence if e in where}
     item["evidence_seqs"] = sorted(evidence)
     item["recall"]["evidence_recalled"] = len(evidence & set(item["recall"]["recalled"]))
@@ -1302,7 +1287,7 @@ def _run_per_session(
         run.replay_done(conv.id, replayed)
 
     def ask_one(question: Question) -> dict:
-        return new_chat_item(engine, store, conv, question, budget, last_at, texts, answers, where)
+        return probe_new_chat(engine, store, conv, question, budget, last_at, texts, answers, where)
 
     items = _ask_all(run, conv.id, questions, ask_one, tick)
     for slot in set(NEW_CHAT_SLOTS.values()):
