@@ -1033,8 +1033,8 @@ def run_locomo(
     sessions of each and their questions (`first_sessions`). With `per_session`, each
     session is logged as a conversation of its own, with fact extraction on as in a chat, and
     the questions are asked in a new conversation (PER_SESSION_CONFIGS); `facts` is then
-    always on. With `run_dir`,
-    the run is kept there as it goes and a rerun goes on where it stopped (`RunDir`).
+    always on. With `run_dir`, the run is kept there as it goes and a rerun goes on where it
+    stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
     `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
     if summary not in SUMMARY_KINDS:
