@@ -200,15 +200,14 @@ class ConversationWindow:
             if summary and summary.source == "model+extractive"
             else earlier
         )
-        fallback = (
-            "gave way"
-            if hurried
-            else "extractive asked"
-            if not self.model_summary
-            else "turns left out"
-            if prompt.omitted
-            else ", ".join(check_summary(text, [t.text for t in evicted], checked).problems)
-        )
+        if hurried:
+            fallback = "gave way"
+        elif not self.model_summary:
+            fallback = "extractive asked"
+        elif prompt.omitted:
+            fallback = "turns left out"
+        else:  # the check's problems, "" if none
+            fallback = ", ".join(check_summary(text, [t.text for t in evicted], checked).problems)
         if fallback:
             text, source = self._fallback(summary, evicted, names), "extractive"
         else:
