@@ -15,6 +15,7 @@ from mlxmem.cli import eval as eval_cli
 from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
 from mlxmem.memory import window
+from mlxmem.memory.companion import ChatSettings
 from mlxmem.testing import FakeEngine
 
 LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "locomo"
@@ -329,6 +330,16 @@ def test_answer_configs_answers_those_only_and_measures_every_prompt(tmp_path):
     ev.run_locomo(FakeEngine(reader), *args, answer_configs=["window"], run_dir=tmp_path / "r")
     with pytest.raises(InputError, match="answer_configs"):
         ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "r")
+
+
+def test_a_summary_kind_it_does_not_know_is_refused_before_any_work(tmp_path):
+    engine = FakeEngine(reader)
+    with pytest.raises(InputError, match="summary is one of model, extractive, not 'modle'"):
+        ev.run_locomo(engine, write_dataset(tmp_path), ["conv-1"], 2200, 120, summary="modle")
+    assert engine.calls == []
+    # A chat's own settings refuse it too: any word but "model" would have read as extractive.
+    with pytest.raises(InputError, match="summary is one of"):
+        ChatSettings(summary="modle")
 
 
 @pytest.mark.skipif(not (LOCOMO / "qa").is_dir(), reason="LoCoMo data not present")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from mlxmem.defaults import DEFAULT_REPLACE_FACTS
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
+from mlxmem.memory.companion import SummaryKind
 
 from .bench import DB, SEED, _model, _print_json, _progress
 from .common import ENGINE, JSON, err, model_or_default, out, plain_typer, print_json
@@ -42,13 +42,6 @@ DATA = typer.Option(
     "(default: $MLXMEM_LOCOMO or ../shared/corpora/locomo).",
 )
 PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
-
-
-class SummaryKind(str, enum.Enum):
-    """--summary's choices (an Enum: typer checks and lists them in --help)."""
-
-    model = "model"
-    extractive = "extractive"
 
 
 ANSWER_CONFIGS = typer.Option(

@@ -86,7 +86,6 @@ NEW_CHAT = "questions"  # where the per-session questions are asked: never logge
 # The modes whose questions are asked in a new chat (PER_SESSION_CONFIGS): the per-session
 # replay's, and benchmarks/new_chat_on_replay.py's on a one-conversation replay.
 NEW_CHAT_MODES = ("conversation_per_session", "new_chat_after_one_conversation")
-SUMMARY_KINDS = ("model", "extractive")  # ChatSettings.summary
 # The KV slot each configuration answers on. Three, as many as the llama.cpp engine keeps at
 # once (so that no question evicts the prefix the next one reuses): the short prompts share
 # the instructions, recall's prompt extends mlxmem's (facts's in a new chat).
@@ -1037,8 +1036,7 @@ def run_locomo(
     stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
     `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
-    if summary not in SUMMARY_KINDS:
-        raise InputError(f"summary is one of {', '.join(SUMMARY_KINDS)}, not {summary!r}")
+    ChatSettings(summary=summary)  # refuses a summary kind it does not know, before any work
     mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
     chosen = set(answer_configs or ())
     if chosen and not answers:

@@ -4,6 +4,7 @@ fold the window if it is over budget, then extract at most one fact."""
 
 from __future__ import annotations
 
+import enum
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -100,6 +101,17 @@ class StaleWarning(UserWarning):
     """A result was discarded because something was deleted while it was computed."""
 
 
+class SummaryKind(str, enum.Enum):
+    """How a fold writes the rolling summary: the model (checked; the extractive one where the
+    check fails or the fold gives way), or extractive (picked from the turns, no model call)."""
+
+    model = "model"
+    extractive = "extractive"
+
+
+SUMMARY_KINDS = tuple(kind.value for kind in SummaryKind)
+
+
 @dataclass
 class ChatSettings:
     temp: float = DEFAULT_TEMP
@@ -111,10 +123,12 @@ class ChatSettings:
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
     recall: bool = DEFAULT_RECALL  # recall old turns from the log into a message about the past
     context_tokens: int | None = None  # the prompt's budget; None: the model's (models.toml)
-    # A fold's summary: "model" (the model writes it, checked, the extractive one if it fails)
-    # or "extractive" (no model call: picked from the turns, as when a fold gives way).
-    summary: str = "model"
+    summary: str = SummaryKind.model.value  # a fold's summary, one of SummaryKind
     replace_facts: bool = DEFAULT_REPLACE_FACTS  # a new automatic fact may replace an older one
+
+    def __post_init__(self) -> None:
+        if self.summary not in SUMMARY_KINDS:  # any other word would read as "extractive"
+            raise InputError(f"summary is one of {', '.join(SUMMARY_KINDS)}, not {self.summary!r}")
 
 
 @dataclass
