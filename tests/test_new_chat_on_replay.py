@@ -1,0 +1,63 @@
+"""benchmarks/new_chat_on_replay.py: a one-conversation replay's questions asked in a new chat,
+read on a copy of the run's store. The fake engine, on the LoCoMo-shaped conversation the
+tests write."""
+
+import hashlib
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from test_eval_locomo import extracting_reader, write_dataset
+
+from mlxmem.eval import locomo as ev
+from mlxmem.eval.runlog import read_lines
+from mlxmem.testing import FakeEngine
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+new_chat_on_replay = importlib.import_module("new_chat_on_replay")  # a script, not a package
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and ".lock" not in p.name
+    }
+
+
+def test_the_replays_questions_in_a_new_chat_resume_and_leave_its_store_as_it_was(
+    tmp_path, monkeypatch
+):
+    data = write_dataset(tmp_path, sessions=4, chatter=3, coda=" It was the best trip all year.")
+    monkeypatch.setenv(ev.DATA_ENV, str(data))
+    run_dir = tmp_path / "run"
+    ev.run_locomo(
+        FakeEngine(extracting_reader), data, ["conv-1"], 2200, 120, facts=True, run_dir=run_dir
+    )
+    settings = json.loads((run_dir / "settings.json").read_text())
+    store_before = digest(run_dir / "conv-1")
+    engine = FakeEngine(extracting_reader)
+    answers = ("no_memory", "facts")
+    items = new_chat_on_replay.ask_conversation(engine, run_dir, "conv-1", None, answers, settings)
+
+    scored = [q for q in ev.load_conversation(data, "conv-1").questions if q.category in ev.SCORED]
+    assert [i["index"] for i in items] == [q.index for q in scored] and len(items) == 4
+    # Only the configurations asked for answered; recall's prompt was still assembled.
+    asked = [c.slot for c in engine.calls if c.slot.startswith("probe/")]
+    assert sorted(asked) == sorted(ev.NEW_CHAT_SLOTS[c] for c in answers for _ in items)
+    for item in items:
+        assert item["recall"]["answer"] is None and "evidence_in_prompt" in item["recall"]
+    # The replay's facts told every trip; with no memory the new chat knows none of them.
+    assert [i["facts"]["f1"] for i in items] == [1.0] * 4
+    assert [i["no_memory"]["f1"] for i in items] == [0.0] * 4
+    # Each question's evidence turn is found in the replay's log, and recall brings it back.
+    assert all(i["evidence_seqs"] and i["recall"]["evidence_recalled"] == 1 for i in items)
+    assert {i["place"] for i in items} == {"recalled"}
+    # Each item was kept as it came; a rerun asks nothing and returns the same items.
+    assert read_lines(run_dir / "conv-1.new-chat.jsonl") == items
+    again = FakeEngine(extracting_reader)
+    assert new_chat_on_replay.ask_conversation(again, run_dir, "conv-1", None, answers, settings)
+    assert not [c for c in again.calls if c.slot.startswith("probe/")]
+    # The questions were asked on a copy: the run's own store is as the replay left it.
+    assert digest(run_dir / "conv-1") == store_before
