@@ -67,7 +67,9 @@ def measure(data: Path, cid: str, window: int, store_dir: Path) -> list[dict]:
             evidence = {seq_of[e] for e in q.evidence if e in seq_of}
             if q.category not in SCORED or not evidence or min(evidence) > edge:
                 continue
-            rows.append(search(con, conv, q, cid, edge, lambda t, e=evidence: t.seq in e))
+            searched = {e for e in evidence if e <= edge}
+            hit = lambda t, e=searched: t.seq in e  # noqa: E731
+            rows.append(search(con, conv, q, cid, edge, hit, len(searched)))
     return rows
 
 
@@ -91,13 +93,14 @@ def measure_per_session(data: Path, cid: str, store_dir: Path) -> list[dict]:
             if q.category not in SCORED or not evidence:
                 continue
             hit = lambda t, e=evidence: (t.conversation, t.seq) in e  # noqa: E731
-            rows.append(search(con, conv, q, NEW_CHAT, 0, hit))
+            rows.append(search(con, conv, q, NEW_CHAT, 0, hit, len(evidence)))
     return rows
 
 
-def search(con, conv, question, conversation: str, last_seq: int, hit) -> dict:
+def search(con, conv, question, conversation: str, last_seq: int, hit, evidence: int) -> dict:
     """Recall's search for `question` as the eval asks it, from `conversation` (its turns up to
-    `last_seq` searched): the rank of the first turn found for which `hit` holds, and the time."""
+    `last_seq` searched): the rank of the first turn found for which `hit` holds, the rank by
+    which all `evidence` such turns were, and the time."""
     query = recall_query(probe_text(conv, question))
     start = time.perf_counter()
     found = search_before(con, conversation, last_seq, query, max(DEPTHS))
@@ -107,6 +110,9 @@ def search(con, conv, question, conversation: str, last_seq: int, hit) -> dict:
         "conversation": conv.id,
         "category": CATEGORIES[question.category],
         "rank": ranks[0] if ranks else None,
+        # The rank by which every evidence turn searched was found (a multi-hop question needs
+        # them all), None if one was not among the first max(DEPTHS).
+        "all_rank": ranks[-1] if len(ranks) == evidence else None,
         "seconds": seconds,
     }
 
@@ -143,11 +149,21 @@ def summarize(rows: list[dict]) -> dict:
     for name, group in groups.items():
         if not group:
             continue
-        out[name] = {"questions": len(group)} | {
-            f"found_at_{k}": sum(r["rank"] is not None and r["rank"] <= k for r in group)
-            / len(group)
-            for k in DEPTHS
-        }
+        out[name] = (
+            {"questions": len(group)}
+            | {
+                f"found_at_{k}": sum(r["rank"] is not None and r["rank"] <= k for r in group)
+                / len(group)
+                for k in DEPTHS
+            }
+            | {
+                f"all_found_at_{k}": sum(
+                    r["all_rank"] is not None and r["all_rank"] <= k for r in group
+                )
+                / len(group)
+                for k in DEPTHS
+            }
+        )
     return out
 
 
@@ -194,6 +210,7 @@ def main() -> None:
         print(f"{len(rows)} questions with evidence before the window ({args.window} messages)")
     for name, s in result["by_category"].items():
         cells = "  ".join(f"@{k} {s[f'found_at_{k}']:.0%}" for k in DEPTHS)
+        cells += "   all: " + "  ".join(f"@{k} {s[f'all_found_at_{k}']:.0%}" for k in DEPTHS)
         print(f"{name:>12} n={s['questions']:<4} {cells}")
     print(f"search: {result['search_ms_mean']:.1f} ms per question")
     if args.scale:
