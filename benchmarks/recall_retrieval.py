@@ -9,8 +9,9 @@ turns before the window against the question as the eval asks it.
 
 The window's edge is `--window` messages before the end (the eval's runs with a 4,096-token
 budget left 40 to 70 messages verbatim). A question counts as found at k when one of its
-evidence turns is among the first k results; found at 4 is the figure tracked across versions;
-recall puts up to RECALL_TURNS (6) in the prompt, as many as fit its share.
+evidence turns is among the first k results, and all found at k when every one of its evidence
+turns before the window is (what a multi-hop question needs); found at 4 is the figure tracked
+across versions; recall puts up to RECALL_TURNS (6) in the prompt, as many as fit its share.
 With `--conversation-per-session`, each session is logged as a conversation of its own (as a
 companion app opens a new chat each day), and each question is searched across all of them
 from a new conversation, as a person asks it in a new chat the next day: every evidence turn
@@ -97,10 +98,10 @@ def measure_per_session(data: Path, cid: str, store_dir: Path) -> list[dict]:
     return rows
 
 
-def search(con, conv, question, conversation: str, last_seq: int, hit, evidence: int) -> dict:
+def search(con, conv, question, conversation: str, last_seq: int, hit, needed: int) -> dict:
     """Recall's search for `question` as the eval asks it, from `conversation` (its turns up to
     `last_seq` searched): the rank of the first turn found for which `hit` holds, the rank by
-    which all `evidence` such turns were, and the time."""
+    which all `needed` such turns were (the evidence turns searched), and the time."""
     query = recall_query(probe_text(conv, question))
     start = time.perf_counter()
     found = search_before(con, conversation, last_seq, query, max(DEPTHS))
@@ -112,7 +113,7 @@ def search(con, conv, question, conversation: str, last_seq: int, hit, evidence:
         "rank": ranks[0] if ranks else None,
         # The rank by which every evidence turn searched was found (a multi-hop question needs
         # them all), None if one was not among the first max(DEPTHS).
-        "all_rank": ranks[-1] if len(ranks) == evidence else None,
+        "all_rank": ranks[-1] if len(ranks) == needed else None,
         "seconds": seconds,
     }
 

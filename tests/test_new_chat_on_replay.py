@@ -5,17 +5,34 @@ tests write."""
 import hashlib
 import importlib
 import json
-import sys
 from pathlib import Path
 
+import pytest
 from test_eval_locomo import extracting_reader, write_dataset
 
 from mlxmem.eval import locomo as ev
 from mlxmem.eval.runlog import read_lines
+from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-new_chat_on_replay = importlib.import_module("new_chat_on_replay")  # a script, not a package
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def script(monkeypatch):
+    """benchmarks/new_chat_on_replay.py (a script, not a package: its folder on the path for
+    this test only), with the paths of the stores it opens recorded."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    module = importlib.import_module("new_chat_on_replay")
+    helpers = importlib.import_module("recall_dates_ab")
+    opened: list[Path] = []
+
+    def recording(path, *args, **kwargs):
+        opened.append(Path(path))
+        return Store(path, *args, **kwargs)
+
+    monkeypatch.setattr(helpers, "Store", recording)
+    return module, opened
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -27,8 +44,9 @@ def digest(folder: Path) -> dict[str, str]:
 
 
 def test_the_replays_questions_in_a_new_chat_resume_and_leave_its_store_as_it_was(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, script
 ):
+    new_chat_on_replay, opened = script
     data = write_dataset(tmp_path, sessions=4, chatter=3, coda=" It was the best trip all year.")
     monkeypatch.setenv(ev.DATA_ENV, str(data))
     run_dir = tmp_path / "run"
@@ -57,7 +75,10 @@ def test_the_replays_questions_in_a_new_chat_resume_and_leave_its_store_as_it_wa
     # Each item was kept as it came; a rerun asks nothing and returns the same items.
     assert read_lines(run_dir / "conv-1.new-chat.jsonl") == items
     again = FakeEngine(extracting_reader)
-    assert new_chat_on_replay.ask_conversation(again, run_dir, "conv-1", None, answers, settings)
+    rerun = new_chat_on_replay.ask_conversation(again, run_dir, "conv-1", None, answers, settings)
+    assert rerun == items
     assert not [c for c in again.calls if c.slot.startswith("probe/")]
-    # The questions were asked on a copy: the run's own store is as the replay left it.
+    # The questions were asked on a copy: the run's own store is as the replay left it, and
+    # was never opened.
+    assert opened and not any(run_dir in p.parents for p in opened)
     assert digest(run_dir / "conv-1") == store_before

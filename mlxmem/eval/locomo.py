@@ -63,7 +63,7 @@ from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.eval.runlog import KEEP_EVERY, RunDir
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
-from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.companion import ChatSettings, Companion, SummaryKind, check_summary_kind
 from mlxmem.memory.dates import unanchored
 from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
@@ -1022,7 +1022,7 @@ def run_locomo(
     sessions: int | None = None,
     per_session: bool = False,
     run_dir: Path | None = None,
-    summary: str = "model",
+    summary: str = SummaryKind.model.value,
     replace_facts: bool = DEFAULT_REPLACE_FACTS,
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each, or a
@@ -1036,7 +1036,7 @@ def run_locomo(
     stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
     `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
-    ChatSettings(summary=summary)  # refuses a summary kind it does not know, before any work
+    check_summary_kind(summary)
     mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
     chosen = set(answer_configs or ())
     if chosen and not answers:

@@ -112,6 +112,13 @@ class SummaryKind(str, enum.Enum):
 SUMMARY_KINDS = tuple(kind.value for kind in SummaryKind)
 
 
+def check_summary_kind(kind: str) -> None:
+    """Refuse a summary kind that is not one of SummaryKind: ChatSettings would read any word
+    but "model" as extractive."""
+    if kind not in SUMMARY_KINDS:
+        raise InputError(f"summary is one of {', '.join(SUMMARY_KINDS)}, not {kind!r}")
+
+
 @dataclass
 class ChatSettings:
     temp: float = DEFAULT_TEMP
@@ -127,8 +134,7 @@ class ChatSettings:
     replace_facts: bool = DEFAULT_REPLACE_FACTS  # a new automatic fact may replace an older one
 
     def __post_init__(self) -> None:
-        if self.summary not in SUMMARY_KINDS:  # any other word would read as "extractive"
-            raise InputError(f"summary is one of {', '.join(SUMMARY_KINDS)}, not {self.summary!r}")
+        check_summary_kind(self.summary)
 
 
 @dataclass
