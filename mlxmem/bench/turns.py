@@ -38,6 +38,7 @@ from mlxmem.bench.common import (
     ratio,
     synthetic_exchanges,
 )
+from mlxmem.defaults import SummaryKind
 from mlxmem.engine import Engine, Message
 from mlxmem.engine.slots import SlotPool, common_prefix_len
 from mlxmem.errors import InputError
@@ -354,13 +355,21 @@ def run_turns(
     records: list[TurnRecord] = []
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-") as tmp:
         store = Store(Path(tmp) / "bench.duckdb")
+        # The model writes each fold's summary: what this measures is that call's reuse of the
+        # cached prefix (the product's default, the extractive summary, makes no call).
         chat = ChatSettings(
-            temp=0.0, seed=seed, extract_facts=facts, max_tokens=max_tokens, recall=recall
+            temp=0.0,
+            seed=seed,
+            extract_facts=facts,
+            max_tokens=max_tokens,
+            recall=recall,
+            summary=SummaryKind.model.value,
         )
         companion = Companion(recorder, store, CONVERSATION, context_tokens, response_reserve, chat)
         settings["response_reserve"] = companion.budget.reserve
         settings["summary_cap"] = companion.window.summary_cap
         settings["replace_facts"] = chat.replace_facts and facts  # the product's default
+        settings["summary"] = chat.summary
         disk = SaveMeter(engine, companion.slot)
 
         def record(turn: RanTurn, result: TurnResult) -> None:

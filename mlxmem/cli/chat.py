@@ -12,6 +12,7 @@ from mlxmem.defaults import (
     DEFAULT_SEED,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
+    SummaryKind,
 )
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings, Companion, open_companion
@@ -25,6 +26,7 @@ from .common import (
     MODEL,
     RECALL,
     REPLACE_FACTS,
+    SUMMARY,
     err,
     model_or_default,
     print_json,
@@ -81,6 +83,7 @@ def chat(
     engine_name: str | None = ENGINE,
     facts: bool = FACTS,
     replace_facts: bool = REPLACE_FACTS,
+    summary: SummaryKind = SUMMARY,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
     private: bool = typer.Option(
@@ -135,6 +138,7 @@ def chat(
         seed=seed,
         extract_facts=facts,
         replace_facts=replace_facts,
+        summary=summary.value,
         recall=recall,
         max_message_chars=max_message_chars,
         context_tokens=context_tokens,

@@ -13,14 +13,13 @@ from rich.table import Table
 
 from mlxmem import bench
 from mlxmem.bench.locomo_data import convert_locomo
-from mlxmem.defaults import DEFAULT_REPLACE_FACTS
+from mlxmem.defaults import DEFAULT_REPLACE_FACTS, SummaryKind
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
-from mlxmem.memory.companion import SummaryKind
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import ENGINE, JSON, err, model_or_default, out, plain_typer, print_json
+from .common import ENGINE, JSON, SUMMARY, err, model_or_default, out, plain_typer, print_json
 
 app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
@@ -52,13 +51,6 @@ ANSWER_CONFIGS = typer.Option(
     "others' prompts are still assembled and measured, as --no-answers does: mlxmem - window "
     "on the questions whose evidence was folded needs only those two answered, which reuse "
     "the prefix the questions share, where recall's prefill its recalled turns.",
-)
-SUMMARY = typer.Option(
-    SummaryKind.model,
-    "--summary",
-    help="How a fold writes the rolling summary in the replay: model (the model writes it, "
-    "checked; the extractive one where it fails) or extractive (picked from the turns, no "
-    "model call: measures what the model's summary adds).",
 )
 
 

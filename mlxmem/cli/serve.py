@@ -10,9 +10,7 @@ import sys
 import typer
 
 from mlxmem import paths
-from mlxmem.defaults import (
-    DEFAULT_CONVERSATION,
-)
+from mlxmem.defaults import DEFAULT_CONVERSATION, SummaryKind
 from mlxmem.engine import engine_loader
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
@@ -27,6 +25,7 @@ from .common import (
     MODEL,
     RECALL,
     REPLACE_FACTS,
+    SUMMARY,
     err,
     model_or_default,
 )
@@ -58,6 +57,7 @@ def serve(
     engine_name: str | None = ENGINE,
     facts: bool = FACTS,
     replace_facts: bool = REPLACE_FACTS,
+    summary: SummaryKind = SUMMARY,
     recall: bool = RECALL,
     max_message_chars: int = MAX_MESSAGE_CHARS,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not log each request."),
@@ -78,6 +78,7 @@ def serve(
     settings = ChatSettings(
         extract_facts=facts,
         replace_facts=replace_facts,
+        summary=summary.value,
         recall=recall,
         max_message_chars=max_message_chars,
         context_tokens=context_tokens,

@@ -58,12 +58,12 @@ from pathlib import Path
 import Stemmer
 
 from mlxmem.bench.common import Progress, no_progress
-from mlxmem.defaults import DEFAULT_REPLACE_FACTS
+from mlxmem.defaults import DEFAULT_REPLACE_FACTS, DEFAULT_SUMMARY
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.eval.runlog import KEEP_EVERY, RunDir
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
-from mlxmem.memory.companion import ChatSettings, Companion, SummaryKind, check_summary_kind
+from mlxmem.memory.companion import ChatSettings, Companion, check_summary_kind
 from mlxmem.memory.dates import unanchored
 from mlxmem.memory.recall import recall_block
 from mlxmem.memory.store import Store
@@ -1022,7 +1022,7 @@ def run_locomo(
     sessions: int | None = None,
     per_session: bool = False,
     run_dir: Path | None = None,
-    summary: str = SummaryKind.model.value,
+    summary: str = DEFAULT_SUMMARY,
     replace_facts: bool = DEFAULT_REPLACE_FACTS,
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each, or a

@@ -4,7 +4,6 @@ fold the window if it is over budget, then extract at most one fact."""
 
 from __future__ import annotations
 
-import enum
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,9 +19,11 @@ from mlxmem.defaults import (
     DEFAULT_RECALL,
     DEFAULT_REPLACE_FACTS,
     DEFAULT_SEED,
+    DEFAULT_SUMMARY,
     DEFAULT_TEMP,
     DEFAULT_TOP_P,
     FACTS_SLOT,
+    SUMMARY_KINDS,
 )
 from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError, StaleError
@@ -101,17 +102,6 @@ class StaleWarning(UserWarning):
     """A result was discarded because something was deleted while it was computed."""
 
 
-class SummaryKind(str, enum.Enum):
-    """How a fold writes the rolling summary: the model (checked; the extractive one where the
-    check fails or the fold gives way), or extractive (picked from the turns, no model call)."""
-
-    model = "model"
-    extractive = "extractive"
-
-
-SUMMARY_KINDS = tuple(kind.value for kind in SummaryKind)
-
-
 def check_summary_kind(kind: str) -> None:
     """Refuse a summary kind that is not one of SummaryKind: ChatSettings would read any word
     but "model" as extractive."""
@@ -130,7 +120,7 @@ class ChatSettings:
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
     recall: bool = DEFAULT_RECALL  # recall old turns from the log into a message about the past
     context_tokens: int | None = None  # the prompt's budget; None: the model's (models.toml)
-    summary: str = SummaryKind.model.value  # a fold's summary, one of SummaryKind
+    summary: str = DEFAULT_SUMMARY  # how a fold writes the summary: one of SummaryKind
     replace_facts: bool = DEFAULT_REPLACE_FACTS  # a new automatic fact may replace an older one
 
     def __post_init__(self) -> None:
