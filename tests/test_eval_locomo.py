@@ -159,7 +159,7 @@ def test_first_sessions_keep_only_the_questions_they_hold(tmp_path):
 def test_replay_and_probes_with_the_fake_engine(tmp_path):
     data = write_dataset(tmp_path)
     engine = FakeEngine(reader)
-    result = ev.run_locomo(engine, data, ["conv-1"], 1000, 120).to_dict()
+    result = ev.run_locomo(engine, data, ["conv-1"], 1000, 120, summary="model").to_dict()
     assert set(ev.CONFIGS) <= set(result)
     for config in ev.CONFIGS:
         assert set(result[config]) == set(ev.METRICS)
@@ -226,7 +226,8 @@ def test_evidence_out_of_the_window_is_what_recall_is_scored_on(tmp_path, monkey
     # window is in the prompt only where recall puts it.
     monkeypatch.setattr(window, "MIN_SPECIFICS_ROOM", 10**6)
     data = write_dataset(tmp_path)
-    result = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 2200, 120).to_dict()
+    args = (data, ["conv-1"], 2200, 120)
+    result = ev.run_locomo(FakeEngine(reader), *args, summary="model").to_dict()
     items = result["conversations"][0]["items"]
     upto = items[0]["evicted_upto"]
     assert [i["evidence_seqs"] for i in items] == [[1], [19], [37], [55], [73], [91], []]
@@ -245,7 +246,8 @@ def test_a_summary_that_fails_the_check_is_replaced_and_keeps_the_trips(tmp_path
         return reader(prompt, "They talked about a trip and noodles.")  # no names: it fails
 
     data = write_dataset(tmp_path)
-    result = ev.run_locomo(FakeEngine(thin), data, ["conv-1"], 2200, 120).to_dict()
+    result = ev.run_locomo(FakeEngine(thin), data, ["conv-1"], 2200, 120, summary="model")
+    result = result.to_dict()
     items = result["conversations"][0]["items"]
     assert [i["evidence_seqs"] for i in items][:4] == [[1], [19], [37], [55]]
     assert 55 < items[0]["evicted_upto"] < 73  # the same four sessions were folded...

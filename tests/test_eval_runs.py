@@ -222,7 +222,8 @@ def test_extractive_summaries_make_no_model_call_and_a_run_from_before_the_setti
     data = write_dataset(tmp_path / "data", sessions=4, chatter=3)
     args = (data, ["conv-1"], 1000, 120)
     model = FakeEngine(extracting_reader)
-    with_model = ev.run_locomo(model, *args).to_dict()["layers"]["conv-1"]["summaries"]
+    with_model = ev.run_locomo(model, *args, summary="model").to_dict()
+    with_model = with_model["layers"]["conv-1"]["summaries"]
     engine = FakeEngine(extracting_reader)
     run_dir = tmp_path / "run"
     result = ev.run_locomo(engine, *args, run_dir=run_dir, summary="extractive").to_dict()
@@ -295,7 +296,8 @@ def test_each_question_says_where_its_evidence_was_and_what_it_cost(tmp_path, mo
     # are folded and only recall finds them; the last two are in the window.
     monkeypatch.setattr(window, "MIN_SPECIFICS_ROOM", 10**6)
     data = write_dataset(tmp_path)
-    result = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 2200, 120).to_dict()
+    args = (data, ["conv-1"], 2200, 120)
+    result = ev.run_locomo(FakeEngine(reader), *args, summary="model").to_dict()
     items = result["conversations"][0]["items"]
     assert [i["place"] for i in items] == ["recalled"] * 4 + ["window"] * 2 + ["unplaced"]
     places = result["by_evidence_place"]

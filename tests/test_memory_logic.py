@@ -153,7 +153,7 @@ def test_summaries_keep_their_token_cap(long_chat):
 
 
 def test_fold_is_generated_on_the_cached_chat_prefix():
-    engine, _, companion = make()
+    engine, _, companion = make(summary="model")
     for i in range(40):
         result = companion.send(user_text(i))
         if result.folds:
@@ -169,11 +169,29 @@ def test_fold_is_generated_on_the_cached_chat_prefix():
     assert event.cached_tokens == event.prompt_tokens - event.prefilled_tokens
 
 
+def test_by_default_a_fold_writes_the_extractive_summary_and_asks_the_model_nothing(tmp_path):
+    engine, store, companion = make()
+    for i in range(30):
+        companion.send(user_text(i))
+    summaries = store.summaries("default")
+    assert summaries and {s.source for s in summaries} == {"extractive"}
+    assert not any(SUMMARY_REQUEST in c.prompt for c in engine.calls)
+    # --summary model asks it, on the same turns (in a store of its own: the fake engine's
+    # token ids are its own).
+    engine = FakeEngine(scripted)
+    store = Store(tmp_path / "model.duckdb")
+    companion = Companion(engine, store, "default", 600, 120, ChatSettings(summary="model"))
+    for i in range(30):
+        companion.send(user_text(i))
+    assert any(SUMMARY_REQUEST in c.prompt for c in engine.calls)
+    assert "model" in {s.source.split("+")[0] for s in store.summaries("default")}
+
+
 def test_summary_failure_still_folds_the_turns_in():
     def mute(prompt):
         return "" if "updated summary" in prompt else "ok then, that is good to hear."
 
-    _, store, companion = make(responder=mute)
+    _, store, companion = make(responder=mute, summary="model")
     for i in range(30):
         companion.send(user_text(i))
     summary = store.latest_summary("default")
@@ -673,7 +691,8 @@ def test_a_conversation_deleted_during_the_reply_does_not_come_back(mlxmem_home)
 def test_a_fact_deleted_during_a_turn_is_not_in_the_summary_written_after_it():
     engine = FakeEngine(scripted, delay_s=0.002)
     store = Store()
-    companion = Companion(engine, store, "default", 600, 120, ChatSettings(extract_facts=False))
+    settings = ChatSettings(extract_facts=False, summary="model")
+    companion = Companion(engine, store, "default", 600, 120, settings)
     fact = store.add_fact("Has a parrot called MARKER-PARROT.")
     for i in range(40):  # fold at least twice with the fact in the prompt
         companion.send(user_text(i))

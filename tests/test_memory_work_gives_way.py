@@ -283,7 +283,8 @@ def test_a_fold_gives_way_to_a_waiting_message_with_the_extractive_summary():
     # A message waiting at once: every fold is the extractive one, and the model never
     # writes a summary; the window folds all the same and every prompt fits.
     engine = FakeEngine(scripted)
-    companion = Companion(engine, Store(), "hurried", 700, 60, ChatSettings(extract_facts=False))
+    settings = ChatSettings(extract_facts=False, summary="model")
+    companion = Companion(engine, Store(), "hurried", 700, 60, settings)
     folds = fill(companion, should_yield=lambda: True)
     assert folds and all(e.summary.source == "extractive" for e in folds)
     assert all(e.fallback == "gave way" for e in folds)
@@ -291,6 +292,6 @@ def test_a_fold_gives_way_to_a_waiting_message_with_the_extractive_summary():
     assert all(e.prompt_tokens == 0 for e in folds)
     # Nobody waiting: the model writes them, as before.
     engine = FakeEngine(scripted)
-    companion = Companion(engine, Store(), "calm", 700, 60, ChatSettings(extract_facts=False))
+    companion = Companion(engine, Store(), "calm", 700, 60, settings)
     assert {e.summary.source for e in fill(companion)} <= {"model", "model+extractive"}
     assert any("updated summary" in c.prompt for c in engine.calls)

@@ -282,7 +282,9 @@ def fold_with(summary: str) -> Store:
         return summary if "updated summary" in prompt else "Sounds good, tell me more."
 
     store = Store()
-    companion = Companion(FakeEngine(responder), store, "default", 600, 120, ChatSettings())
+    companion = Companion(
+        FakeEngine(responder), store, "default", 600, 120, ChatSettings(summary="model")
+    )
     for i in range(16):
         companion.send(f"Nadia here: on day {i} I walked Rex {i} km along the Thames.")
     assert store.summaries("default"), "no fold happened"
