@@ -31,6 +31,7 @@ from mlxmem.memory.window import (
     MIN_VERBATIM,
     SUMMARY_REQUEST,
     UNANSWERED,
+    ConversationWindow,
     as_messages,
     evict_count,
     summary_cap,
@@ -169,12 +170,21 @@ def test_fold_is_generated_on_the_cached_chat_prefix():
     assert event.cached_tokens == event.prompt_tokens - event.prefilled_tokens
 
 
-def test_by_default_a_fold_writes_the_extractive_summary_and_asks_the_model_nothing(tmp_path):
-    engine, store, companion = make()
-    for i in range(30):
-        companion.send(user_text(i))
+def test_by_default_a_fold_writes_the_extractive_summary_and_asks_the_model_nothing(
+    tmp_path, monkeypatch
+):
+    # Nor is the request for the model's summary assembled (a tokenization of the folded turns
+    # for nothing).
+    def no_request(self):
+        pytest.fail("the model's summary request was assembled for an extractive fold")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ConversationWindow, "_summary_budget", no_request)
+        engine, store, companion = make()
+        folds = [e for i in range(30) for e in companion.send(user_text(i)).folds]
     summaries = store.summaries("default")
     assert summaries and {s.source for s in summaries} == {"extractive"}
+    assert folds and {(e.fallback, e.prompt_tokens) for e in folds} == {("extractive asked", 0)}
     assert not any(SUMMARY_REQUEST in c.prompt for c in engine.calls)
     # --summary model asks it, on the same turns (in a store of its own: the fake engine's
     # token ids are its own).

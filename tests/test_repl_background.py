@@ -5,10 +5,11 @@ window."""
 
 import io
 import threading
+import time
 
 from conftest import FACT
 
-from mlxmem.cli.repl import Session
+from mlxmem.cli.repl import WAIT_SAID_S, Session
 from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
@@ -36,6 +37,17 @@ def session_with_a_slow_extractor():
     return Session(open_chat, "fake", "default", Terminal(out)), out, release, extracting
 
 
+def release_once_waited_on(session: Session, release: threading.Event) -> None:
+    """Let the held extraction go a while after the next message has begun to wait for it
+    (once logged, the message sets `hurry`), however slowly a loaded machine gets there."""
+    for _ in range(3000):
+        if session.hurry.is_set():
+            break
+        time.sleep(0.01)
+    time.sleep(3 * WAIT_SAID_S)
+    release.set()
+
+
 def test_the_prompt_comes_back_before_the_memory_work_and_the_next_message_waits_for_it(capsys):
     session, out, release, extracting = session_with_a_slow_extractor()
     with session.companion.store.holding():
@@ -43,7 +55,7 @@ def test_the_prompt_comes_back_before_the_memory_work_and_the_next_message_waits
         assert extracting.wait(30) and not session.pending.done()
         assert out.getvalue() == "Noted.\n"
         assert [t.role for t in Store().turns("default")] == ["user", "assistant"]
-        threading.Timer(0.3, release.set).start()
+        threading.Thread(target=release_once_waited_on, args=(session, release)).start()
         session.send("And what else?")  # waits for the first turn's work, then replies
         session.settle()
     session.model_thread.close()

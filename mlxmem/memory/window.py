@@ -167,19 +167,20 @@ class ConversationWindow:
         # Who is who, read from the whole window: a fold's half alone often greets too few
         # times to tell, and its summary then says "User" where the earlier one said "Tim".
         names = speaker_names([(t.role, t.text) for t in turns], [f.text for f in facts])
-        prompt = self._summary_budget().assemble(
-            self.instructions,
-            [f.text for f in facts],
-            summary.text if summary else None,
-            [
-                *self.messages(evicted, summary_span and summary_span[1]),
-                Message("user", summary_request(names)),
-            ],
-            summary_span=summary_span,
-        )
         hurried = should_yield is not None and should_yield()
-        result = None
-        if not hurried and self.model_summary:
+        result, omitted = None, False
+        if not hurried and self.model_summary:  # the request is assembled only to be asked
+            prompt = self._summary_budget().assemble(
+                self.instructions,
+                [f.text for f in facts],
+                summary.text if summary else None,
+                [
+                    *self.messages(evicted, summary_span and summary_span[1]),
+                    Message("user", summary_request(names)),
+                ],
+                summary_span=summary_span,
+            )
+            omitted = bool(prompt.omitted)
             result = self.engine.generate(
                 prompt.tokens,
                 slot=self.slot,
@@ -204,7 +205,7 @@ class ConversationWindow:
             fallback = "gave way"
         elif not self.model_summary:
             fallback = "extractive asked"
-        elif prompt.omitted:
+        elif omitted:
             fallback = "turns left out"
         else:  # the check's problems, "" if none
             fallback = ", ".join(check_summary(text, [t.text for t in evicted], checked).problems)
