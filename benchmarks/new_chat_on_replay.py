@@ -32,6 +32,7 @@ from recall_dates_ab import replay_arguments, replayed_companion
 from mlxmem.engine import load_engine
 from mlxmem.eval import locomo as ev
 from mlxmem.eval.runlog import append_line, read_lines
+from mlxmem.paths import write_whole
 
 MODE = ev.NEW_CHAT_MODES[1]
 
@@ -125,7 +126,7 @@ def main() -> None:
             n = group["questions"]
             print(f"about {name} ({n}): facts - no_memory {_difference(d)}")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_whole(args.out, json.dumps(result, indent=1) + "\n")  # it holds text: 0600
 
 
 if __name__ == "__main__":
