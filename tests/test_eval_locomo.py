@@ -334,6 +334,24 @@ def test_answer_configs_answers_those_only_and_measures_every_prompt(tmp_path):
         ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "r")
 
 
+def test_categories_ask_only_their_questions_before_the_limit_picks(tmp_path):
+    data = write_dataset(tmp_path)
+    args = (data, ["conv-1"], 2200, 120)
+    result = ev.run_locomo(FakeEngine(reader), *args, categories=[5]).to_dict()
+    assert [i["category"] for i in result["conversations"][0]["items"]] == [5]
+    assert result["settings"]["categories"] == [5]
+    result = ev.run_locomo(FakeEngine(reader), *args, categories=[4], limit=2).to_dict()
+    assert [i["category"] for i in result["conversations"][0]["items"]] == [4, 4]
+    engine = FakeEngine(reader)
+    with pytest.raises(InputError, match="categories are 1 to 5"):
+        ev.run_locomo(engine, *args, categories=[6])
+    assert engine.calls == []
+    # A run folder remembers them: a rerun that asks other questions is refused.
+    ev.run_locomo(FakeEngine(reader), *args, categories=[5], run_dir=tmp_path / "r")
+    with pytest.raises(InputError, match="categories"):
+        ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "r")
+
+
 def test_a_summary_kind_it_does_not_know_is_refused_before_any_work(tmp_path):
     engine = FakeEngine(reader)
     with pytest.raises(InputError, match="summary is one of model, extractive, not 'modle'"):

@@ -43,6 +43,15 @@ DATA = typer.Option(
 PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
 
 
+CATEGORIES = typer.Option(
+    None,
+    "--category",
+    min=1,
+    max=5,
+    help="Ask only the questions of this LoCoMo category (repeat it; 1 multi-hop, 2 temporal, "
+    "3 open-domain, 4 single-hop, 5 adversarial), before --limit or --sample picks among them: "
+    "every open-domain question, say, where a sample of 60 holds a few.",
+)
 ANSWER_CONFIGS = typer.Option(
     None,
     "--answer-config",
@@ -76,6 +85,7 @@ def locomo(
         help="Ask about N questions per conversation, of categories 1-4 only, each category "
         "its share (at least one), spread evenly over the conversation (instead of --limit).",
     ),
+    category: list[int] = CATEGORIES,
     run_dir: Path = RUN_DIR,
     model: str = typer.Option(
         None,
@@ -162,6 +172,7 @@ def locomo(
                 run_dir=run_dir,
                 summary=summary.value,
                 replace_facts=replace_facts,
+                categories=category or None,
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:

@@ -1024,6 +1024,7 @@ def run_locomo(
     run_dir: Path | None = None,
     summary: str = DEFAULT_SUMMARY,
     replace_facts: bool = DEFAULT_REPLACE_FACTS,
+    categories: Sequence[int] | None = None,
 ) -> EvalResult:
     """Replay each conversation into a scratch store and ask its questions (`limit` each, or a
     `sample` stratified by category); without `answers`, only assemble their prompts and
@@ -1035,8 +1036,13 @@ def run_locomo(
     always on. With `run_dir`, the run is kept there as it goes and a rerun goes on where it
     stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
-    `replace_facts`: whether a fact noted may replace an older one (ChatSettings)."""
+    `replace_facts`: whether a fact noted may replace an older one (ChatSettings);
+    `categories`: ask only the questions of these LoCoMo categories (1-5), before `limit` or
+    `sample` picks among them: every open-domain question of a conversation, say, where a
+    sample of 60 holds a few."""
     check_summary_kind(summary)
+    if categories and set(categories) - {1, 2, 3, 4, 5}:
+        raise InputError("LoCoMo's categories are 1 to 5")
     mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
     chosen = set(answer_configs or ())
     if chosen and not answers:
@@ -1063,6 +1069,7 @@ def run_locomo(
         # None: every configuration (or none, without answers), as a run from before it.
         "answer_configs": list(answered) if chosen and chosen != set(mode_configs) else None,
         "answer_tokens": ANSWER_TOKENS,
+        "categories": sorted(set(categories)) if categories else None,
         "seed": seed,
         "model_id": engine.model_id,
         "f1": "LoCoMo token F1 without stemming",
@@ -1077,11 +1084,8 @@ def run_locomo(
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlxmem-eval-")))
         run = RunDir(run_dir, settings)
         for conv in convs:
-            questions = (
-                stratified_sample(conv.questions, sample)
-                if sample
-                else pick_questions(conv.questions, limit)
-            )
+            asked = [q for q in conv.questions if not categories or q.category in categories]
+            questions = stratified_sample(asked, sample) if sample else pick_questions(asked, limit)
             budget = (context_tokens, response_reserve)
             # Recall on, so that the window keeps its room free; an imported exchange recalls
             # nothing (its reply is given). Per session, facts are noted as in a chat.

@@ -36,7 +36,7 @@ COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
 KEEP_EVERY = 10  # exchanges between two copies of the store (a few MB, milliseconds)
 # The settings a run's results depend on: a rerun must match them. The conversations may grow.
 # A setting added later is read as its default in a run made before it.
-RESUME_DEFAULTS = {"summary": "model", "answer_configs": None}
+RESUME_DEFAULTS = {"summary": "model", "answer_configs": None, "categories": None}
 RESUME_KEYS = (
     "mode",
     "limit",
@@ -50,6 +50,7 @@ RESUME_KEYS = (
     "answers",
     "answer_configs",
     "answer_tokens",
+    "categories",
     "model_id",
 )
 
