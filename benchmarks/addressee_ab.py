@@ -15,6 +15,7 @@ hold no text.
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from mlxmem.defaults import FACTS_SLOT
@@ -86,6 +87,7 @@ def score(out: Path, data: Path) -> dict:
             mine = [r for r in rows if r["conversation"] == cid]
             kept: list[tuple[str, str]] = []
             outcomes: dict[str, int] = {}
+            said: dict[str, str] = {}  # each message's outcome, by turn
             for r in mine:
                 if not r["asked"]:
                     continue
@@ -96,6 +98,7 @@ def score(out: Path, data: Path) -> dict:
                 if fact is not None and is_duplicate(fact, [k for k, _ in kept]):
                     fact, outcome = None, "duplicate"
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                said[r["turn"]] = outcome
                 if fact is not None:
                     kept.append((fact, r["turn"]))
             names = (conv.user_name, conv.assistant_name)
@@ -103,16 +106,21 @@ def score(out: Path, data: Path) -> dict:
                 kept, fe.load_observations(data, cid), [r["turn"] for r in mine], names
             )
             scored.pop("facts")
+            # What became of the message of each observation no fact covers: the model said
+            # NONE, a filter refused its answer, or a fact was kept that covers another.
+            lost = Counter(said.get(turn, "not_asked") for turn in scored.pop("uncovered_turns"))
             one = {
                 "conversation": cid,
                 "messages": len(mine),
                 "greeted": sum(r.get("greeted", False) for r in mine),
                 **scored,
                 "outcomes": outcomes,
+                "uncovered_by_outcome": dict(lost),
             }
             result["conversations"].setdefault(cid, {})[arm] = one
             runs.append(one)
-        result["pooled"][arm] = fe.pooled(runs)
+        lost = sum((Counter(r["uncovered_by_outcome"]) for r in runs), Counter())
+        result["pooled"][arm] = fe.pooled(runs) | {"uncovered_by_outcome": dict(lost)}
     return result
 
 

@@ -79,6 +79,9 @@ def test_each_kept_fact_is_labeled_against_the_observations(tmp_path):
     # Ana's three observations are on messages sent; the kitten fact covers one of them.
     assert (report["user_observations"], report["covered_observations"]) == (3, 1)
     assert report["coverage"] == pytest.approx(1 / 3)
+    # The two left uncovered, by turn: not the kitten's.
+    kitten = next(f["turn"] for f in report["facts"] if "kitten" in f["fact"])
+    assert len(report["uncovered_turns"]) == 2 and kitten not in report["uncovered_turns"]
     # Five messages: four kept, one too short to ask ("ok").
     assert report["messages"] == 5 and report["kept"] == 4
     assert report["per_100_messages"] == {"kept": 80.0, "rejected": {"short": 20.0}}

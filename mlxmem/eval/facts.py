@@ -181,6 +181,8 @@ def score_facts(
         "counts": counts,
         "user_observations": len(mine),
         "covered_observations": len(covered),
+        # The turns of the user's observations no fact covers: where coverage is lost.
+        "uncovered_turns": [o.turn for i, o in enumerate(mine) if i not in covered],
         "facts": [asdict(s) for s in scored],
     }
 
