@@ -447,28 +447,3 @@ def test_the_named_speakers_turn_and_the_reply_to_a_match_rank_first(tmp_path):
             con, "c", 4, recall_query("(You are Mel; I am Jo.) Jo's basketball team?")
         )
         assert found[0].seq == 3
-
-
-def test_a_short_window_lends_recall_its_free_room():
-    """In a new chat the window takes little, so recall fills the room left free (up to
-    RECALL_TURNS turns), not only the share the window always keeps free for it; the prompt
-    still fits the budget with the reply's reserve."""
-    engine = FakeEngine(responder)
-    store = Store()
-    settings = ChatSettings(recall=True, extract_facts=False)
-    old = Companion(engine, store, "old", 600, 120, settings)
-    for i in range(RECALL_TURNS + 4):
-        old.send(f"My greenhouse grew kohlrabi number {i} this spring, purple and round.")
-    new = Companion(engine, store, "new", 1000, 120, settings)
-    prompt = new.context("What did my greenhouse grow?")
-    share = new.recall_room  # what the window keeps free for recall: 125 of 1,000 tokens
-    assert prompt.layers.recall > share
-    assert len(prompt.recalled) == RECALL_TURNS
-    assert len(prompt.tokens) + prompt.layers.reserve <= 1000
-    assert sum(prompt.layers.to_dict().values()) == 1000
-    # With less room (a smaller budget), fewer turns, and still within it.
-    small = Companion(engine, store, "new", 600, 120, settings).context(
-        "What did my greenhouse grow?"
-    )
-    assert 0 < len(small.recalled) < RECALL_TURNS
-    assert len(small.tokens) + small.layers.reserve <= 600

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import MlxmemError
 from mlxmem.memory.dates import Span, day_range, unanchored
-from mlxmem.memory.recall import RECALLED_TURN_TOKENS, recall_block
+from mlxmem.memory.recall import RECALL_SHARE, RECALLED_TURN_TOKENS, recall_block
 
 DEFAULT_FACTS_SHARE = 0.15
 SYSTEM_MEMO_ENTRIES = 16  # system texts whose token counts a PromptBudget remembers
@@ -255,12 +255,11 @@ class PromptBudget:
         self, prompt: AssembledPrompt, recalled: Sequence[tuple[int, str]]
     ) -> AssembledPrompt:
         """`prompt` with recalled lines (turn id, text; best first) set before its newest
-        message, as many as fit the room left free (the window keeps at least the recall share
-        of it free); the stable blocks before the newest message, and so the cached prefix, are
-        untouched."""
+        message, as many as fit both the recall share and the room left free; the stable blocks
+        before the newest message, and so the cached prefix, are untouched."""
         if not recalled or prompt.messages[-1].role != "user":
             return prompt
-        cap = prompt.layers.free
+        cap = min(int(self.budget * RECALL_SHARE), prompt.layers.free)
         each = min(RECALLED_TURN_TOKENS, cap // 2)  # room for two turns at least
         lines = [(i, self._line(text, each)) for i, text in recalled]
         *head, newest = prompt.messages

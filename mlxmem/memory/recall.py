@@ -39,13 +39,12 @@ from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE, VOCAB_TABLE
 from mlxmem.memory.terms import terms as words_of
 from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
 
-# Turns recalled at most per message, as many as fit the room the prompt leaves free; what does
-# not fit is dropped, weakest first. The window always leaves RECALL_SHARE free for them (512
-# tokens of 4,096: about six turns), and a short window (a new chat, a fresh fold) leaves more.
-# Ten, not six: of the development conversations' multi-hop questions, every evidence turn is
-# among recall's first 6 for 21%, its first 10 for 27% (docs/memory-quality.md).
-RECALL_TURNS = 10
-RECALL_SHARE = 0.125  # of the context budget: kept free for recall by the window
+# Turns recalled at most per message. Six fit the recall share (512 tokens of 4,096) about as
+# often as four did with room to spare: with SmolLM2's tokenizer, an evidence turn reached
+# the prompt for 0.80-0.84 of each development conversation's questions, 0.77-0.80 with four
+# (benchmarks/summary_entities.py); what does not fit is dropped, weakest first.
+RECALL_TURNS = 6
+RECALL_SHARE = 0.125  # of the context budget, at most
 RECALLED_TURN_TOKENS = 120  # a longer recalled turn shows its head and tail
 RECALL_HEADER = "From earlier conversations (recalled from the log):"
 RECALL_FOOTER = "(end of recalled turns)"
