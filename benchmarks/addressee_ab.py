@@ -108,7 +108,7 @@ def score(out: Path, data: Path) -> dict:
             scored.pop("facts")
             # What became of the message of each observation no fact covers: the model said
             # NONE, a filter refused its answer, or a fact was kept that covers another.
-            lost = Counter(said.get(turn, "not_asked") for turn in scored.pop("uncovered_turns"))
+            lost = Counter(said.get(turn, "short") for turn in scored.pop("uncovered_turns"))
             one = {
                 "conversation": cid,
                 "messages": len(mine),

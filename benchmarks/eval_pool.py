@@ -304,6 +304,7 @@ def main() -> None:
                 "sessions": settings.get("sessions"),
                 "limit": settings.get("limit"),
                 "sample": settings.get("sample"),
+                "categories": settings.get("categories"),
                 "context_tokens": settings.get("context_tokens"),
                 "versions": run.get("versions"),
                 "figures": figures(items, per_session, metric),

@@ -110,6 +110,7 @@ def main() -> None:
             "mode": MODE,
             "conversations": args.conversation,
             "sample": args.sample,
+            "categories": None,  # every category: the replay's own question filter is not read
             "answer_configs": None if answers == ev.PER_SESSION_CONFIGS else list(answers),
             "answers": True,
         }

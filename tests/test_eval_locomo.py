@@ -346,10 +346,22 @@ def test_categories_ask_only_their_questions_before_the_limit_picks(tmp_path):
     with pytest.raises(InputError, match="categories are 1 to 5"):
         ev.run_locomo(engine, *args, categories=[6])
     assert engine.calls == []
+    with pytest.raises(InputError, match="use --limit for category 5"):
+        ev.run_locomo(engine, *args, categories=[5], sample=10)
+    assert engine.calls == []
     # A run folder remembers them: a rerun that asks other questions is refused.
     ev.run_locomo(FakeEngine(reader), *args, categories=[5], run_dir=tmp_path / "r")
     with pytest.raises(InputError, match="categories"):
         ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "r")
+    # A folder made before the option asked every category: it goes on without it, and
+    # refuses it.
+    ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "old")
+    kept = tmp_path / "old" / "settings.json"
+    kept.write_text(json.dumps({k: v for k, v in json.loads(kept.read_text()).items()
+                                if k != "categories"}))  # fmt: skip
+    ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "old")
+    with pytest.raises(InputError, match="categories None there"):
+        ev.run_locomo(FakeEngine(reader), *args, categories=[4], run_dir=tmp_path / "old")
 
 
 def test_a_summary_kind_it_does_not_know_is_refused_before_any_work(tmp_path):

@@ -43,14 +43,15 @@ DATA = typer.Option(
 PLOT = typer.Option(None, "--plot", help="Write a PNG of F1 per category and configuration.")
 
 
-CATEGORIES = typer.Option(
+CATEGORY_OPTION = typer.Option(
     None,
     "--category",
     min=1,
     max=5,
     help="Ask only the questions of this LoCoMo category (repeat it; 1 multi-hop, 2 temporal, "
-    "3 open-domain, 4 single-hop, 5 adversarial), before --limit or --sample picks among them: "
-    "every open-domain question, say, where a sample of 60 holds a few.",
+    "3 open-domain, 4 single-hop, 5 adversarial); --limit and --sample then choose among them "
+    "(--sample covers 1-4 only). --category 3 asks every open-domain question, where a "
+    "--sample of 60 holds only a few.",
 )
 ANSWER_CONFIGS = typer.Option(
     None,
@@ -85,7 +86,7 @@ def locomo(
         help="Ask about N questions per conversation, of categories 1-4 only, each category "
         "its share (at least one), spread evenly over the conversation (instead of --limit).",
     ),
-    category: list[int] = CATEGORIES,
+    category: list[int] = CATEGORY_OPTION,
     run_dir: Path = RUN_DIR,
     model: str = typer.Option(
         None,

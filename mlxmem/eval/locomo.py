@@ -1037,12 +1037,14 @@ def run_locomo(
     stopped (`RunDir`).
     `summary`: how the replay's folds write their summaries (ChatSettings.summary);
     `replace_facts`: whether a fact noted may replace an older one (ChatSettings);
-    `categories`: ask only the questions of these LoCoMo categories (1-5), before `limit` or
-    `sample` picks among them: every open-domain question of a conversation, say, where a
-    sample of 60 holds a few."""
+    `categories`: ask only the questions of these LoCoMo categories (1-5); `limit` or `sample`
+    then choose among them (every open-domain question of a conversation, say, where a sample
+    of 60 holds a few)."""
     check_summary_kind(summary)
     if categories and set(categories) - {1, 2, 3, 4, 5}:
         raise InputError("LoCoMo's categories are 1 to 5")
+    if sample and categories and not set(categories) & set(SCORED):
+        raise InputError("--sample asks categories 1-4 only; use --limit for category 5")
     mode_configs = PER_SESSION_CONFIGS if per_session else CONFIGS
     chosen = set(answer_configs or ())
     if chosen and not answers:
