@@ -335,33 +335,35 @@ def test_answer_configs_answers_those_only_and_measures_every_prompt(tmp_path):
 
 
 def test_categories_ask_only_their_questions_before_the_limit_picks(tmp_path):
-    data = write_dataset(tmp_path)
+    data = write_dataset(tmp_path, sessions=3, chatter=1)  # small: only the choice is tested
     args = (data, ["conv-1"], 2200, 120)
-    result = ev.run_locomo(FakeEngine(reader), *args, categories=[5]).to_dict()
-    assert [i["category"] for i in result["conversations"][0]["items"]] == [5]
-    assert result["settings"]["categories"] == [5]
-    result = ev.run_locomo(FakeEngine(reader), *args, categories=[4], limit=2).to_dict()
-    assert [i["category"] for i in result["conversations"][0]["items"]] == [4, 4]
+
+    def asked(**kw):
+        result = ev.run_locomo(FakeEngine(reader), *args, answers=False, **kw).to_dict()
+        return [i["category"] for i in result["conversations"][0]["items"]], result["settings"]
+
+    categories, settings = asked(categories=[5])
+    assert categories == [5] and settings["categories"] == [5]
+    assert asked(categories=[4], limit=2)[0] == [4, 4]
     engine = FakeEngine(reader)
     with pytest.raises(InputError, match="categories are 1 to 5"):
         ev.run_locomo(engine, *args, categories=[6])
-    assert engine.calls == []
     with pytest.raises(InputError, match="use --limit for category 5"):
         ev.run_locomo(engine, *args, categories=[5], sample=10)
     assert engine.calls == []
     # A run folder remembers them: a rerun that asks other questions is refused.
-    ev.run_locomo(FakeEngine(reader), *args, categories=[5], run_dir=tmp_path / "r")
+    asked(categories=[5], run_dir=tmp_path / "r")
     with pytest.raises(InputError, match="categories"):
-        ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "r")
+        asked(run_dir=tmp_path / "r")
     # A folder made before the option asked every category: it goes on without it, and
     # refuses it.
-    ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "old")
+    asked(run_dir=tmp_path / "old")
     kept = tmp_path / "old" / "settings.json"
     kept.write_text(json.dumps({k: v for k, v in json.loads(kept.read_text()).items()
                                 if k != "categories"}))  # fmt: skip
-    ev.run_locomo(FakeEngine(reader), *args, run_dir=tmp_path / "old")
+    assert asked(run_dir=tmp_path / "old")[0] == [4, 4, 4, 5]
     with pytest.raises(InputError, match="categories None there"):
-        ev.run_locomo(FakeEngine(reader), *args, categories=[4], run_dir=tmp_path / "old")
+        asked(categories=[4], run_dir=tmp_path / "old")
 
 
 def test_a_summary_kind_it_does_not_know_is_refused_before_any_work(tmp_path):
