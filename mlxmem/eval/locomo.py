@@ -1041,7 +1041,7 @@ def run_locomo(
     then choose among them (every open-domain question of a conversation, say, where a sample
     of 60 holds a few)."""
     check_summary_kind(summary)
-    if categories and set(categories) - {1, 2, 3, 4, 5}:
+    if categories and set(categories) - set(CATEGORIES):
         raise InputError("LoCoMo's categories are 1 to 5")
     if sample and categories and not set(categories) & set(SCORED):
         raise InputError("--sample asks categories 1-4 only; use --limit for category 5")
