@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 from conftest import runner
 from markdown_it import MarkdownIt
 
@@ -15,7 +16,7 @@ from mlxmem.cli.main import app
 ROOT = Path(__file__).resolve().parents[1]
 # Every page a reader reaches from README (the notebook included).
 PAGES = sorted(
-    [ROOT / "README.md", *ROOT.glob("docs/**/*.md")]
+    [ROOT / "README.md", ROOT / "CHANGELOG.md", *ROOT.glob("docs/**/*.md")]
     + list(ROOT.glob("benchmarks/*.md"))
 )
 # markdown-it-py (rich's own Markdown parser) reads the pages as GitHub renders them, so a
@@ -89,3 +90,25 @@ def test_the_anchor_rule_reads_headings_as_github_does():
     assert github_anchor(page) == "across-conversations---conversation-per-session"
     assert github_anchor("Sync at 100,000 turns") == "sync-at-100000-turns"
     assert github_anchor("The llama.cpp engine") == "the-llamacpp-engine"
+
+
+@pytest.mark.parametrize("name, most", [("README.md", 200), ("docs/memory-quality.md", 400)])
+def test_the_reading_path_stays_short(name, most):
+    lines = len((ROOT / name).read_text(encoding="utf-8").splitlines())
+    assert lines <= most, f"{name} has {lines} lines; move detail to a page of docs/"
+
+
+@pytest.mark.e2e
+def test_the_python_api_page_runs_as_written(capsys):
+    """docs/api.md's examples, in order, in one namespace, on the tiny model in this test's own
+    data directory: each runs, and the fake engine's example prints what the page says."""
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    blocks = [t.content for t in MARKDOWN.parse(page) if t.type == "fence" and t.info == "python"]
+    assert len(blocks) >= 5
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/api.md", "exec"), namespace)
+    assert capsys.readouterr().out.endswith("Noted.\n")
+    from mlxmem import Store
+
+    assert [c.name for c in Store().conversations()] == ["scratch", "test"]
