@@ -1,4 +1,4 @@
-"""A retired device's folder can be removed (README suggests it) without taking its
+"""A retired device's folder can be removed (docs/sync.md suggests it) without taking its
 deletions with it (issue 23, Medium 5): every device keeps the tombstones it has applied in
 its own stream, so a fresh device that imports an old export cannot write the deleted
 records back."""

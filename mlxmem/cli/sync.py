@@ -56,7 +56,7 @@ def sync_command(
     Reads the other devices' changes from DIR and merges them (turns by id, the newest version
     of a fact, deletions), then writes this device's own changes into its own files in DIR.
     Deleted text is erased from DIR too. Run it again at any time: a sync that was cut short is
-    finished, and a second sync changes nothing. See README, "Sync"."""
+    finished, and a second sync changes nothing. See docs/sync.md."""
     log = SyncLog()
     passphrase = _passphrase(ask_passphrase)
     if show_status:

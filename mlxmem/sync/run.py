@@ -1,6 +1,6 @@
 """`mlxmem sync`: merge the other devices' changes from the sync folder, then write this
 device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.memory.merge for the
-rules; README "Sync" for what it means for the person.
+rules; docs/sync.md for what it means for the person.
 
 A sync, in order (each step can be cut short; the next sync finishes it):
 1. read the other devices' streams: the files the read cursor has not seen merged (a file
