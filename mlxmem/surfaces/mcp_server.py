@@ -167,6 +167,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)  # a client may connect at once: it waits for the server to accept
     except OSError:
         sock.close()
         raise
