@@ -145,11 +145,8 @@ class MemoryTools:
 
     # -- Shared -----------------------------------------------------------------------------
 
-    def _private(self) -> set[str]:
-        return {c.name for c in self._store.conversations() if c.private}
-
     def _check_shown(self, conversation: str) -> None:
-        if conversation in self._private():
+        if conversation in self._store.private_conversations():
             raise InputError(
                 f"conversation {conversation!r} is private: its turns are shown only inside it"
                 f" (`mlxmem history show {conversation}`)"
@@ -158,7 +155,7 @@ class MemoryTools:
     def _search_shown(self, query: str, limit: int) -> list[Turn]:
         """Store.search over the conversations not kept private: asked for more until
         `limit` shown turns are found or the log has no more."""
-        private, asked = self._private(), limit
+        private, asked = self._store.private_conversations(), limit
         while True:
             found = self._store.search(query, limit=asked)
             shown = [t for t in found if t.conversation not in private]
@@ -168,7 +165,7 @@ class MemoryTools:
 
     def _deletion(self, deletion: Deletion) -> dict:
         """Deletion.to_json(), without the text of a private conversation's turns."""
-        private = self._private() if deletion.mentions else set()
+        private = self._store.private_conversations() if deletion.mentions else set()
         shown = [t for t in deletion.mentions if t.conversation not in private]
         body = replace(deletion, mentions=shown).to_json()
         if len(shown) < len(deletion.mentions):
