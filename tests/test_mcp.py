@@ -250,11 +250,12 @@ def test_a_private_conversation_is_never_shown_outside_itself():
     store = Store()
     store.append_turn("diary", "user", "Write this down: Their code is PRIVATE-8801.")
     store.append_turn("walks", "user", "The river code is SHARED-8802, remember it.")
-    store.set_private("diary")
     fact = store.add_fact("Their code is PRIVATE-8801.")
 
     async def session() -> None:
         async with Client(build_server(MemoryTools(store))) as client:  # in process
+            assert (await call(client, "search_turns", query="PRIVATE-8801"))["items"]
+            assert (await call(client, "keep_private", conversation="diary"))["private"]
             assert (await call(client, "search_turns", query="PRIVATE-8801"))["items"] == []
             assert (await call(client, "search_turns", query="SHARED-8802"))["items"]
             asked = "Do you remember my secret code PRIVATE-8801?"
@@ -275,6 +276,20 @@ def test_a_private_conversation_is_never_shown_outside_itself():
 
 def texts_of(answer: dict, key: str) -> list[str]:
     return [item[key] for item in answer["items"]]
+
+
+def test_a_replaced_fact_is_restored_as_memory_restore_does():
+    async def session() -> None:
+        async with Client(build_server(MemoryTools(Store()))) as client:
+            old = await call(client, "add_memories", text="I live in Lisbon.")
+            new = await call(client, "add_memories", text="I moved to Porto.", replaces=old["id"])
+            assert texts_of(await call(client, "list_memories"), "text") == ["I moved to Porto."]
+            await call(client, "restore_memory", memory_id=old["id"])
+            listed = texts_of(await call(client, "list_memories"), "text")
+            assert sorted(listed) == ["I live in Lisbon.", "I moved to Porto."]
+            assert new["replaced_by"] is None
+
+    asyncio.run(session())
 
 
 def test_bad_input_is_one_line_and_changes_nothing():

@@ -77,7 +77,7 @@ def build_server(tools: MemoryTools) -> MCPServer:
 
 
 def _writes(name: str) -> bool:
-    return name.startswith(("add_", "edit_"))
+    return name.startswith(("add_", "edit_", "restore_", "keep_"))
 
 
 def _tool(method: Callable[..., dict]) -> Callable[..., dict]:

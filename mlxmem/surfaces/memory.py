@@ -73,6 +73,11 @@ class MemoryTools:
         """Replace a fact's text; the old text is erased from disk."""
         return json_ready(self._store.edit_fact(memory_id, text))
 
+    def restore_memory(self, memory_id: int) -> dict:
+        """Make a replaced fact current again (a replacement made in error); the fact that
+        replaced it stays."""
+        return json_ready(self._store.restore_fact(memory_id))
+
     def delete_memories(self, memory_ids: list[int], with_mentions: bool = False) -> dict:
         """Delete facts by id, for good: erased from the database files, every cache, and the
         summaries that saw them. Turns of the chat log that still quote a fact are listed
@@ -91,6 +96,11 @@ class MemoryTools:
         each started (private ones are not shown here)."""
         shown = [c for c in self._store.conversations() if not c.private]
         return _listing(shown)
+
+    def keep_private(self, conversation: str) -> dict:
+        """Keep a conversation private: out of recall in other conversations, and out of
+        every answer here. Only the person lets it back (`mlxmem history private --off`)."""
+        return json_ready(self._store.set_private(conversation, True))
 
     def list_turns(self, conversation: str = DEFAULT_CONVERSATION, last: int = LIST_TURNS) -> dict:
         """The newest turns of a conversation (oldest first), each with its id, number (seq),
