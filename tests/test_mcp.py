@@ -96,7 +96,11 @@ def test_add_search_delete_and_the_fact_is_gone_everywhere(transport, mlxmem_hom
         async with CLIENTS[transport]() as client:
             names = {t.name for t in (await client.list_tools()).tools}
             assert OPENMEMORY_NAMES <= names and {"search_turns", "recall"} <= names
-            added = await call(client, "add_memories", text=f"My locker code is {marker}.")
+            text = f"My locker code is {marker}."
+            added = await call(client, "add_memories", text=text, source="automatic")
+            assert added["source"] == "automatic"
+            listed = await call(client, "list_memories", source="automatic")
+            assert texts_of(listed, "text") == [text]
             found = await call(client, "search_memory", query="locker code")
             assert [f["id"] for f in found["items"]] == [added["id"]]
             assert marker in await resource(client, "mlxmem://facts")

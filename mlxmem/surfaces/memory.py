@@ -63,11 +63,13 @@ class MemoryTools:
         found = sorted((s for s in scored if s[0] > 0), key=lambda s: (-s[0], -s[1].id))
         return _listing([f for _, f in found[: _limit(limit)]])
 
-    def add_memories(self, text: str, replaces: int | None = None) -> dict:
-        """Add a fact about the person (tagged manual); mlxmem's model sees it from its next
-        reply. replaces: the id of a fact this one makes out of date ("I moved to Porto" over
-        "I live in Lisbon"): it leaves the model's view and stays listed as replaced."""
-        return json_ready(self._store.add_fact(text, source="manual", replaces=replaces))
+    def add_memories(self, text: str, replaces: int | None = None, source: str = "manual") -> dict:
+        """Add a fact about the person; mlxmem's model sees it from its next reply. source:
+        "manual" when the person asked for it to be remembered, "automatic" when the
+        assistant noted it on its own. replaces: the id of a fact this one makes out of date
+        ("I moved to Porto" over "I live in Lisbon"): it leaves the model's view and stays
+        listed as replaced."""
+        return json_ready(self._store.add_fact(text, source=source, replaces=replaces))
 
     def edit_memory(self, memory_id: int, text: str) -> dict:
         """Replace a fact's text; the old text is erased from disk."""
