@@ -248,6 +248,17 @@ def test_http_keeps_serves_host_origin_and_token_rules():
     asyncio.run(probe())
     result = cli("mcp", "--http", "--host", "0.0.0.0", code=1)
     assert "not a loopback address" in result.output
+    assert "go with --http" in cli("mcp", "--port", "9000", code=1).output
+
+
+def test_a_port_in_use_is_one_line():
+    async def taken() -> None:
+        async with http_server() as (url, _):
+            port = url.rsplit(":", 1)[1].split("/")[0]
+            result = cli("mcp", "--http", "--port", port, code=1)
+            assert "cannot listen on 127.0.0.1" in result.output and "--port 0" in result.output
+
+    asyncio.run(taken())
 
 
 def test_a_private_conversation_is_never_shown_outside_itself():

@@ -45,6 +45,8 @@ def mcp(
     from mlxmem.surfaces import mcp_server
 
     if not http:
+        if (host, port, allow_remote) != (DEFAULT_HOST, DEFAULT_MCP_PORT, False):
+            raise InputError("--host, --port and --allow-remote go with --http")
         mcp_server.run_stdio()
         return
     check_binding(host, allow_remote, token)
