@@ -6,6 +6,7 @@ Host, Origin and token rules on HTTP; private conversations kept out."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -19,6 +20,8 @@ import pytest
 from conftest import cli, files_containing, scripted
 from mcp import Client, StdioServerParameters
 
+from mlxmem.cli.repl import Session
+from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
 from mlxmem.surfaces.mcp_server import build_server, tool_names
@@ -223,6 +226,47 @@ def test_beside_a_chat_holding_the_store_its_next_turn_does_not_see_the_deleted_
                 ]
 
     asyncio.run(session())
+    assert files_containing(mlxmem_home, marker) == []
+
+
+def test_beside_the_chat_repl_a_fact_it_remembered_is_deleted_over_mcp_and_not_seen_again(
+    capsys, mlxmem_home
+):
+    """`mlxmem chat`'s own REPL session (on the fake engine, holding the store as it does)
+    remembers a fact; the MCP server, another process, finds and deletes it; the REPL's next
+    turn and its /memory no longer have it."""
+    marker = "REPL-FACT-6403"
+
+    def responder(prompt: str) -> str:
+        return "I see the code." if marker in prompt else "I see no code."
+
+    store = Store()
+
+    def open_chat(model: str, conversation: str) -> Companion:
+        return Companion(FakeEngine(responder), store, conversation, 800, 120, ChatSettings())
+
+    out = io.StringIO()
+    session = Session(open_chat, "fake", "default", Terminal(out))
+
+    async def session_with_mcp() -> None:
+        async with stdio_client() as client:
+            with store.holding():
+                session.command(f"/remember My door code is {marker}.")
+                session.send("What is my door code?")
+                session.settle()
+                found = (await call(client, "search_memory", query="door code"))["items"]
+                assert [f["text"] for f in found] == [f"My door code is {marker}."]
+                await call(client, "delete_memories", memory_ids=[found[0]["id"]])
+                session.send("And now, my door code?")
+                session.settle()
+                session.command("/memory")
+
+    asyncio.run(session_with_mcp())
+    session.model_thread.close()
+    assert out.getvalue().splitlines() == ["I see the code.", "I see no code."]
+    said = capsys.readouterr().err
+    assert f"remembered [1] My door code is {marker}." in said
+    assert "nothing remembered yet" in said
     assert files_containing(mlxmem_home, marker) == []
 
 
