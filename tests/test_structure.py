@@ -14,7 +14,7 @@ from mlxmem.memory.store import Store
 
 PACKAGE = Path(mlxmem.__file__).parent
 # Front ends and tools reach the database through mlxmem.memory, never with SQL of their own.
-NO_SQL = ("sync", "bench", "eval", "cli", "serve")
+NO_SQL = ("sync", "bench", "eval", "cli", "serve", "surfaces")
 
 
 def module_name(path: Path) -> str:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "chat": ("chat", "chat", "Chat with a model that remembers."),
     "serve": ("serve", "serve", "Serve the model over HTTP: OpenAI's /v1/chat/completions, ..."),
+    "mcp": ("mcp", "mcp", "Serve the memory over the Model Context Protocol: tools to list, ..."),
     "memory": ("memory", "app", "The facts about you that the model sees (layer 3)."),
     "history": ("history", "app", "The chat log (layer 2): every turn, whole and unchanged."),
     "models": ("models", "app", "The models mlxmem knows by name."),

@@ -155,6 +155,13 @@ class TurnLog(Database):
             held = con.execute("SELECT 1 FROM conversations WHERE name = ?", [name]).fetchone()
         return name if held else check_new_name(name)
 
+    def private_conversations(self) -> set[str]:
+        """The names of the conversations kept out of recall (set_private): one read of the
+        conversations table, where `conversations()` also counts every turn."""
+        with self.connect() as con:
+            rows = con.execute("SELECT name FROM conversations WHERE private").fetchall()
+        return {name for (name,) in rows}
+
     def conversations(self) -> list[Conversation]:
         with self.connect() as con:
             rows = con.execute(f"{_CONVERSATIONS} GROUP BY ALL ORDER BY c.id").fetchall()

@@ -41,32 +41,38 @@ class App:
         self.started = int(time.time())
 
     def check_origin(self, host: str | None, origin: str | None) -> None:
-        """Keep other web sites out of a loopback server. A page elsewhere could send
-        requests here from the person's browser, or rebind its own host name to 127.0.0.1
-        and read the answers: so the Host must name loopback (unless --allow-remote, where
-        the token guards), and a browser's Origin, when sent, must be this server's."""
-        if not host:
-            raise ApiError(400, "the request has no Host header", "invalid_header")
-        if not self.allow_remote and _host_name(host) not in LOOPBACK_NAMES:
-            raise ApiError(403, f"Host {host!r} is not this loopback server", "forbidden_host")
-        if origin is not None and origin != f"http://{host}":
-            raise ApiError(403, f"requests from {origin} are not allowed", "forbidden_origin")
+        check_origin(host, origin, self.allow_remote)
 
     def check_auth(self, header: str | None) -> None:
-        """With a token, every request carries it: `Authorization: Bearer TOKEN`, or (for a
-        browser opening the page) HTTP Basic with the token as the password."""
-        if self.token is None:
-            return
-        scheme, _, value = (header or "").partition(" ")
-        given = value.strip()
-        if scheme.lower() == "basic":
-            try:
-                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
-            except ValueError:
-                given = ""
-        elif scheme.lower() != "bearer":
+        check_auth(header, self.token)
+
+
+def check_origin(host: str | None, origin: str | None, allow_remote: bool = False) -> None:
+    """Keep other web sites out of a loopback server. A page elsewhere could send requests
+    here from the person's browser, or rebind its own host name to 127.0.0.1 and read the
+    answers: so the Host must name loopback (unless `allow_remote`, where the token guards),
+    and a browser's Origin, when sent, must be this server's. (`serve` and `mcp --http`.)"""
+    if not host:
+        raise ApiError(400, "the request has no Host header", "invalid_header")
+    if not allow_remote and _host_name(host) not in LOOPBACK_NAMES:
+        raise ApiError(403, f"Host {host!r} is not this loopback server", "forbidden_host")
+    if origin is not None and origin != f"http://{host}":
+        raise ApiError(403, f"requests from {origin} are not allowed", "forbidden_origin")
+
+
+def check_auth(header: str | None, token: str | None) -> None:
+    """With a token, every request carries it: `Authorization: Bearer TOKEN`, or (for a
+    browser opening the page) HTTP Basic with the token as the password."""
+    if token is None:
+        return
+    scheme, _, value = (header or "").partition(" ")
+    given = value.strip()
+    if scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(given, validate=True).decode().partition(":")[2]
+        except ValueError:
             given = ""
-        if not (given and hmac.compare_digest(given.encode(), self.token.encode())):
-            raise ApiError(
-                401, "this server needs `Authorization: Bearer TOKEN`", "invalid_api_key"
-            )
+    elif scheme.lower() != "bearer":
+        given = ""
+    if not (given and hmac.compare_digest(given.encode(), token.encode())):
+        raise ApiError(401, "this server needs `Authorization: Bearer TOKEN`", "invalid_api_key")
