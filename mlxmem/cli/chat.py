@@ -127,7 +127,7 @@ def chat(
         message = _with_piped_text(message, max_message_chars)
     if message is not None and not message.strip():
         raise InputError("empty message")
-    model = model_or_default(model)
+    model = model_or_default(model, engine_name, fetch=True)
     Store().check_name(conversation)  # before the model loads: a bad name fails at once
     if private:
         Store().set_private(conversation, create=True)
