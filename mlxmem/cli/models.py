@@ -170,7 +170,7 @@ def pull(
         path = ensure_local(spec, progress=True, pull=True)
     kept = model_files(spec) or [path]
     sizes = ", ".join(f"{p} ({human_size(path_size(p))})" for p in kept)
-    typer.echo(f"{'Already on disk' if was_on_disk else 'Ready'} for {chosen}: {path}")
+    typer.echo(f"{'Already on disk' if was_on_disk else 'Ready'}: {path} (runs on {chosen})")
     typer.echo(f"Kept: {sizes}")
 
 
