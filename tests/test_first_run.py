@@ -220,3 +220,19 @@ def test_one_download_from_pull_to_both_engines_and_rm_removes_both(split_on_an_
     assert sorted(p.name for p in models.iterdir()) == ["parts", "parts.gguf"]
     removed = cli("models", "rm", "parts", "--yes").stdout
     assert "parts.gguf" in removed and not list(models.iterdir())
+
+
+def test_readme_install_script_builds_llama_cpp_as_ci_does():
+    """install.sh (README's install command) and .ci/llamacpp-wheel (CI's build) turn off the
+    same parts of llama.cpp: what CI tests is what a person's install builds."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    flags = [
+        set(re.findall(r"-D\w+=OFF|-mno-[\w-]*\w", (root / name).read_text()))
+        for name in ("install.sh", ".ci/llamacpp-wheel")
+    ]
+    assert (
+        flags[0] == flags[1] and "-mno-amx-int8" in flags[0] and "-DGGML_AMX_INT8=OFF" in flags[0]
+    )
+    assert "--no-cache-dir" in (root / "install.sh").read_text()
