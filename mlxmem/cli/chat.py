@@ -30,6 +30,7 @@ from .common import (
     err,
     model_or_default,
     print_json,
+    say_cost,
 )
 from .repl import Opener, Session
 from .terminal import PrefillProgress, Terminal, report_after
@@ -170,6 +171,8 @@ def _opener(settings: ChatSettings, term: Terminal, engine: str | None = None) -
             companion = Companion(prev.engine, prev.store, conversation, budget, reserve, settings)
         else:
             store = last[0][1].store if last else None
+            if last:  # /model: the first model's cost was named when the chat began
+                say_cost(model, engine)
             last.clear()  # one model in memory at a time
             companion = open_companion(model, conversation, settings, store, engine)
             companion.engine.on_prefill = PrefillProgress(model, terminal=term)

@@ -138,19 +138,25 @@ def model_or_default(model: str | None, engine: str | None = None, fetch: bool =
     downloaded now: a built-in default that cannot be downloaded falls back to one that can,
     and says so). A model that would be slow here, or cannot run, is named on stderr with what
     it costs (mlxmem.models.fit)."""
-    from mlxmem.models import resolve
     from mlxmem.models.choice import default_model, fetch_default
-    from mlxmem.models.fit import note
 
     if model is None:
         chosen = fetch_default(engine) if fetch else default_model(engine)
         if chosen.notice:
             say(f"Note: {chosen.notice}", err=True)
         model = chosen.name
+    say_cost(model, engine)
+    return model
+
+
+def say_cost(model: str, engine: str | None = None) -> None:
+    """Name on stderr what `model` costs here, when it would be slow or cannot run."""
+    from mlxmem.models import resolve
+    from mlxmem.models.fit import note
+
     cost = note(resolve(model), engine)
     if cost:
         say(f"Note: {model}: {cost}", err=True)
-    return model
 
 
 def plain_typer(**kwargs: Any) -> typer.Typer:

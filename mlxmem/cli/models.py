@@ -123,7 +123,8 @@ def default(
     else:
         say(chosen.name)  # a script may read the name alone
     if chosen.chosen_by != "models default":
-        err.print(f"[dim]({chosen.chosen_by})[/dim]")
+        why = f": {chosen.why}" if chosen.why else ""
+        err.print(f"({chosen.chosen_by}{why})", style="dim", markup=False)
 
 
 @app.command("rm")

@@ -519,8 +519,12 @@ def _download(spec: ModelSpec, progress: bool, pull: bool = False) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from mlxmem.models.hub_gguf import progress_bars
+    from mlxmem.models.hub_gguf import check_reachable, progress_bars
 
+    try:
+        check_reachable()  # no network: fail now, not after half a minute of retries
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(_missing(spec, str(exc), pull)) from None
     try:
         with progress_bars(progress):
             path = Path(snapshot_download(spec.hub_repo, allow_patterns=HUB_PATTERNS))
