@@ -169,9 +169,15 @@ def _write_config(config: dict) -> None:
 
 
 ENGINE_ENV = "MLXMEM_ENGINE"
-# README's install command brings llama-cpp-python off macOS on Apple silicon, built for this
-# CPU without the AMX kernels that crash on some Xeons; run again, it adds what is missing.
-INSTALL_LLAMACPP = "run `sh install.sh` in mlxmem's clone"
+
+
+def install_llamacpp() -> str:
+    """How to add llama-cpp-python here. Off Apple silicon it is a dependency that README's
+    install command (install.sh) builds for this CPU, without the AMX kernels that crash on
+    some Xeons: run again, it adds what is missing. On a Mac it is the `llamacpp` extra."""
+    if apple_silicon():
+        return 'pip install -e ".[llamacpp]" in mlxmem\'s clone'
+    return "run `sh install.sh` in mlxmem's clone"
 
 
 @dataclass(frozen=True)
@@ -235,7 +241,7 @@ def _check_runs(spec: ModelSpec, name: str, by: str) -> None:
     _check_name(name, by)
     if name == "llamacpp" and not llamacpp_installed():
         raise MlxmemError(
-            f"the llama.cpp engine needs llama-cpp-python: {INSTALL_LLAMACPP} (it builds "
+            f"the llama.cpp engine needs llama-cpp-python: {install_llamacpp()} (it builds "
             "llama.cpp from source: cmake and a C++ compiler, a few minutes)"
         )
     if name == "llamacpp" and spec.gguf_path is None:
