@@ -108,9 +108,9 @@ def on_disk_for(spec: ModelSpec, engine: str) -> bool:
     gguf = spec.gguf_path
     if engine == "llamacpp":
         return gguf is not None and gguf.is_file()
-    if gguf is not None and spec.path is None:  # a hub model whose GGUF is kept beside
-        return is_downloaded(replace(spec, gguf_repo=None))
-    return is_downloaded(spec)
+    if spec.path is not None:  # MLX's directory (a GGUF kept beside it is not what MLX runs)
+        return (spec.path / "config.json").is_file()
+    return is_downloaded(replace(spec, gguf_repo=None))  # the hub's MLX weights
 
 
 def _can_choose(spec: ModelSpec, engine: str | None) -> bool:
