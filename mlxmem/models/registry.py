@@ -260,8 +260,8 @@ def _download_gguf(spec: ModelSpec, dest: Path, progress: bool) -> Path:
     if hub_offline():
         raise ModelNotFoundError(
             f"model {spec.alias!r} ({repo}) is not downloaded and HF_HUB_OFFLINE is set, so it "
-            f"cannot be fetched. Run `mlxmem models pull {spec.alias}` while online, or chat "
-            "with a model from the package index (`mlxmem models list`)."
+            "cannot be fetched. Downloading needs the hub, with HF_HUB_OFFLINE unset; meanwhile, "
+            "chat with a model from the package index (`mlxmem models list`)."
         )
     assert spec.gguf_repo is not None and spec.gguf_file is not None  # _check_gguf_source
     paths.models_dir()  # the data dir's models folder, private, before writing into it
