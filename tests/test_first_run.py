@@ -105,6 +105,8 @@ def test_with_mlx_only_off_a_mac_no_3b_runs_in_float32_unannounced(monkeypatch, 
     assert records["smollm2-135m"]["engine"] == "mlx" and records["smollm2-135m"]["note"] == ""
     assert model_or_default(DEFAULT_MODEL) == DEFAULT_MODEL
     assert capsys.readouterr().err.startswith("Note: llama-3.2-3b: slow here: ")
+    assert model_or_default("smollm2-135m", "llamacpp") == "smollm2-135m"
+    assert capsys.readouterr().err == ""  # loading it says why it cannot, once, as an error
     monkeypatch.setattr(fit, "physical_memory", lambda: 8_000_000_000)
     assert fit.note(resolve(DEFAULT_MODEL)).startswith("cannot run here: on MLX's CPU path")
 

@@ -152,9 +152,9 @@ def model_or_default(model: str | None, engine: str | None = None, fetch: bool =
 def say_cost(model: str, engine: str | None = None) -> None:
     """Name on stderr what `model` costs here, when it would be slow or cannot run."""
     from mlxmem.models import resolve
-    from mlxmem.models.fit import note
+    from mlxmem.models.fit import cost_here
 
-    cost = note(resolve(model), engine)
+    cost = cost_here(resolve(model), engine)
     if cost:
         say(f"Note: {model}: {cost}", err=True)
 

@@ -23,13 +23,25 @@ SLOW_PARAMETERS = 1_000_000_000
 
 
 def note(spec: ModelSpec, engine: str | None = None) -> str:
-    """ "" when `spec` runs well here; else "slow here: ..." or "cannot run here: ..."."""
+    """Empty when `spec` runs well here on `engine` (None: the one chosen for it); else "slow
+    here: ..." or "cannot run here: ...", with what it costs or lacks."""
     from mlxmem.models.choice import engine_for
 
     try:
         chosen = engine_for(spec, engine).name
     except MlxmemError as exc:
         return f"cannot run here: {exc}"
+    return mlx_cpu_cost(spec) if chosen == "mlx" else ""
+
+
+def cost_here(spec: ModelSpec, engine: str | None = None) -> str:
+    """`note` without the engine's own refusals, which loading the model reports as errors."""
+    from mlxmem.models.choice import engine_for
+
+    try:
+        chosen = engine_for(spec, engine).name
+    except MlxmemError:
+        return ""
     return mlx_cpu_cost(spec) if chosen == "mlx" else ""
 
 
