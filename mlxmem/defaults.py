@@ -2,7 +2,11 @@
 
 import enum
 
+# The model chat and serve run when none is named (mlxmem.models.choice.builtin_default): the
+# 3B, MLX on Apple silicon and its GGUF on llama.cpp elsewhere; OFFLINE_MODEL where the hub
+# cannot be reached or only MLX's CPU path runs here: a trained GGUF from the package index.
 DEFAULT_MODEL = "llama-3.2-3b"
+OFFLINE_MODEL = "qwen2.5-coder-1.5b"
 DEFAULT_CONTEXT_TOKENS = 4096
 DEFAULT_RESPONSE_RESERVE = 512
 DEFAULT_CONVERSATION = "default"

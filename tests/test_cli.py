@@ -107,18 +107,19 @@ def test_models_default_is_kept_private_and_the_environment_wins(mlxmem_home, mo
     from conftest import cli
 
     monkeypatch.delenv("MLXMEM_MODEL", raising=False)
-    assert cli("models", "default").stdout.strip() == "llama-3.2-3b"
+    # Built in, without the hub (HF_HUB_OFFLINE in tests): the trained GGUF from the index.
+    assert cli("models", "default").stdout.strip() == "qwen2.5-coder-1.5b"
     set_tiny = cli("models", "default", "tiny").stdout
     assert set_tiny == "Default model: tiny (chat and serve run it without --model).\n"
     assert (mlxmem_home / "config.toml").stat().st_mode & 0o777 == 0o600
     listed = {r["alias"]: r for r in json.loads(cli("models", "list", "--json").stdout)}
-    assert listed["tiny"]["default"] and not listed["llama-3.2-3b"]["default"]
+    assert listed["tiny"]["default"] and not listed["qwen2.5-coder-1.5b"]["default"]
     assert "unknown model" in cli("models", "default", "nope", code=1).output
     monkeypatch.setenv("MLXMEM_MODEL", "qwen2.5-3b")
     assert cli("models", "default").stdout.strip() == "qwen2.5-3b"
     monkeypatch.delenv("MLXMEM_MODEL")
     unset = cli("models", "default", "--unset").stdout
-    assert unset == "Default model: llama-3.2-3b (the built-in default).\n"
+    assert unset == "Default model: qwen2.5-coder-1.5b (the built-in default).\n"
 
 
 def test_models_list_fits_80_columns_with_sizes(mlxmem_home):
@@ -129,7 +130,7 @@ def test_models_list_fits_80_columns_with_sizes(mlxmem_home):
     (model / "config.json").write_bytes(b"x" * 2_500_000)
     out = runner.invoke(app, ["models", "list"], env={"COLUMNS": "80"}).stdout
     assert max(len(line) for line in out.splitlines()) <= 80
-    assert "2.5 MB" in out and "llama-3.2-3b *" in out  # a long source folds in its column
+    assert "2.5 MB" in out and "qwen2.5-coder-1.5b *" in out  # a long source folds in its column
 
 
 def test_models_rm_asks_first_and_frees_the_space(mlxmem_home, tmp_path, monkeypatch):

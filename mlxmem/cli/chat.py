@@ -30,6 +30,7 @@ from .common import (
     err,
     model_or_default,
     print_json,
+    say_cost,
 )
 from .repl import Opener, Session
 from .terminal import PrefillProgress, Terminal, report_after
@@ -127,7 +128,7 @@ def chat(
         message = _with_piped_text(message, max_message_chars)
     if message is not None and not message.strip():
         raise InputError("empty message")
-    model = model_or_default(model)
+    model = model_or_default(model, engine_name, fetch=True)
     Store().check_name(conversation)  # before the model loads: a bad name fails at once
     if private:
         Store().set_private(conversation, create=True)
@@ -170,6 +171,8 @@ def _opener(settings: ChatSettings, term: Terminal, engine: str | None = None) -
             companion = Companion(prev.engine, prev.store, conversation, budget, reserve, settings)
         else:
             store = last[0][1].store if last else None
+            if last:  # /model: the first model's cost was named when the chat began
+                say_cost(model, engine)
             last.clear()  # one model in memory at a time
             companion = open_companion(model, conversation, settings, store, engine)
             companion.engine.on_prefill = PrefillProgress(model, terminal=term)

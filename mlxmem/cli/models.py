@@ -13,10 +13,10 @@ from rich.text import Text
 from mlxmem.errors import InputError
 from mlxmem.models import ModelSpec, ensure_local, is_downloaded, load_registry, resolve
 from mlxmem.models.choice import default_model, set_default_model
-from mlxmem.models.disk import human_size, model_files, remove_model, size_on_disk
+from mlxmem.models.disk import human_size, model_files, path_size, remove_model, size_on_disk
 from mlxmem.models.registry import registry_problems
 
-from .common import JSON, confirm, err, out, plain_typer, print_json, say
+from .common import ENGINE, JSON, confirm, err, out, plain_typer, print_json, say
 
 app = plain_typer(
     help="The models mlxmem knows by name (mlxmem/models/models.toml, plus a models.toml in the "
@@ -27,15 +27,20 @@ app = plain_typer(
 
 
 def spec_json(spec: ModelSpec, default: str, size: int) -> dict[str, Any]:
-    """A ModelSpec as a JSON-ready dict, plus whether it is on disk, its size there (bytes) and
-    whether it is the default."""
+    """A ModelSpec as a JSON-ready dict, plus whether it is on disk, its size there (bytes),
+    whether it is the default, the engine that runs it here and why it would be slow or cannot
+    run here ("" when it runs well)."""
+    from mlxmem.models.fit import note
+
     return {
         "alias": spec.alias,
         "repo": spec.repo,
         "path": str(spec.path) if spec.path else None,
+        "gguf": spec.gguf_origin,
         "context_tokens": spec.context_tokens,
         "response_reserve": spec.response_reserve,
         "arch": spec.arch,
+        "parameters": spec.parameters,
         "generated": spec.generated,
         "description": spec.description,
         "source": spec.origin,
@@ -44,6 +49,7 @@ def spec_json(spec: ModelSpec, default: str, size: int) -> dict[str, Any]:
         "size_bytes": size,
         "default": spec.alias == default,
         "engine": _engine(spec),
+        "note": note(spec),
     }
 
 
@@ -61,8 +67,9 @@ def _engine(spec: ModelSpec) -> str:
 @app.command("list")
 def list_models(as_json: bool = JSON) -> None:
     """List the model aliases, their token budgets, whether each is on disk and its size there,
-    and the engine that runs each here (mlx or llamacpp; see `mlxmem chat --engine`). The
-    default is marked * (see `mlxmem models default`)."""
+    and the engine that runs each here (mlx or llamacpp; see `mlxmem chat --engine`), with why
+    a model would be slow here or cannot run here. The default is marked * (see `mlxmem
+    models default`): without one set, the best model this machine runs and can fetch."""
     default = default_model()
     records = [
         spec_json(spec, default.name, size_on_disk(spec)) for spec in load_registry().values()
@@ -73,7 +80,9 @@ def list_models(as_json: bool = JSON) -> None:
         print_json(records)
         return
     # Five columns, the source folding within its own: readable on an 80-column terminal.
-    caption = f"* default ({default.chosen_by}: {default.name})"
+    engine = next((r["engine"].split(" ")[0] for r in records if r["default"]), "?")
+    why = f"; {default.why}" if default.why else ""
+    caption = f"* default ({default.chosen_by}: {default.name} on {engine}{why})"
     table = Table(caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("alias", no_wrap=True)
     table.add_column("on disk", justify="right", no_wrap=True)
@@ -84,8 +93,11 @@ def list_models(as_json: bool = JSON) -> None:
         alias = f"{r['alias']} *" if r["default"] else r["alias"]
         size = human_size(r["size_bytes"]) if r["downloaded"] else "-"
         context = f"{r['context_tokens']:,}"
-        source = f"{r['source']} ({r['license']})" if r["license"] else r["source"]
         engine = r["engine"].split(" ")[0]
+        source = r["gguf"] if engine == "llamacpp" and r["gguf"] else r["source"]
+        source = f"{source} ({r['license']})" if r["license"] else source
+        if r["note"]:
+            source += f"\n{r['note']}"
         table.add_row(alias, size, context, engine, Text(source, overflow="fold"))
     out().print(table)
 
@@ -111,7 +123,8 @@ def default(
     else:
         say(chosen.name)  # a script may read the name alone
     if chosen.chosen_by != "models default":
-        err.print(f"[dim]({chosen.chosen_by})[/dim]")
+        why = f": {chosen.why}" if chosen.why else ""
+        err.print(f"({chosen.chosen_by}{why})", style="dim", markup=False)
 
 
 @app.command("rm")
@@ -120,30 +133,46 @@ def remove(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed off a terminal."),
 ) -> None:
     """Free the disk space of a model: what mlxmem downloaded (the Hugging Face cache's folder
-    of the repo) or wrote (a converted or generated model in the data directory).
+    of the repo, a GGUF file) or wrote (a converted or generated model in the data directory),
+    for every engine.
 
-    Asks first on a terminal; elsewhere needs --yes. The alias stays: a hub model downloads
-    again on next use, an imported GGUF file must be imported again."""
+    Asks first on a terminal; elsewhere needs --yes. The alias stays: a hub or PyPI model
+    downloads again on next use, an imported GGUF file must be imported again."""
     spec = resolve(name)
-    folder = model_files(spec)
-    if folder is None:
+    found = model_files(spec)
+    if not found:
         typer.echo(f"{name} is not on disk: nothing to delete.")
         return
-    confirm(f"Delete {name} ({human_size(size_on_disk(spec))} in {folder})?", yes)
+    where = ", ".join(str(p) for p in found)
+    confirm(f"Delete {name} ({human_size(size_on_disk(spec))} in {where})?", yes)
     removed = remove_model(spec)
     if removed is not None:
-        typer.echo(f"Deleted {name}: freed {human_size(removed[1])} ({removed[0]}).")
+        gone = ", ".join(str(p) for p in removed[0])
+        typer.echo(f"Deleted {name}: freed {human_size(removed[1])} ({gone}).")
 
 
 @app.command("pull")
 def pull(
     alias: str = typer.Argument(..., help="An alias (see `models list`) or a hub repo id."),
+    engine: str | None = ENGINE,
 ) -> None:
-    """Download a model now (with progress bars), so that chats work offline later."""
+    """Download a model now (with progress bars), so that chats work offline later: the files
+    of the engine that runs it here (a GGUF file for llama.cpp; for MLX, its conversion, made
+    from that GGUF, or the hub's MLX weights). Prints what it keeps and its size."""
+    from mlxmem.models import ensure_gguf
+    from mlxmem.models.choice import engine_for, on_disk_for
+
     spec = resolve(alias)
-    was_on_disk = is_downloaded(spec)
-    path = ensure_local(spec, progress=True, pull=True)
-    typer.echo(f"{'Already on disk' if was_on_disk else 'Ready'}: {path}")
+    chosen = engine_for(spec, engine).name
+    was_on_disk = on_disk_for(spec, chosen)
+    if chosen == "llamacpp":
+        path = ensure_gguf(spec, progress=True)
+    else:
+        path = ensure_local(spec, progress=True, pull=True)
+    kept = model_files(spec) or [path]
+    sizes = ", ".join(f"{p} ({human_size(path_size(p))})" for p in kept)
+    typer.echo(f"{'Already on disk' if was_on_disk else 'Ready'}: {path} (runs on {chosen})")
+    typer.echo(f"Kept: {sizes}")
 
 
 # Module-level, as ruff's B008 asks for a default that is not a plain immutable value.

@@ -73,7 +73,7 @@ def serve(
 
     check_binding(host, allow_remote, token)
     Store().check_name(conversation)  # before the model loads: a bad name fails at once
-    model = model_or_default(model)
+    model = model_or_default(model, engine_name, fetch=True)
     spec = resolve(model)
     settings = ChatSettings(
         extract_facts=facts,

