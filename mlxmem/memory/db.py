@@ -503,6 +503,8 @@ class Database:
             if "replaying WAL" not in str(exc):
                 raise
         self._replay_wal()
+        if not self.path.exists():  # a blank file whose WAL was set aside (_drop_if_blank)
+            self._create_aside()
         return connect(str(self.path))
 
     def _replay_wal(self) -> None:
@@ -525,6 +527,15 @@ class Database:
             self._set_wal_aside(exc)
         finally:
             mem.close()
+        self._drop_if_blank()
+
+    def _drop_if_blank(self) -> None:
+        """Remove the main file if it holds no table: a first run (of an older mlxmem) killed
+        before its first checkpoint, whose WAL was set aside; a new database takes its place."""
+        if Path(f"{self.path}.wal").exists() or _count_tables(self.path) != 0:
+            return
+        self.path.unlink()
+        crash_point("create:blank-removed")
 
     def _set_wal_aside(self, exc: duckdb.Error) -> None:
         """Move a WAL that cannot be replayed beside the file, under a name that says so,
@@ -744,6 +755,19 @@ def bump_forget_epoch(con: duckdb.DuckDBPyConnection) -> None:
         " BIGINT)), 0) + 1 AS VARCHAR) FROM state WHERE key = ?",
         [FORGET_EPOCH, FORGET_EPOCH],
     )
+
+
+def _count_tables(path: Path) -> int | None:
+    """The tables in the database file at `path`, opened read-only; None if it cannot be."""
+    mem = connect()
+    try:
+        mem.execute(f"ATTACH {_sql_string(str(path))} AS {_REPLAY_ALIAS} (READ_ONLY)")
+        query = "SELECT count(*) FROM duckdb_tables() WHERE database_name = ?"
+        return int(one_row(mem.execute(query, [_REPLAY_ALIAS]))[0])
+    except duckdb.Error:
+        return None
+    finally:
+        mem.close()
 
 
 def _count_facts(path: Path) -> int | None:
