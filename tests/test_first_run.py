@@ -257,3 +257,21 @@ def test_chat_killed_at_any_delay_on_an_empty_home_leaves_a_store_every_command_
             os.environ["MLXMEM_HOME"] = str(home)
             cli(*command)
         assert [p.name for p in home.iterdir() if p.name.endswith(".new")] == []
+
+
+def test_every_duckdb_connection_goes_through_the_offline_connect():
+    """No module opens DuckDB but through mlxmem.memory.connect, which turns extension
+    autoinstall and autoload off (checked here on a live connection)."""
+    root = Path(db.__file__).parents[1]
+    direct = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "duckdb.connect(" in path.read_text() and path.name != "connect.py"
+    ]
+    assert direct == []
+    with connect() as con:
+        settings = con.execute(
+            "SELECT current_setting('autoinstall_known_extensions'),"
+            " current_setting('autoload_known_extensions')"
+        ).fetchone()
+    assert settings == (False, False)

@@ -12,6 +12,14 @@ runs; it opens the file again at its next operation. A holder that never release
 mlxmem, a process stuck in an operation) still makes the others fail after LOCK_TIMEOUT_S with
 the holder's pid.
 
+A new database (the log and the facts file) is made in a folder beside them, migrated and
+checkpointed, and moved into place whole, so that a kill during a first run leaves no database
+or a whole one, never a WAL to replay. DuckDB replays the WAL of the file it starts on before
+its built-in functions are registered, so a WAL holding a schema change (an older first run, a
+migration killed before its checkpoint) fails there; such a WAL is replayed through an attach,
+and one that fails there too is moved aside and said, never deleted. Every connection is
+offline (mlxmem.memory.connect).
+
 Deleted means gone, and erasing is one durable operation owned here, not by callers. The facts
 live in their own small file (attached as `facts_db`), so erasing a fact rewrites the facts,
 not the log; a transaction writes to one file, so an erase runs in steps:
