@@ -189,13 +189,16 @@ def test_a_wal_that_cannot_be_replayed_at_all_is_moved_aside_with_one_line():
 
 def inet_connects(args: list[str], home: Path, timeout: float | None = None) -> list[str]:
     """Run `args` under strace, every connect() and sendto() failing with ENETUNREACH as in a
-    network namespace with no interface; return the attempts to reach an internet address."""
+    network namespace with no interface, and HOME empty (so is DuckDB's extension folder);
+    return the attempts to reach an internet address."""
     log = home.parent / f"net-{time.monotonic_ns()}.log"
+    empty = home.parent / "empty-home"
+    empty.mkdir(exist_ok=True)
     subprocess.run(
         ["strace", "-f", "-qq", "-o", str(log), "-etrace=connect,sendto,sendmsg",
          "-einject=connect,sendto,sendmsg:error=ENETUNREACH", *args],
         capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "MLXMEM_HOME": str(home)},
+        env={**os.environ, "MLXMEM_HOME": str(home), "HOME": str(empty)},
     )  # fmt: skip
     text = log.read_text()
     return [line for line in text.splitlines() if re.search(r"AF_INET6?|sin6?_port", line)]
