@@ -10,7 +10,7 @@
 #   let the explicit flags below win over -march=native whatever their order.
 # - everywhere: without the multimodal library (LLAVA_BUILD), which mlxmem does not use.
 # --no-cache-dir: pip's cache may hold a llama-cpp-python wheel built with other flags.
-# .ci/llamacpp-wheel builds CI's wheel with the same flags (tests/test_first_run.py checks).
+# .ci/llamacpp-wheel builds CI's wheel with the same flags (tests/test_default_model.py checks).
 set -eu
 cd "$(dirname "$0")"
 target=.

@@ -149,6 +149,7 @@ def test_empty_database_migrates_to_exact_schema():
             ("m018_turns",),
             ("m019_tombstones_published",),
             ("m020_looks_due",),
+            ("m021_turn_flags_rewritten",),
         ]
     assert store.path == paths.db_path()
 

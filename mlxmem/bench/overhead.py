@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.connect import connect
 from mlxmem.memory.store import Store
 from mlxmem.memory.turns import DatedTurn
 from mlxmem.text import utc_now
@@ -96,7 +95,7 @@ def measure_overhead(
             held = [_one_turn(companion, text) for text in sent[trials + 1 :]][1:]
         engine.drop_slot(companion.slot)
         window = len(companion.context().tokens)
-        bare = [_timed(lambda: duckdb.connect(str(store.path)).close()) for _ in range(trials)]
+        bare = [_timed(lambda: connect(str(store.path)).close()) for _ in range(trials)]
         ops = [_timed(lambda: _select_one(store)) for _ in range(trials)]
         return OverheadResult(window, facts, held, unheld, bare, ops)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 
 import typer
 
@@ -27,8 +26,8 @@ from .common import (
     RECALL,
     REPLACE_FACTS,
     SUMMARY,
-    err,
     model_or_default,
+    one_line_warnings,
     print_json,
     say_cost,
 )
@@ -114,7 +113,7 @@ def chat(
     scripts rely on it. The model is -M/--model. `-m NAME` where NAME is a model's alias is
     refused as a likely mix-up; send that word as PROMPT instead.
     """
-    _one_line_warnings()
+    one_line_warnings()
     if prompt is not None and message is not None:
         raise InputError("give the message once: as PROMPT or with -m, not both")
     if message is not None and message in _aliases():
@@ -228,10 +227,3 @@ def _read_stdin(max_chars: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
-
-
-def _one_line_warnings() -> None:
-    def show(message, category, filename, lineno, file=None, line=None):
-        err.print(f"Warning: {message}", markup=False)
-
-    warnings.showwarning = show

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,16 @@ def shown(text: str, **kwargs: Any) -> Text:
 
 # Status, warnings and errors go to stderr, so that stdout carries only the reply or the JSON.
 err = TerminalConsole(stderr=True, highlight=False)
+
+
+def one_line_warnings() -> None:
+    """Print each warning as one `Warning: ...` line, without Python's file, line and source
+    line (a warning is a message for the person, as an error is)."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        err.print(f"Warning: {message}", markup=False)
+
+    warnings.showwarning = show
 
 
 def say(text: str, err: bool = False) -> None:

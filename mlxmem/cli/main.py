@@ -13,7 +13,7 @@ import typer
 
 from mlxmem import __version__
 
-from .common import ErrorsAsMessages, plain_typer
+from .common import ErrorsAsMessages, one_line_warnings, plain_typer
 
 if TYPE_CHECKING:
     # Typer (0.29) has its own copy of click: its groups take and give these types.
@@ -111,6 +111,7 @@ def main(
     # Every file mlxmem creates (the database, its WAL and compaction copies, caches, models)
     # is born readable by the person only, with no window before a chmod.
     os.umask(0o077)
+    one_line_warnings()  # every command's, serve's threads' included
 
 
 def runs_a_model(args: list[str]) -> bool:

@@ -455,6 +455,17 @@ def m020_looks_due(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN look_due BOOLEAN DEFAULT false")
 
 
+# Turns carry their conversation's private flag in the sync folder (`sharing`, records.py), but
+# files an older mlxmem wrote hold turns without it, and a sync skips rewriting its own files
+# while the store's digest and the files are unchanged (the sync cursor's `own` entry), which
+# an upgrade leaves so. Dropping the cursor makes the next sync compare every file with the
+# store and rewrite those whose turns lack the flag (it also reads the others' files again
+# once: a cursor that is missing reads as empty, never a skipped change).
+@migration
+def m021_turn_flags_rewritten(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("DELETE FROM state WHERE key = 'sync_cursor'")
+
+
 FACTS_DB = "facts_db"
 
 

@@ -13,6 +13,7 @@ import duckdb
 
 from mlxmem import paths
 from mlxmem.errors import StoreError
+from mlxmem.memory.connect import connect
 from mlxmem.memory.migrations import migrate
 from mlxmem.memory.rows import one_row
 
@@ -74,7 +75,7 @@ def bench_db_path() -> Path:
 def _connect(db: str | Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
     path = Path(db).expanduser() if db is not None else bench_db_path()
     try:
-        con = duckdb.connect(str(path))
+        con = connect(str(path))
     except duckdb.Error as exc:
         raise StoreError(f"cannot open the benchmark database {path}: {exc}") from None
     try:

@@ -193,10 +193,12 @@ def engine_for(spec: ModelSpec, requested: str | None = None) -> EngineChoice:
     both binding; else $MLXMEM_ENGINE or `engine` in config.toml, a preference that holds
     where the model can run on it; else the platform's: MLX on Apple silicon, llama.cpp where
     it is installed and the model has a GGUF file, MLX elsewhere."""
-    for name, by in ((requested, "--engine"), (spec.engine, "models.toml")):
-        if name:
-            _check_runs(spec, name, by)
-            return EngineChoice(name, by)
+    if requested is not None:  # an empty --engine is a mistake, not a request for the default
+        _check_runs(spec, requested, "--engine")
+        return EngineChoice(requested, "--engine")
+    if spec.engine:
+        _check_runs(spec, spec.engine, "models.toml")
+        return EngineChoice(spec.engine, "models.toml")
     preferred = (
         (os.environ.get(ENGINE_ENV), ENGINE_ENV),
         (_read_config().get("engine"), "config.toml"),

@@ -237,6 +237,8 @@ def ensure_gguf(spec: ModelSpec, progress: bool = True) -> Path:
         )
     if gguf.is_file():
         return gguf
+    if gguf.is_dir() and not spec.gguf_wheel:
+        raise ModelNotFoundError(f"model {spec.alias!r}: {gguf} is a directory, not a GGUF file")
     if spec.gguf_repo:
         return _download_gguf(spec, gguf, progress)
     if not spec.gguf_wheel:

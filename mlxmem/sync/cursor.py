@@ -8,6 +8,9 @@
   device's files (by identity) as the last sync left them. When both are unchanged, this
   device has nothing to write or erase, and the sync skips reading the store's records and
   its own files.
+- keys: per other device, the encryption entry of its device.json as last read whole (a salt
+  and a check value, no secret): with a passphrase, a device.json damaged since still lets
+  that device's deletions be read (its sealed files need the salt).
 - sequences: per device and file number, the highest sequence read (kept apart from the
   cursor, for any folder): a file older than one already read is refused, not merged. And the
   last sequence this device wrote.
@@ -30,6 +33,7 @@ class Cursor:
     folder: str
     streams: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     own: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, dict] = field(default_factory=dict)  # device -> its encryption entry
 
     @classmethod
     def load(cls, text: str | None, folder: str) -> Cursor:
@@ -44,14 +48,15 @@ class Cursor:
                 and isinstance(data.get("own"), dict)
                 and all(isinstance(v, dict) for v in data["streams"].values())
             ):
-                return cls(folder, data["streams"], data["own"])
+                keys = data.get("keys")
+                return cls(folder, data["streams"], data["own"], _entries(keys))
         except (ValueError, RecursionError):
             pass
         return cls(folder)
 
     def dumps(self) -> str:
         data = {"version": CURSOR_VERSION, "folder": self.folder}
-        return json.dumps(data | {"streams": self.streams, "own": self.own})
+        return json.dumps(data | {"streams": self.streams, "own": self.own, "keys": self.keys})
 
     def own_unchanged(self, digest: str, encrypted: bool, files: dict) -> bool:
         """Whether this device's stream is as the last sync left it, for the same store. The
@@ -101,3 +106,10 @@ def next_sequence(last: int) -> int:
     of its last write was lost (a restored data directory, a wiped folder) still writes higher
     sequences than the ones the other devices remember, unless its clock went back too."""
     return max(last + 1, time.time_ns() // 1_000_000)
+
+
+def _entries(keys: object) -> dict[str, dict]:
+    """The remembered encryption entries that are objects (a cursor from before has none)."""
+    if not isinstance(keys, dict):
+        return {}
+    return {k: v for k, v in keys.items() if isinstance(v, dict)}

@@ -133,7 +133,9 @@ class DeviceFolder:
             data = opened
         try:
             lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
-            first = json.loads(lines[0]) if lines else None
+            if not lines:  # mlxmem writes no empty file: one cut to nothing, or not copied yet
+                return None
+            first = json.loads(lines[0])
             if isinstance(first, dict) and "kind" not in first:
                 frame, lines = first, lines[1:]
                 sequence = frame.get("sequence")

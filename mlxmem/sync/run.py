@@ -105,6 +105,7 @@ class Reading:
     bad_devices: list[str] = field(default_factory=list)  # "path: what is wrong", skipped
     held_back: int = 0  # files read whole but not merged: another of their device's was not
     held_devices: int = 0  # devices with a file skipped, or a damaged device.json
+    keys: dict[str, dict] = field(default_factory=dict)  # Cursor.keys, to save
 
 
 def sync(
@@ -129,7 +130,7 @@ def sync(
         # yet checks it against every sealed stream, read before or not.
         check = bool(passphrase) and not mine.info().get("encryption")
         reading = read_streams(others, passphrase, cursor, sequences, check_key=check)
-        cipher = _own_cipher(mine, name, passphrase)
+        cipher = _own_cipher(mine, name, passphrase, cursor.keys.get(device))
         mine.remove_temp_files()
         mine.remove_superseded(encrypted=cipher is not None)
         crash_point("sync:read")
@@ -163,7 +164,9 @@ def sync(
         )
         compacted = _compact(mine, plan, cipher, sequence, sequences)
         _write_info(mine, name, cipher, last_sync=iso(to_db(utc_now())))
-        cursor.streams = reading.streams
+        cursor.streams, cursor.keys = reading.streams, reading.keys
+        if cipher is not None:
+            cursor.keys[device] = mine.info()["encryption"]
         cursor.own = own_state(digest, encrypted, _identities(mine))
         log.set_sync_state(
             str(root), {CURSOR_KEY: cursor.dumps(), SEQUENCES_KEY: sequences.dumps()}
@@ -255,11 +258,15 @@ def read_streams(
             reading.bad_devices.append(f"{folder.path / DEVICE_INFO}: {problem}")
             reading.held_devices += 1
             # Its changes wait for the device to write its device.json again, but not its
-            # deletions, where they can be read: plain files and no passphrase (with one,
-            # every change must be sealed, and a sealed file needs the key device.json names).
-            if not passphrase:
-                reading.records += _tombstones(folder)
+            # deletions, where they can be read: plain files and no passphrase; with one,
+            # every change must be sealed, and a sealed file needs the key of the encryption
+            # entry remembered from its device.json when it was whole.
+            reading.records += _held_device_tombstones(folder, cursor, passphrase)
+            if folder.device in cursor.keys:
+                reading.keys[folder.device] = cursor.keys[folder.device]
             continue
+        if folder.info().get("encryption"):
+            reading.keys[folder.device] = folder.info()["encryption"]
         files = folder.files()
         # With a passphrase every change must be sealed: anyone who can write to the folder
         # could otherwise slip in plain records, facts included.
@@ -322,10 +329,32 @@ def read_streams(
     return reading
 
 
-def _tombstones(folder: DeviceFolder) -> list[Record]:
-    """The tombstones in a device stream's plain change files that can be read whole."""
-    found = (folder.read(f, None) for f in folder.files() if not f.encrypted)
+def _tombstones(folder: DeviceFolder, cipher: Cipher | None) -> list[Record]:
+    """The tombstones in a device stream's change files that can be read whole: its plain
+    files (`cipher` None), or its sealed ones (with `cipher`)."""
+    found = (folder.read(f, cipher) for f in folder.files() if f.encrypted == (cipher is not None))
     return [r for c in found if c is not None for r in c.records if r["kind"] == "tombstone"]
+
+
+def _held_device_tombstones(
+    folder: DeviceFolder, cursor: Cursor, passphrase: str | None
+) -> list[Record]:
+    """The tombstones of a device whose device.json is damaged: in its plain files without a
+    passphrase; with one, in its sealed files, by the key of the encryption entry remembered
+    from its device.json (none if none is, or the passphrase does not open it)."""
+    if not passphrase:
+        return _tombstones(folder, None)
+    described = cursor.keys.get(folder.device)
+    if described is None:
+        return []
+    try:
+        return _tombstones(folder, Cipher.from_description(passphrase, described, folder.device))
+    except InputError:
+        return []
+    try:
+        return Cipher.from_description(passphrase, described, folder.device)
+    except InputError:
+        return False
 
 
 def plan_writes(log: SyncLog, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
@@ -414,9 +443,13 @@ def sync_root(log: SyncLog, root: Path | None, create: bool = True) -> Path:
     return root
 
 
-def _own_cipher(mine: DeviceFolder, name: str, passphrase: str | None) -> Cipher | None:
-    """This device's key: the one its device.json describes, a new one if a passphrase is
-    given for a plaintext stream (its files are then rewritten sealed), or None."""
+def _own_cipher(
+    mine: DeviceFolder, name: str, passphrase: str | None, remembered: dict | None = None
+) -> Cipher | None:
+    """This device's key: the one its device.json describes, or, that file damaged, the one
+    `remembered` describes (Cursor.keys: its files stay readable by the others), a new one if
+    a passphrase is given for a plaintext stream (its files are then rewritten sealed), or
+    None."""
     try:
         cipher = mine.cipher(passphrase)
     except InputError:
@@ -425,6 +458,9 @@ def _own_cipher(mine: DeviceFolder, name: str, passphrase: str | None) -> Cipher
         # A key with nothing sealed under it: a first sync that failed once wrote it (before
         # the passphrase was checked against the others'); nothing is lost by a new one.
         cipher = None
+    if cipher is None and passphrase and remembered and mine.info_problem() is not None:
+        cipher = Cipher.from_description(passphrase, remembered, mine.device)
+        _write_info(mine, name, cipher, last_sync=None)
     if cipher is None and passphrase:
         cipher = Cipher.new(passphrase)
         _write_info(mine, name, cipher, last_sync=mine.info().get("last_sync"))
