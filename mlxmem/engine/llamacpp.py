@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import json
-import os
 import time
 import weakref
 from collections.abc import Callable, Generator, Sequence
@@ -39,6 +39,7 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from mlxmem.defaults import CHAT_SLOT
+from mlxmem.engine import native
 from mlxmem.engine.base import Chunk, GenerationStats, StopGeneration
 from mlxmem.engine.identity import gguf_identity
 from mlxmem.engine.slots import (
@@ -58,8 +59,9 @@ from mlxmem.engine.slots import (
     write_checked,
 )
 from mlxmem.engine.template import TemplatedEngine
+from mlxmem.engine.threads import engine_threads
 from mlxmem.errors import InputError, ModelLoadError
-from mlxmem.paths import ensure_private_dir
+from mlxmem.paths import data_dir, ensure_private_dir
 
 LAYOUT_VERSION = "llamacpp-2"  # llama_state_seq_get_data's bytes, in blocks and a tail
 MAX_SLOTS = 3  # sequences in the context: chat, facts and one more (a fold's fresh summary)
@@ -68,13 +70,6 @@ N_BATCH = 512  # tokens per llama_decode call while prefilling
 ABORTED = 2  # llama_decode's status when its abort callback said stop
 _CONTROL = 3  # llama.cpp's token type for control tokens (the template's special tokens)
 _LOG_WARN, _LOG_ERROR, _LOG_CONT = 3, 4, 5  # ggml_log_level
-
-
-def _threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 # llama.cpp logs every load step to stderr; keep its last warnings and errors for the message
@@ -98,8 +93,11 @@ def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         del _log_lines[:-20]
 
 
-lc.llama_log_set(_log, ctypes.c_void_p(0))
-lc.llama_backend_init()
+@functools.cache
+def _backend() -> None:
+    """Quiet llama.cpp's log and start its backend, once, when the first engine is made."""
+    lc.llama_log_set(_log, ctypes.c_void_p(0))
+    lc.llama_backend_init()
 
 
 class LlamaCppEngine(PooledSlots, TemplatedEngine):
@@ -129,18 +127,19 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         self.special_tokens = sorted(
             {t for t, kind in zip(tokens, types or [], strict=False) if kind == _CONTROL}
         )
-        self.threads = threads or _threads()
+        self.threads = engine_threads(threads)
         self.n_ctx = context_tokens * MAX_SLOTS
-        self._model, self._ctx, self._batch = self._load(self.model_path, self.n_ctx)
+        _backend()
+        file_id = gguf_identity(self.model_path)
+        extra_bufts = _extra_bufts_safe(self.model_path, file_id, self.threads, cache_dir)
+        self._model, self._ctx, self._batch = self._load(self.model_path, self.n_ctx, extra_bufts)
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._mem = lc.llama_get_memory(self._ctx)
         self._finalizer = weakref.finalize(self, _free, self._model, self._ctx, self._batch)
         # A state is only valid for the build and backend that wrote it (their kernels round
         # differently), as an MLX cache is for float32 or float16 weights.
         backend = "gpu" if lc.llama_supports_gpu_offload() else "cpu"
-        self.model_id = model_id or (
-            f"{gguf_identity(self.model_path)}-llamacpp{llama_cpp.__version__}-{backend}"
-        )
+        self.model_id = model_id or f"{file_id}-llamacpp{llama_cpp.__version__}-{backend}"
         self._closed = False
         profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
         self.restart = RestartPolicy(profile, self.model_id, restart_policy)
@@ -151,9 +150,11 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         )
         self._init_template()
 
-    def _load(self, path: Path, n_ctx: int):
+    def _load(self, path: Path, n_ctx: int, extra_bufts: bool):
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = -1  # every layer on the GPU where the build has one
+        # Off: no AMX buffer, and no weight repacking either (mlxmem.engine.native).
+        mparams.use_extra_bufts = extra_bufts
         _log_lines.clear()
         model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
@@ -596,6 +597,22 @@ def _jinja(template: str) -> Any:
 
 
 _TEMPLATES: dict[str, Any] = {}
+
+
+def _extra_bufts_safe(gguf: Path, file_id: str, threads: int, cache_dir: Path | None) -> bool:
+    """Whether llama.cpp may put the weights in its extra buffer types (AMX, repacking): yes,
+    unless this build has AMX kernels and a canary child says they crash on this CPU
+    (mlxmem.engine.native)."""
+    info = lc.llama_print_system_info().decode("utf-8", "replace")
+    if not native.amx_build(info):
+        return True
+    directory = cache_dir.parent if cache_dir is not None else data_dir()
+    canary = native.Canary(
+        native.canary_key(info, llama_cpp.__version__, file_id),
+        native.child_command(gguf, threads),
+        native.verdicts_path(directory),
+    )
+    return native.safe_load(canary) == "default"
 
 
 def _last_error() -> str:
