@@ -26,7 +26,7 @@ from typing import Any
 
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
 from mlxmem.bench.overhead import measure_overhead
-from mlxmem.engine import Engine, MLXEngine
+from mlxmem.engine import Engine, MLXEngine, Sampling
 
 DEFAULT_LENGTHS = (256, 1024, 3000)
 DEFAULT_TRIALS = 5
@@ -199,7 +199,7 @@ def _mlxmem(engine: Engine, prompt: list[int], gen_tokens: int, seed: int):
     """A fresh prefill and decode, then the same prompt again as a cached turn."""
     engine.drop_slot(SPEED_SLOT)
     stats = engine.generate(
-        prompt, slot=SPEED_SLOT, max_tokens=gen_tokens, temp=0.0, seed=seed, ignore_eos=True
+        prompt, Sampling(max_tokens=gen_tokens, seed=seed, ignore_eos=True), slot=SPEED_SLOT
     ).stats
     fresh = Trial(
         stats.ttft_s,
@@ -210,8 +210,8 @@ def _mlxmem(engine: Engine, prompt: list[int], gen_tokens: int, seed: int):
     )
     new = min(NEW_TURN_TOKENS, len(prompt) // 2)
     # Leave the slot holding the prompt without its last `new` tokens, as a previous turn would.
-    engine.generate(prompt[: len(prompt) - new], slot=SPEED_SLOT, max_tokens=1, temp=0.0)
-    turn = engine.generate(prompt, slot=SPEED_SLOT, max_tokens=1, temp=0.0, seed=seed).stats
+    engine.generate(prompt[: len(prompt) - new], Sampling(max_tokens=1), slot=SPEED_SLOT)
+    turn = engine.generate(prompt, Sampling(max_tokens=1, seed=seed), slot=SPEED_SLOT).stats
     return fresh, turn.ttft_s, turn.prefilled_tokens
 
 

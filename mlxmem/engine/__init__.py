@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlxmem.engine.base import (
+    GREEDY,
     YIELD_BATCH,
     Chunk,
     Engine,
     Generation,
     GenerationStats,
     Message,
+    Sampling,
     StopGeneration,
 )
 from mlxmem.engine.identity import model_identity
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from mlxmem.models.registry import ModelSpec
 
 __all__ = [
+    "GREEDY",
     "Chunk",
     "Engine",
     "Generation",
@@ -40,6 +43,7 @@ __all__ = [
     "LlamaCppEngine",
     "MLXEngine",
     "Message",
+    "Sampling",
     "StopGeneration",
     "YIELD_BATCH",
     "engine_loader",

@@ -15,7 +15,8 @@ DECODED_TOKENS = 4
 def main(gguf: str, load: str, threads: int) -> int:
     import llama_cpp.llama_cpp as lc
 
-    lc.llama_log_set(lc.llama_log_callback(lambda *_: None), ctypes.c_void_p(0))
+    quiet = lc.llama_log_callback(lambda *_: None)  # referenced until the process ends
+    lc.llama_log_set(quiet, ctypes.c_void_p(0))
     lc.llama_backend_init()
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = -1
