@@ -414,7 +414,7 @@ def test_bench_speed_turns_end_of_text_off_on_both_sides_alike(tiny_model):
         engine.generate(prompt, Sampling(max_tokens=8), slot="probe2").stats.generated_tokens == 1
     )
     mine, _, _ = speed._mlxmem(engine, prompt, 8, seed=0)
-    bare = speed._bare(engine, prompt, 8, seed=0)
+    bare = speed._bare_mlx(engine, prompt, 8, seed=0)
     assert mine.generated_tokens == bare.generated_tokens == 8
     assert engine.tokenizer.eos_token_ids == {first}  # the engine's tokenizer is left alone
 

@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -35,9 +36,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import llama_cpp
-import llama_cpp.llama_cpp as lc
-import numpy as np
+# llama.cpp's threads meet at an OpenMP barrier after every step of the graph, where libgomp
+# spins by default: beside another busy process that multiplied a turn's time by 4 to 7, and
+# the passive wait (sleep at once) made it both faster alone and 1.7-2.5x beside such a job
+# (mlxmem.engine.threads). libgomp reads this when it loads, with llama_cpp; a value the
+# person set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import llama_cpp  # noqa: E402
+import llama_cpp.llama_cpp as lc  # noqa: E402
+import numpy as np  # noqa: E402
 
 from mlxmem.defaults import CHAT_SLOT
 from mlxmem.engine import native

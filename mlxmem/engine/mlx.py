@@ -38,6 +38,7 @@ from mlxmem.engine.slots import (
     write_checked,
 )
 from mlxmem.engine.template import TemplatedEngine
+from mlxmem.engine.threads import engine_threads
 from mlxmem.errors import InputError, ModelLoadError
 from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
@@ -58,6 +59,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         cache_dir: Path | None = None,
         max_slot_bytes: int = DEFAULT_SLOT_MEMORY_BYTES,
         restart_policy: str = "auto",
+        threads: int | None = None,
     ):
         from mlx_lm import load
         from mlx_lm.models.cache import make_prompt_cache
@@ -69,9 +71,12 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
             raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
         # Without a GPU, float32 through a BLAS beats MLX's quantized CPU kernels (see mlxmem.cpu).
-        from mlxmem.cpu import dequantize_for_cpu
+        from mlxmem.cpu import dequantize_for_cpu, set_blas_threads
 
         self.dequantized = dequantize_for_cpu(self.model)
+        self.threads = engine_threads(threads)
+        if self.dequantized:
+            set_blas_threads(self.threads)
         self.hf = self.tokenizer._tokenizer
         self.special_tokens = sorted(
             {str(t) for t in self.hf.all_special_tokens}
