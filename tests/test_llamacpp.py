@@ -403,3 +403,49 @@ def test_engine_threads_come_from_the_option_then_the_environment(tiny_gguf, mon
     monkeypatch.setenv("MLXMEM_THREADS", "many")
     with pytest.raises(InputError, match="MLXMEM_THREADS"):
         engine(tiny_gguf)
+
+
+def crashing_build(monkeypatch, programs: dict[str, str]) -> None:
+    """This build as if it had AMX kernels, its canary child for each load running
+    `programs[load]` (SIGSEGV stands for the AMX crash)."""
+    import sys
+
+    from mlxmem.engine import native
+
+    monkeypatch.setattr(native, "amx_build", lambda info: True)
+    monkeypatch.setattr(
+        native,
+        "child_command",
+        lambda gguf, threads: lambda load: [sys.executable, "-c", programs[load]],
+    )
+
+
+SEGFAULT = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+def test_where_the_canary_crashes_the_engine_loads_without_extra_buffers(tiny_gguf, monkeypatch):
+    import json
+
+    from mlxmem import paths
+
+    crashing_build(monkeypatch, {"default": SEGFAULT, "no-extra-bufts": "pass"})
+    e = engine(tiny_gguf)
+    assert len(e.generate(chat(e, "the cat"), Sampling(max_tokens=4, ignore_eos=True)).tokens) == 4
+    verdicts = json.loads((paths.data_dir() / "llamacpp-canary.json").read_text())
+    assert list(verdicts.values()) == ["no-extra-bufts"]
+
+
+def test_where_every_load_crashes_chat_says_so_in_one_line_and_keeps_the_log(
+    tiny_gguf, monkeypatch
+):
+    import json
+
+    args = ["chat", "--model", str(tiny_gguf), "--engine", "llamacpp", "--temp", "0"]
+    args += ["--max-tokens", "4", "--no-facts", "--json"]
+    json.loads(cli(*args, "the cat").output)
+    crashing_build(monkeypatch, {"default": SEGFAULT, "no-extra-bufts": SEGFAULT})
+    refused = cli(*args, "is the cat", code=1).output.strip()
+    assert refused.startswith("Error: llama.cpp crashes on this CPU") and "\n" not in refused
+    assert "--engine mlx" in refused
+    logged = cli("history", "show", "--json").output
+    assert "the cat" in logged
