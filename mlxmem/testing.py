@@ -102,13 +102,7 @@ class FakeEngine(Engine):
 class _FakeDecoding:
     """A reply written by the responder, its end of turn the template's <|eot_id|>."""
 
-    def __init__(
-        self,
-        engine: FakeEngine,
-        cached: int,
-        prompt: str,
-        request: Request,
-    ):
+    def __init__(self, engine: FakeEngine, cached: int, prompt: str, request: Request):
         self.cached = cached
         self._engine, self._prompt, self._slot = engine, prompt, request.slot
         self._ignore_eos, self._should_stop = request.sampling.ignore_eos, request.should_stop

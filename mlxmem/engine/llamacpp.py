@@ -9,16 +9,21 @@ of its tokens and the next prompt (`llama_memory_seq_rm` from the first changed 
 prefills only the rest. Removing a range from the middle and shifting the rest (llama-server's
 context shift) is not used: the tokens after the range keep keys and values that attended to
 what was removed, so the logits differ from a fresh prefill (max |delta logit| 10.2 on a
-random model, shared/llamacpp.md); reuse up to the first change is exact.
+random model); reuse up to the first change is exact.
 
 Token counts come from llama.cpp's own tokenizer on the GGUF's chat template, rendered with
 Jinja2 as Hugging Face's tokenizers render it (mlxmem.engine.template cuts it by message), so
-the budget counts the very ids the model reads. A slot is saved with
-`llama_state_seq_get_data` into a safetensors file beside the same checks as MLX slot files
-(the model's fingerprint, the token ids and their hash, a digest; private modes), in blocks of
-KV_BLOCK_TOKENS tokens as the MLX engine's: a block's range is copied onto a scratch sequence
-(cells shared, not copied) and that sequence's state saved, so a turn writes only its new
-blocks and the tail; loading restores each block onto the scratch sequence and shares it back.
+the budget counts the very ids the model reads. A slot is saved in the slot-file format of
+mlxmem.engine.slots, each block the `llama_state_seq_get_data` of its range: the range is
+copied onto a scratch sequence (cells shared, not copied) and that sequence's state saved;
+loading restores each block onto the scratch sequence and shares it back.
+
+Loading: on a build with llama.cpp's AMX kernels, which crash on some Xeons, a canary child
+decides whether the weights may go to llama.cpp's extra buffer types (AMX, repacking) or must
+not (`use_extra_bufts = False`), cached per build, CPU and model (mlxmem.engine.native says
+why a canary rather than a buffer-type override). Threads: `--threads`, `MLXMEM_THREADS`, else
+every core, waiting passively at OpenMP's barriers (mlxmem.engine.threads). docs/llamacpp.md
+has the measurements.
 """
 
 from __future__ import annotations

@@ -175,13 +175,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
 class _MLXDecoding:
     """One call's generation (base.Decoding): mlx-lm's generate_step on the slot's cache."""
 
-    def __init__(
-        self,
-        engine: MLXEngine,
-        kv: KVSlot,
-        cached: int,
-        request: Request,
-    ):
+    def __init__(self, engine: MLXEngine, kv: KVSlot, cached: int, request: Request):
         from mlx_lm.generate import generate_step
         from mlx_lm.sample_utils import make_sampler
 
