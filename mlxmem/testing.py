@@ -106,10 +106,12 @@ class _FakeDecoding:
         self.cached = cached
         self._engine, self._prompt, self._slot = engine, prompt, request.slot
         self._ignore_eos, self._should_stop = request.sampling.ignore_eos, request.should_stop
+        self._ids, self._prefilled = request.prompt, False
 
     def tokens(self) -> Iterator[int]:
         if self._should_stop is not None and self._should_stop():  # the prefill is one batch
             raise StopGeneration
+        self._engine.slots[self._slot], self._prefilled = list(self._ids), True
         reply = self._engine.encode_text(self._engine.responder(self._prompt))
         eot = SPECIALS.index("<|eot_id|>")
         # With ignore_eos no end of turn: the reply again and again, up to max_tokens.
@@ -129,4 +131,5 @@ class _FakeDecoding:
         return 0.0
 
     def close(self, tokens: list[int]) -> None:
-        self._engine.slots[self._slot] = tokens
+        if self._prefilled:  # a stop before the prefill leaves the slot as it was
+            self._engine.slots[self._slot] = tokens
