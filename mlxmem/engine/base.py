@@ -232,8 +232,8 @@ class Engine:
             raise InputError("max_tokens must be at least 1")
         self._check_open()
         prompt = list(prompt)
-        start = time.perf_counter()
         run = self._decoding(Request(prompt, sampling, slot, should_stop, prefill_batch))
+        start = time.perf_counter()  # the slot is ready: its lookup is not the engine's time
         out: list[int] = []
         first = None
         finish = "interrupted"
