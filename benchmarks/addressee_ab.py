@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from mlxmem.defaults import FACTS_SLOT
-from mlxmem.engine import load_engine
+from mlxmem.engine import Sampling, load_engine
 from mlxmem.eval import facts as fe
 from mlxmem.eval.locomo import default_data_dir, load_conversation
 from mlxmem.memory.budget import shorten
@@ -42,7 +42,7 @@ def answer(extractor: FactExtractor, message: str) -> tuple[str, str]:
     engine = extractor.engine
     room = extractor.budget - MAX_FACT_TOKENS - extractor.frame - 8
     tokens = engine.encode_chat(extraction_messages(shorten(engine, message, room)))
-    result = engine.generate(tokens, slot=FACTS_SLOT, max_tokens=MAX_FACT_TOKENS, temp=0.0)
+    result = engine.generate(tokens, Sampling(max_tokens=MAX_FACT_TOKENS), slot=FACTS_SLOT)
     return result.text, result.stats.finish_reason
 
 

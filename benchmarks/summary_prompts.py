@@ -26,7 +26,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.eval.locomo import (
     default_data_dir,
     exchanges,
@@ -121,9 +121,8 @@ def main() -> None:
             messages = [Message("system", INSTRUCTIONS), *turns, Message("user", request)]
             result = engine.generate(
                 engine.encode_chat(messages),
+                Sampling(max_tokens=SUMMARY_MAX_TOKENS),
                 slot="summary",
-                max_tokens=SUMMARY_MAX_TOKENS,
-                temp=0.0,
             )
             text = result.text.strip()
             rows.append(

@@ -8,6 +8,7 @@ links a reference BLAS; a system OpenBLAS, preloaded into the process, is severa
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,20 @@ def _has_quantized_embedding(model) -> bool:
     import mlx.nn as nn
 
     return any(isinstance(m, nn.QuantizedEmbedding) for _, m in model.named_modules())
+
+
+def set_blas_threads(threads: int) -> bool:
+    """Have the preloaded OpenBLAS compute with `threads` threads; False where none is loaded
+    (MLX's own CPU kernels have no thread setting: its float32 matmuls are the BLAS's)."""
+    try:
+        blas = ctypes.CDLL(str(OPENBLAS), mode=os.RTLD_NOLOAD)  # only if already loaded
+    except OSError:
+        return False
+    setter = getattr(blas, "openblas_set_num_threads", None)
+    if setter is None:
+        return False
+    setter(threads)
+    return True
 
 
 def openblas_argv() -> tuple[dict[str, str], list[str]] | None:

@@ -7,15 +7,16 @@ a `responder(prompt_text) -> reply` function instead of a model.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from mlxmem.defaults import CHAT_SLOT
-from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
+from mlxmem.engine import Engine, Message, StopGeneration
+from mlxmem.engine.base import Request
 from mlxmem.engine.slots import common_prefix_len
-from mlxmem.errors import InputError
 from mlxmem.text import check_text
 
 SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
@@ -81,58 +82,12 @@ class FakeEngine(Engine):
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(self._words[t] for t in tokens)
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        *,
-        slot: str = CHAT_SLOT,
-        max_tokens: int = 256,
-        temp: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        ignore_eos: bool = False,
-        should_stop: Callable[[], bool] | None = None,
-        prefill_batch: int | None = None,
-    ) -> Generator[Chunk, None, None]:
-        if max_tokens < 1:
-            raise InputError("max_tokens must be at least 1")
-        prompt = list(prompt)
+    def _decoding(self, request: Request) -> _FakeDecoding:
+        prompt, slot = request.prompt, request.slot
         cached = min(common_prefix_len(self.slots.get(slot, []), prompt), len(prompt) - 1)
         text = self.decode(prompt)
-        self.calls.append(FakeCall(slot, text, len(prompt), cached, max_tokens))
-        if should_stop is not None and should_stop():  # the prefill is one batch here
-            yield Chunk("", None, self._stats(prompt, cached, [], "interrupted"))
-            return
-        reply = self.encode_text(self.responder(text))
-        if ignore_eos:  # no end of turn: repeat the reply up to exactly max_tokens
-            reply = (reply or [self._id(".")]) * (max_tokens // max(1, len(reply)) + 1)
-        finish = "stop" if len(reply) < max_tokens else "length"
-        out = reply[:max_tokens] if finish == "length" else reply + [SPECIALS.index("<|eot_id|>")]
-        self.slots[slot] = prompt + out
-        shown = 0
-        try:
-            for token in reply[:max_tokens]:
-                shown += 1
-                time.sleep(self.delay_s)
-                yield Chunk(self._words[token], token)
-        except StopGeneration:
-            finish, out = "interrupted", out[:shown]
-            self.slots[slot] = prompt + out
-        yield Chunk("", None, self._stats(prompt, cached, out, finish))
-
-    @staticmethod
-    def _stats(prompt: list[int], cached: int, out: list[int], finish: str) -> GenerationStats:
-        return GenerationStats(
-            prompt_tokens=len(prompt),
-            cached_tokens=cached,
-            prefilled_tokens=len(prompt) - cached,
-            generated_tokens=len(out),
-            ttft_s=0.0,
-            prefill_tps=0.0,
-            decode_tps=0.0,
-            peak_memory_gb=0.0,
-            finish_reason=finish,
-        )
+        self.calls.append(FakeCall(slot, text, len(prompt), cached, request.max_tokens))
+        return _FakeDecoding(self, cached, text, request)
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
         prompt = list(prompt)
@@ -142,3 +97,39 @@ class FakeEngine(Engine):
 
     def drop_slot(self, slot: str) -> None:
         self.slots.pop(slot, None)
+
+
+class _FakeDecoding:
+    """A reply written by the responder, its end of turn the template's <|eot_id|>."""
+
+    def __init__(self, engine: FakeEngine, cached: int, prompt: str, request: Request):
+        self.cached = cached
+        self._engine, self._prompt, self._slot = engine, prompt, request.slot
+        self._ignore_eos, self._should_stop = request.sampling.ignore_eos, request.should_stop
+        self._ids, self._prefilled = request.prompt, False
+
+    def tokens(self) -> Iterator[int]:
+        if self._should_stop is not None and self._should_stop():  # the prefill is one batch
+            raise StopGeneration
+        self._engine.slots[self._slot], self._prefilled = list(self._ids), True
+        reply = self._engine.encode_text(self._engine.responder(self._prompt))
+        eot = SPECIALS.index("<|eot_id|>")
+        # With ignore_eos no end of turn: the reply again and again, up to max_tokens.
+        tokens = itertools.cycle(reply or [self._engine._id(".")]) if self._ignore_eos else None
+        for token in tokens or [*reply, eot]:
+            if token != eot:
+                time.sleep(self._engine.delay_s)
+            yield token
+
+    def is_end(self, token: int) -> bool:
+        return token == SPECIALS.index("<|eot_id|>")
+
+    def text(self, token: int | None) -> str:
+        return "" if token is None else self._engine.decode([token])
+
+    def peak_memory_gb(self) -> float:
+        return 0.0
+
+    def close(self, tokens: list[int]) -> None:
+        if self._prefilled:  # a stop before the prefill leaves the slot as it was
+            self._engine.slots[self._slot] = tokens

@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from conftest import cli
 
-from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.engine.slots import KV_BLOCK_TOKENS, SUFFIX, CacheWarning
 from mlxmem.memory.store import Store
 from mlxmem.models.tiny import make_tiny
@@ -26,7 +26,7 @@ def saved(tiny, kv):
     """An engine whose slot "c" was generated and saved in `kv`, and the prompt and tokens."""
     engine = MLXEngine(tiny, cache_dir=kv)
     prompt = engine.encode_chat(PROMPT)
-    tokens = engine.generate(prompt, slot="c", max_tokens=4, temp=0.0).tokens
+    tokens = engine.generate(prompt, Sampling(max_tokens=4), slot="c").tokens
     engine.save_slots()
     return engine, prompt, tokens
 
@@ -36,7 +36,7 @@ def again(tiny, kv, prompt):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine = MLXEngine(tiny, cache_dir=kv)
-        result = engine.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+        result = engine.generate(prompt, Sampling(max_tokens=4), slot="c")
         engine.save_slots()
     return result, [w for w in caught if issubclass(w.category, CacheWarning)]
 
@@ -92,7 +92,7 @@ def test_a_kv_folder_that_is_not_a_folder_costs_the_cache_not_the_reply(tiny, tm
         kv.symlink_to(tmp_path / "nowhere")
     engine = MLXEngine(tiny, cache_dir=kv)
     with pytest.warns(CacheWarning, match="could not save KV cache"):
-        engine.generate(engine.encode_chat(PROMPT), slot="c", max_tokens=4, temp=0.0)
+        engine.generate(engine.encode_chat(PROMPT), Sampling(max_tokens=4), slot="c")
         engine.save_slots()
     assert kv.is_symlink() or kv.read_text() == "not a folder"  # not ours to remove
 
@@ -112,7 +112,7 @@ def test_a_full_disk_while_saving_a_cache_leaves_no_partial_file(
     kv = tmp_path / "kv"
     engine = MLXEngine(tiny, cache_dir=kv)
     prompt = engine.encode_chat(PROMPT if blocks else [Message("user", "hi")])
-    engine.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+    engine.generate(prompt, Sampling(max_tokens=4), slot="c")
     real = mx.save_safetensors
 
     def full_disk(path, arrays, metadata=None):

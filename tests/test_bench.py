@@ -24,7 +24,7 @@ from mlxmem.bench.common import BenchModel, resolve_arch, source_commit, version
 from mlxmem.bench.turns import read_transcript, run_turns
 from mlxmem.cli.bench import _seconds_list
 from mlxmem.cli.main import app
-from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.errors import InputError
 from mlxmem.models.tiny import make_tiny
 from mlxmem.restart import PROFILE_FILENAME
@@ -405,16 +405,16 @@ def test_bench_speed_turns_end_of_text_off_on_both_sides_alike(tiny_model):
 
     engine = MLXEngine(tiny_model)
     prompt = engine.encode_chat([Message("user", "Tell me about rivers.")])
-    first = engine.generate(prompt, slot="probe", max_tokens=1, temp=0.0).tokens[0]
+    first = engine.generate(prompt, Sampling(max_tokens=1), slot="probe").tokens[0]
     # Make the token the model greedily writes first its end of text: a run that honours EOS
     # stops after one token.
     engine.eos_token_ids = frozenset({first})
     engine.tokenizer.eos_token_ids = {first}
     assert (
-        engine.generate(prompt, slot="probe2", max_tokens=8, temp=0.0).stats.generated_tokens == 1
+        engine.generate(prompt, Sampling(max_tokens=8), slot="probe2").stats.generated_tokens == 1
     )
     mine, _, _ = speed._mlxmem(engine, prompt, 8, seed=0)
-    bare = speed._bare(engine, prompt, 8, seed=0)
+    bare = speed._bare_mlx(engine, prompt, 8, seed=0)
     assert mine.generated_tokens == bare.generated_tokens == 8
     assert engine.tokenizer.eos_token_ids == {first}  # the engine's tokenizer is left alone
 

@@ -6,7 +6,7 @@ import warnings
 import pytest
 from conftest import check_chat_blocks
 
-from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.engine.mlx import PREFILL_STEP
 from mlxmem.engine.slots import KV_BLOCK_TOKENS, CacheWarning
 from mlxmem.memory.budget import PromptBudget
@@ -47,9 +47,9 @@ def test_reused_prefix_gives_the_same_greedy_tokens_as_a_fresh_prefill(tiny_path
     ]
     for first, second in pairs:
         p1, p2 = engine.encode_chat(first), engine.encode_chat(second)
-        engine.generate(p1, slot="reused", max_tokens=8, temp=0.0)
-        reused = engine.generate(p2, slot="reused", max_tokens=24, temp=0.0)
-        fresh = engine.generate(p2, slot=f"fresh-{len(p2)}-{p2[-5]}", max_tokens=24, temp=0.0)
+        engine.generate(p1, Sampling(max_tokens=8), slot="reused")
+        reused = engine.generate(p2, Sampling(max_tokens=24), slot="reused")
+        fresh = engine.generate(p2, Sampling(max_tokens=24), slot=f"fresh-{len(p2)}-{p2[-5]}")
         engine.drop_slot(f"fresh-{len(p2)}-{p2[-5]}")
         assert reused.stats.cached_tokens > 0
         assert fresh.stats.cached_tokens == 0
@@ -61,11 +61,11 @@ def test_cached_tokens_are_the_common_prefix(tiny_fp, tmp_path):
     engine = MLXEngine(tiny_fp, cache_dir=tmp_path / "kv")
     p1 = engine.encode_chat(conversation(3))
     p2 = engine.encode_chat(conversation(3)[:5] + [Message("user", "New question?")])
-    engine.generate(p1, slot="s", max_tokens=4, temp=0.0)
+    engine.generate(p1, Sampling(max_tokens=4), slot="s")
     common = next(i for i, (a, b) in enumerate(zip(p1, p2, strict=False)) if a != b)
-    assert engine.generate(p2, slot="s", max_tokens=4, temp=0.0).stats.cached_tokens == common
+    assert engine.generate(p2, Sampling(max_tokens=4), slot="s").stats.cached_tokens == common
     # The same prompt again reuses all but the last token, which must be prefilled.
-    again = engine.generate(p2, slot="s", max_tokens=4, temp=0.0)
+    again = engine.generate(p2, Sampling(max_tokens=4), slot="s")
     assert again.stats.cached_tokens == len(p2) - 1
     assert again.stats.prefilled_tokens == 1
 
@@ -157,14 +157,14 @@ def test_slots_persist_across_engines(tiny_fp, tmp_path):
     kv = tmp_path / "kv"
     first = MLXEngine(tiny_fp, cache_dir=kv)
     prompt = first.encode_chat(conversation(4))
-    expected = first.generate(prompt, slot="conv/chat", max_tokens=12, temp=0.0)
+    expected = first.generate(prompt, Sampling(max_tokens=12), slot="conv/chat")
     first.save_slots()
     second = MLXEngine(tiny_fp, cache_dir=kv)
     longer = second.encode_chat(conversation(4) + [Message("user", "And then?")])
-    result = second.generate(longer, slot="conv/chat", max_tokens=12, temp=0.0)
+    result = second.generate(longer, Sampling(max_tokens=12), slot="conv/chat")
     common = next(i for i, (a, b) in enumerate(zip(prompt, longer, strict=False)) if a != b)
     assert result.stats.cached_tokens == common > 0.9 * len(prompt)
-    fresh = MLXEngine(tiny_fp).generate(longer, slot="x", max_tokens=12, temp=0.0)
+    fresh = MLXEngine(tiny_fp).generate(longer, Sampling(max_tokens=12), slot="x")
     assert result.tokens == fresh.tokens
     assert expected.stats.prompt_tokens == len(prompt)
 
@@ -172,7 +172,7 @@ def test_slots_persist_across_engines(tiny_fp, tmp_path):
 def _saved_engine(model, kv):
     engine = MLXEngine(model, cache_dir=kv)
     prompt = engine.encode_chat(conversation(3))
-    engine.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+    engine.generate(prompt, Sampling(max_tokens=4), slot="c")
     engine.save_slots()
     return prompt, next(kv.glob("*.safetensors"))
 
@@ -198,9 +198,9 @@ def test_a_growing_slot_writes_only_its_new_blocks_and_tail(tiny_fp, tmp_path):
     # Restored from its blocks, the slot continues exactly as a fresh prefill does.
     again = MLXEngine(tiny_fp, cache_dir=kv)
     follow = again.encode_chat(conversation(10) + [Message("user", "And then?")])
-    restored = again.generate(follow, slot="c", max_tokens=8, temp=0.0)
+    restored = again.generate(follow, Sampling(max_tokens=8), slot="c")
     assert restored.stats.cached_tokens >= len(longer) - 8
-    assert restored.tokens == MLXEngine(tiny_fp).generate(follow, max_tokens=8, temp=0.0).tokens
+    assert restored.tokens == MLXEngine(tiny_fp).generate(follow, Sampling(max_tokens=8)).tokens
 
 
 def test_a_damaged_block_discards_the_slot(tiny_fp, tmp_path):
@@ -214,7 +214,7 @@ def test_a_damaged_block_discards_the_slot(tiny_fp, tmp_path):
     data = blocks[1].read_bytes()
     blocks[1].write_bytes(data[:-9] + bytes([data[-9] ^ 0xFF]) + data[-8:])
     with pytest.warns(CacheWarning, match="digest"):
-        result = MLXEngine(tiny_fp, cache_dir=kv).generate(prompt, slot="c", max_tokens=2)
+        result = MLXEngine(tiny_fp, cache_dir=kv).generate(prompt, Sampling(max_tokens=2), slot="c")
     assert result.stats.cached_tokens == 0
     assert list(kv.rglob("*")) == []  # the slot's files and blocks went
     engine.save_slots()
@@ -237,7 +237,7 @@ def test_damaged_cache_file_is_discarded_with_a_warning(tiny_fp, tmp_path, damag
         path.with_suffix(".sum").unlink()
     engine = MLXEngine(tiny_fp, cache_dir=kv)
     with pytest.warns(CacheWarning):
-        result = engine.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+        result = engine.generate(prompt, Sampling(max_tokens=4), slot="c")
     assert result.stats.cached_tokens == 0 and result.stats.generated_tokens > 0
     assert not path.exists()
 
@@ -248,7 +248,7 @@ def test_cache_from_another_model_is_not_trusted(tiny_fp, tmp_path):
     other = make_tiny(tmp_path / "other", seed=99)
     engine = MLXEngine(other, cache_dir=kv)
     with pytest.warns(CacheWarning, match="another model"):
-        result = engine.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+        result = engine.generate(prompt, Sampling(max_tokens=4), slot="c")
     assert result.stats.cached_tokens == 0
 
 
@@ -256,16 +256,16 @@ def test_slot_memory_cap_frees_old_slots_and_writes_nothing(tiny_fp, tmp_path):
     kv = tmp_path / "kv"
     engine = MLXEngine(tiny_fp, cache_dir=kv, max_slot_bytes=1)
     prompt = engine.encode_chat(conversation(2))
-    engine.generate(prompt, slot="a", max_tokens=4, temp=0.0)
+    engine.generate(prompt, Sampling(max_tokens=4), slot="a")
     engine.save_slots(["a"])  # saved by its owner, as a chat turn does
-    engine.generate(prompt, slot="facts", max_tokens=4, temp=0.0)
+    engine.generate(prompt, Sampling(max_tokens=4), slot="facts")
     assert engine.slots.names() == ["facts"]  # "a" was freed
-    engine.generate(prompt, slot="b", max_tokens=4, temp=0.0)
+    engine.generate(prompt, Sampling(max_tokens=4), slot="b")
     # Never saved, "facts" left memory without a file: eviction writes nothing.
     assert engine.slots.names() == ["b"] and not engine.slots.path("facts").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = engine.generate(prompt, slot="a", max_tokens=4, temp=0.0)
+        again = engine.generate(prompt, Sampling(max_tokens=4), slot="a")
     assert again.stats.cached_tokens == len(prompt) - 1  # back from its saved file
 
 
@@ -300,7 +300,7 @@ def test_on_prefill_hears_how_far_a_long_prompt_is_read(tiny_fp, tmp_path):
     assert heard[0] == (0, n) and heard[-1] == (n, n) and len(heard) >= 3
     assert [d for d, _ in heard] == sorted(d for d, _ in heard)
     heard.clear()
-    engine.generate(prompt + engine.encode_text("more"), slot="warm", max_tokens=2)
+    engine.generate(prompt + engine.encode_text("more"), Sampling(max_tokens=2), slot="warm")
     assert heard[0][0] == 0 and heard[-1][0] == heard[-1][1]  # only the new suffix is read
     assert heard[-1][1] < 8
 
@@ -311,11 +311,14 @@ def test_a_stop_asked_for_during_the_prefill_ends_it_after_the_batch_under_way(t
     assert len(prompt) > 2 * PREFILL_STEP
     asked = []
     cut = engine.generate(
-        prompt, slot="s", max_tokens=4, should_stop=lambda: asked.append(1) or True
+        prompt, Sampling(max_tokens=4), slot="s", should_stop=lambda: asked.append(1) or True
     )
     assert cut.stats.finish_reason == "interrupted" and cut.tokens == []
     assert len(asked) == 1  # heard after the first batch, and the prefill ended there
-    again = engine.generate(prompt, slot="s", max_tokens=6, ignore_eos=True)
+    again = engine.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="s")
     assert again.stats.cached_tokens == PREFILL_STEP
     fresh = MLXEngine(tiny_fp, cache_dir=tmp_path / "kv2")
-    assert again.tokens == fresh.generate(prompt, slot="s", max_tokens=6, ignore_eos=True).tokens
+    assert (
+        again.tokens
+        == fresh.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="s").tokens
+    )

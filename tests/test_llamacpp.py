@@ -21,6 +21,7 @@ if os.environ.get("MLXMEM_REQUIRE_LLAMACPP"):  # CI installs it: a missing bindi
 else:
     pytest.importorskip("llama_cpp")
 
+from mlxmem.engine import Sampling
 from mlxmem.engine.llamacpp import MAX_SLOTS, N_BATCH, LlamaCppEngine  # noqa: E402
 
 
@@ -42,31 +43,34 @@ def chat(engine: LlamaCppEngine, text: str) -> list[int]:
 def test_a_reused_prefix_gives_the_tokens_of_a_fresh_prefill(tiny_gguf):
     first = engine(tiny_gguf)
     prompt = chat(first, "the cat is the cat")
-    reply = first.generate(prompt, max_tokens=12, ignore_eos=True)
+    reply = first.generate(prompt, Sampling(max_tokens=12, ignore_eos=True))
     assert reply.stats.cached_tokens == 0 and reply.stats.prefilled_tokens == len(prompt)
     longer = prompt + reply.tokens + first.encode_text(" the cat")
-    again = first.generate(longer, max_tokens=12, ignore_eos=True)
+    again = first.generate(longer, Sampling(max_tokens=12, ignore_eos=True))
     # The reply's last token was sampled, never fed: all but it are reused.
     assert again.stats.cached_tokens == len(prompt) + len(reply.tokens) - 1
-    fresh = engine(tiny_gguf).generate(longer, max_tokens=12, ignore_eos=True)
+    fresh = engine(tiny_gguf).generate(longer, Sampling(max_tokens=12, ignore_eos=True))
     assert again.tokens == fresh.tokens and len(set(fresh.tokens)) > 2
 
 
 def test_slots_stay_apart(tiny_gguf):
     e = engine(tiny_gguf)
     a, b = chat(e, "the cat"), chat(e, "is the cat the cat")
-    first_a = e.generate(a, slot="a", max_tokens=8, ignore_eos=True)
-    e.generate(b, slot="b", max_tokens=8, ignore_eos=True)
-    again_a = e.generate(a, slot="a", max_tokens=8, ignore_eos=True)
+    first_a = e.generate(a, Sampling(max_tokens=8, ignore_eos=True), slot="a")
+    e.generate(b, Sampling(max_tokens=8, ignore_eos=True), slot="b")
+    again_a = e.generate(a, Sampling(max_tokens=8, ignore_eos=True), slot="a")
     assert again_a.stats.cached_tokens == len(a) - 1 and again_a.tokens == first_a.tokens
 
 
 def test_more_slots_than_sequences_free_the_least_recent(tiny_gguf):
     e = engine(tiny_gguf)
     prompts = {f"s{i}": chat(e, "the cat " * (i + 1)) for i in range(MAX_SLOTS + 1)}
-    first = {n: e.generate(p, slot=n, max_tokens=6, ignore_eos=True) for n, p in prompts.items()}
+    first = {
+        n: e.generate(p, Sampling(max_tokens=6, ignore_eos=True), slot=n)
+        for n, p in prompts.items()
+    }
     assert "s0" not in e.slots.names() and len(e.slots.names()) == MAX_SLOTS
-    again = e.generate(prompts["s0"], slot="s0", max_tokens=6, ignore_eos=True)
+    again = e.generate(prompts["s0"], Sampling(max_tokens=6, ignore_eos=True), slot="s0")
     assert again.stats.cached_tokens == 0 and again.tokens == first["s0"].tokens
 
 
@@ -80,12 +84,14 @@ def test_an_interrupted_reply_leaves_the_slot_true(tiny_gguf):
             asked.append(1)
         return len(asked) > 3
 
-    cut = e.generate(prompt, max_tokens=20, ignore_eos=True, should_stop=after_three_tokens)
+    cut = e.generate(
+        prompt, Sampling(max_tokens=20, ignore_eos=True), should_stop=after_three_tokens
+    )
     assert cut.stats.finish_reason == "interrupted" and 3 <= len(cut.tokens) < 20
     follow = prompt + cut.tokens + e.encode_text(" the")
-    again = e.generate(follow, max_tokens=8)
+    again = e.generate(follow, Sampling(max_tokens=8))
     assert again.stats.cached_tokens >= len(prompt)
-    assert again.tokens == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
+    assert again.tokens == engine(tiny_gguf).generate(follow, Sampling(max_tokens=8)).tokens
 
 
 def test_a_stop_asked_for_during_the_prefill_ends_it_inside_the_batch_under_way(tiny_gguf):
@@ -101,17 +107,21 @@ def test_a_stop_asked_for_during_the_prefill_ends_it_inside_the_batch_under_way(
         asked.append(len(e.slots.peek("chat").tokens))
         return asked[-1] >= N_BATCH
 
-    cut = e.generate(prompt, slot="chat", max_tokens=4, should_stop=second_batch_under_way)
+    cut = e.generate(
+        prompt, Sampling(max_tokens=4), slot="chat", should_stop=second_batch_under_way
+    )
     assert cut.stats.finish_reason == "interrupted" and cut.tokens == []
     assert asked.count(0) > 10  # asked inside the first batch, step by step
     assert asked.count(N_BATCH) == 1  # and the stop heard at once, inside the second
-    again = e.generate(prompt, slot="chat", max_tokens=6, ignore_eos=True)
+    again = e.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="chat")
     assert again.stats.cached_tokens == N_BATCH  # the first batch kept, the second given up
     fresh = LlamaCppEngine(tiny_gguf, context_tokens=2048)
-    assert again.tokens == fresh.generate(prompt, max_tokens=6, ignore_eos=True).tokens
+    assert again.tokens == fresh.generate(prompt, Sampling(max_tokens=6, ignore_eos=True)).tokens
     # The callback is unset after the call: the next calls are not asked anything.
     asks = len(asked)
-    assert e.generate(prompt, slot="chat", max_tokens=2).stats.finish_reason != "interrupted"
+    assert (
+        e.generate(prompt, Sampling(max_tokens=2), slot="chat").stats.finish_reason != "interrupted"
+    )
     assert len(asked) == asks
 
 
@@ -129,11 +139,13 @@ def test_a_ctrl_c_inside_a_stoppable_prefill_is_raised_not_dropped(tiny_gguf):
         return False
 
     with pytest.raises(KeyboardInterrupt):
-        e.generate(prompt, slot="chat", max_tokens=4, should_stop=ctrl_c_in_the_second_batch)
-    again = e.generate(prompt, slot="chat", max_tokens=6, ignore_eos=True)
+        e.generate(
+            prompt, Sampling(max_tokens=4), slot="chat", should_stop=ctrl_c_in_the_second_batch
+        )
+    again = e.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="chat")
     assert again.stats.cached_tokens == N_BATCH
     fresh = LlamaCppEngine(tiny_gguf, context_tokens=2048)
-    assert again.tokens == fresh.generate(prompt, max_tokens=6, ignore_eos=True).tokens
+    assert again.tokens == fresh.generate(prompt, Sampling(max_tokens=6, ignore_eos=True)).tokens
 
 
 def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch):
@@ -156,26 +168,32 @@ def test_a_ctrl_c_as_a_batch_returns_leaves_the_slot_true(tiny_gguf, monkeypatch
 
     monkeypatch.setattr(module.lc, "llama_decode", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        e.generate(prompt, slot="c", max_tokens=4, ignore_eos=True)
-    again = e.generate(prompt, slot="c", max_tokens=6, ignore_eos=True)
+        e.generate(prompt, Sampling(max_tokens=4, ignore_eos=True), slot="c")
+    again = e.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="c")
     assert again.stats.cached_tokens == len(prompt) - 1  # the interrupted batch is kept
-    assert again.tokens == engine(tiny_gguf).generate(prompt, max_tokens=6, ignore_eos=True).tokens
+    assert (
+        again.tokens
+        == engine(tiny_gguf).generate(prompt, Sampling(max_tokens=6, ignore_eos=True)).tokens
+    )
 
 
 def test_a_saved_state_survives_a_restart(tiny_gguf, tmp_path):
     kv = tmp_path / "kv"
     first = engine(tiny_gguf, cache_dir=kv)
     prompt = chat(first, "the cat is the cat")
-    reply = first.generate(prompt, slot="c", max_tokens=10, ignore_eos=True)
+    reply = first.generate(prompt, Sampling(max_tokens=10, ignore_eos=True), slot="c")
     first.save_slots(["c"])
     longer = prompt + reply.tokens + first.encode_text(" is")
     first.close()
     modes = {p.stat().st_mode & 0o777 for p in kv.rglob("*") if p.is_file()}
     assert modes == {0o600} and (kv / next(kv.glob("*.blocks")).name).stat().st_mode & 0o77 == 0
     loaded = engine(tiny_gguf, cache_dir=kv, restart_policy="load")
-    again = loaded.generate(longer, slot="c", max_tokens=10, ignore_eos=True)
+    again = loaded.generate(longer, Sampling(max_tokens=10, ignore_eos=True), slot="c")
     assert again.stats.cached_tokens == len(prompt) + len(reply.tokens) - 1
-    assert again.tokens == engine(tiny_gguf).generate(longer, max_tokens=10, ignore_eos=True).tokens
+    assert (
+        again.tokens
+        == engine(tiny_gguf).generate(longer, Sampling(max_tokens=10, ignore_eos=True)).tokens
+    )
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "other model"])
@@ -183,7 +201,7 @@ def test_a_state_file_that_does_not_check_out_is_ignored_and_removed(tiny_gguf, 
     kv = tmp_path / "kv"
     first = engine(tiny_gguf, cache_dir=kv)
     prompt = chat(first, "the cat")
-    expected = first.generate(prompt, slot="c", max_tokens=6, ignore_eos=True).tokens
+    expected = first.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="c").tokens
     first.save_slots(["c"])
     path = first.slots.path("c")
     data = bytearray(path.read_bytes())
@@ -198,7 +216,7 @@ def test_a_state_file_that_does_not_check_out_is_ignored_and_removed(tiny_gguf, 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         e = engine(tiny_gguf, cache_dir=kv, model_id=model_id, restart_policy="load")
-        result = e.generate(prompt, slot="c", max_tokens=6, ignore_eos=True)
+        result = e.generate(prompt, Sampling(max_tokens=6, ignore_eos=True), slot="c")
     assert any(issubclass(w.category, CacheWarning) for w in caught)
     assert result.stats.cached_tokens == 0 and result.tokens == expected
     assert not path.exists()
@@ -211,32 +229,32 @@ def test_a_turn_writes_only_its_new_blocks_and_a_missing_block_is_refused(tiny_g
     e = engine(tiny_gguf, cache_dir=kv)
     prompt = chat(e, "the cat is the cat " * 20)
     assert len(prompt) > 2 * KV_BLOCK_TOKENS
-    reply = e.generate(prompt, slot="c", max_tokens=8)
+    reply = e.generate(prompt, Sampling(max_tokens=8), slot="c")
     e.save_slots(["c"])
     first = e.slots.bytes_written
     longer = prompt + reply.tokens + e.encode_text(" is the cat")
-    e.generate(longer, slot="c", max_tokens=8)
+    e.generate(longer, Sampling(max_tokens=8), slot="c")
     e.save_slots(["c"])
     second = e.slots.bytes_written - first
     blocks = sorted((kv / next(kv.glob("*.blocks")).name).glob("*.safetensors"))
     assert len(blocks) == (len(longer) + 7) // KV_BLOCK_TOKENS and second < first / 2
     loaded = engine(tiny_gguf, cache_dir=kv, restart_policy="load")
     follow = longer + e.encode_text(" the")
-    again = loaded.generate(follow, slot="c", max_tokens=8)
+    again = loaded.generate(follow, Sampling(max_tokens=8), slot="c")
     assert (
         again.stats.cached_tokens >= len(longer)
-        and again.tokens == engine(tiny_gguf).generate(follow, max_tokens=8).tokens
+        and again.tokens == engine(tiny_gguf).generate(follow, Sampling(max_tokens=8)).tokens
     )
     loaded.close()
     blocks[0].unlink()
     with pytest.warns(CacheWarning, match="missing"):
         fresh = engine(tiny_gguf, cache_dir=kv, restart_policy="load")
-        assert fresh.generate(follow, slot="c", max_tokens=8).stats.cached_tokens == 0
+        assert fresh.generate(follow, Sampling(max_tokens=8), slot="c").stats.cached_tokens == 0
 
 
 def test_dropping_a_slot_removes_its_file(tiny_gguf, tmp_path):
     e = engine(tiny_gguf, cache_dir=tmp_path / "kv")
-    e.generate(chat(e, "the cat"), slot="c", max_tokens=4)
+    e.generate(chat(e, "the cat"), Sampling(max_tokens=4), slot="c")
     e.save_slots()
     assert e.slots.path("c").exists()
     e.drop_slot("c")
@@ -265,7 +283,7 @@ def test_the_template_is_cut_by_message_exactly(tiny_gguf):
 def test_a_prompt_larger_than_the_context_is_refused(tiny_gguf):
     e = engine(tiny_gguf)
     with pytest.raises(InputError, match="do not fit"):
-        e.generate([5] * (e.n_ctx + 1), max_tokens=1)
+        e.generate([5] * (e.n_ctx + 1), Sampling(max_tokens=1))
 
 
 def test_a_file_that_is_not_a_gguf_is_refused_clearly(tmp_path):
@@ -365,3 +383,69 @@ def test_deleted_fact_and_turn_leave_no_trace_in_any_state_file(tiny_gguf, mlxme
     for marker in (marker_turn, marker_fact):
         assert files_containing(mlxmem_home, marker) == [] and marker not in held_texts()
     assert json.loads(cli(*args, "Are you still there?").output)["generated_tokens"] > 0
+
+
+def test_the_canary_child_decodes_on_this_build_with_either_load(tiny_gguf):
+    """The child that mlxmem.engine.native runs on an AMX build: on this CPU both loads run."""
+    import subprocess
+
+    from mlxmem.engine.native import LOADS, child_command
+
+    command = child_command(tiny_gguf, 1)
+    for load in LOADS:
+        assert subprocess.run(command(load), timeout=120, check=False).returncode == 0, load
+
+
+def test_engine_threads_come_from_the_option_then_the_environment(tiny_gguf, monkeypatch):
+    monkeypatch.setenv("MLXMEM_THREADS", "3")
+    assert engine(tiny_gguf).threads == 3
+    assert engine(tiny_gguf, threads=1).threads == 1
+    monkeypatch.setenv("MLXMEM_THREADS", "many")
+    with pytest.raises(InputError, match="MLXMEM_THREADS"):
+        engine(tiny_gguf)
+
+
+def crashing_build(monkeypatch, programs: dict[str, str]) -> None:
+    """This build as if it had AMX kernels, its canary child for each load running
+    `programs[load]` (SIGSEGV stands for the AMX crash)."""
+    import sys
+
+    from mlxmem.engine import native
+
+    monkeypatch.setattr(native, "amx_build", lambda info: True)
+    monkeypatch.setattr(
+        native,
+        "child_command",
+        lambda gguf, threads: lambda load: [sys.executable, "-c", programs[load]],
+    )
+
+
+SEGFAULT = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+def test_where_the_canary_crashes_the_engine_loads_without_extra_buffers(tiny_gguf, monkeypatch):
+    import json
+
+    from mlxmem import paths
+
+    crashing_build(monkeypatch, {"default": SEGFAULT, "no-extra-bufts": "pass"})
+    e = engine(tiny_gguf)
+    assert len(e.generate(chat(e, "the cat"), Sampling(max_tokens=4, ignore_eos=True)).tokens) == 4
+    verdicts = json.loads((paths.data_dir() / "llamacpp-canary.json").read_text())
+    assert list(verdicts.values()) == ["no-extra-bufts"]
+
+
+def test_where_every_load_crashes_chat_says_so_in_one_line_and_keeps_the_log(
+    tiny_gguf, monkeypatch
+):
+    import json
+
+    args = ["chat", "--model", str(tiny_gguf), "--engine", "llamacpp", "--temp", "0"]
+    args += ["--max-tokens", "4", "--no-facts", "--json"]
+    json.loads(cli(*args, "the cat").output)
+    crashing_build(monkeypatch, {"default": SEGFAULT, "no-extra-bufts": SEGFAULT})
+    refused = cli(*args, "is the cat", code=1).output.strip()
+    assert refused.startswith("Error: llama.cpp crashes on this CPU") and "\n" not in refused
+    assert "--engine mlx" in refused
+    logged = cli("history", "show", "--json").output
+    assert "the cat" in logged

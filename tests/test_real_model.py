@@ -22,7 +22,7 @@ from conftest import check_chat_blocks
 from typer.testing import CliRunner
 
 from mlxmem.cli.main import app
-from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.engine.slots import common_prefix_len
 from mlxmem.errors import ModelNotFoundError
 from mlxmem.memory.budget import PromptBudget
@@ -71,7 +71,7 @@ def engine(smol_path):
 
 def ask(engine, question: str, max_tokens: int = 16) -> str:
     prompt = engine.encode_chat([Message("user", question)])
-    return engine.generate(prompt, slot="qa", max_tokens=max_tokens, temp=0.0).text
+    return engine.generate(prompt, Sampling(max_tokens=max_tokens), slot="qa").text
 
 
 def nats_per_char(model, ids: list[int], text: str) -> float:
@@ -211,9 +211,9 @@ def test_a_reused_prefix_gives_the_same_greedy_reply_as_a_fresh_prefill(engine):
     ]
     first = engine.encode_chat(base + [Message("user", "What does my cat like?")])
     second = engine.encode_chat(base + [Message("user", "What is my cat called?")])
-    engine.generate(first, slot="reused", max_tokens=8, temp=0.0)
-    reused = engine.generate(second, slot="reused", max_tokens=12, temp=0.0)
-    fresh = engine.generate(second, slot="fresh", max_tokens=12, temp=0.0)
+    engine.generate(first, Sampling(max_tokens=8), slot="reused")
+    reused = engine.generate(second, Sampling(max_tokens=12), slot="reused")
+    fresh = engine.generate(second, Sampling(max_tokens=12), slot="fresh")
     engine.drop_slot("fresh")
     assert reused.stats.cached_tokens == common_prefix_len(first, second) > 0.75 * len(second)
     assert fresh.stats.cached_tokens == 0
@@ -222,14 +222,14 @@ def test_a_reused_prefix_gives_the_same_greedy_reply_as_a_fresh_prefill(engine):
 
 def test_an_interrupted_reply_leaves_the_slot_consistent(engine):
     prompt = engine.encode_chat([Message("user", "Count from one to twenty in words.")])
-    stream = engine.stream(prompt, slot="cut", max_tokens=24, temp=0.0)
+    stream = engine.stream(prompt, Sampling(max_tokens=24), slot="cut")
     shown = [next(stream).token for _ in range(3)]
     stream.close()  # as Ctrl-C in the chat loop does
     slot = engine.slots.get("cut")
     assert slot.tokens == prompt + shown[: len(slot.tokens) - len(prompt)]
     assert {c.offset for c in slot.cache} == {len(slot.tokens)}
-    again = engine.generate(prompt, slot="cut", max_tokens=6, temp=0.0)
-    fresh = engine.generate(prompt, slot="cut-fresh", max_tokens=6, temp=0.0)
+    again = engine.generate(prompt, Sampling(max_tokens=6), slot="cut")
+    fresh = engine.generate(prompt, Sampling(max_tokens=6), slot="cut-fresh")
     engine.drop_slot("cut-fresh")
     assert again.tokens == fresh.tokens and again.tokens[:3] == shown
 
@@ -268,7 +268,7 @@ def test_fact_extraction_filters_hold_on_real_output(engine):
     with no template markup in it)."""
     extractor = FactExtractor(engine, budget=1024)
     for message in MESSAGES:
-        raw = engine.generate(extractor.prompt(message), slot="facts", max_tokens=48, temp=0.0).text
+        raw = engine.generate(extractor.prompt(message), Sampling(max_tokens=48), slot="facts").text
         fact = extractor.extract(message, existing=[]).fact
         assert fact == judge(raw, engine.special_tokens, message)[0] or fact is None
         if fact is not None:

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from mlxmem.engine import Message, MLXEngine
+from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.models.tiny import make_tiny
 from mlxmem.restart import PROFILE_FILENAME, SAMPLES, RestartPolicy, RestartProfile
 
@@ -105,7 +105,7 @@ def test_measured_then_a_slower_disk_recomputes_with_the_same_output(tiny, tmp_p
     first = MLXEngine(tiny, cache_dir=kv)
     prompt = first.encode_chat(chat(20))
     assert len(prompt) >= 256
-    first.generate(prompt, slot="c", max_tokens=4, temp=0.0)
+    first.generate(prompt, Sampling(max_tokens=4), slot="c")
     first.save_slots()
     profile_path = tmp_path / PROFILE_FILENAME
     stored = json.loads(profile_path.read_text())[first.model_id]
@@ -113,7 +113,7 @@ def test_measured_then_a_slower_disk_recomputes_with_the_same_output(tiny, tmp_p
     assert stat.S_IMODE(profile_path.stat().st_mode) & 0o077 == 0
 
     longer = first.encode_chat(chat(20) + [Message("user", "What did I plant?")])
-    loaded = MLXEngine(tiny, cache_dir=kv).generate(longer, slot="c", max_tokens=8, temp=0.0)
+    loaded = MLXEngine(tiny, cache_dir=kv).generate(longer, Sampling(max_tokens=8), slot="c")
     assert loaded.stats.cached_tokens > 0.9 * len(prompt)
     measured = RestartPolicy(profile_path, first.model_id).profile
     assert measured.loads_measured == 1 and measured.kv_bytes_per_token > 0
@@ -127,7 +127,7 @@ def test_measured_then_a_slower_disk_recomputes_with_the_same_output(tiny, tmp_p
         "prefills_measured": SAMPLES,
     }
     profile_path.write_text(json.dumps({first.model_id: entry}))
-    recomputed = MLXEngine(tiny, cache_dir=kv).generate(longer, slot="c", max_tokens=8, temp=0.0)
+    recomputed = MLXEngine(tiny, cache_dir=kv).generate(longer, Sampling(max_tokens=8), slot="c")
     assert recomputed.stats.cached_tokens == 0
     assert recomputed.tokens == loaded.tokens
     # Every sample in: the forced entry was not overwritten by later work.

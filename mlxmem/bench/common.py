@@ -19,7 +19,15 @@ from typing import Any
 from mlxmem import __version__, paths
 from mlxmem.bench import synth
 from mlxmem.defaults import CHAT_SLOT, DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_RESERVE
-from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
+from mlxmem.engine import (
+    GREEDY,
+    Chunk,
+    Engine,
+    GenerationStats,
+    Message,
+    Sampling,
+    StopGeneration,
+)
 from mlxmem.errors import InputError
 
 # progress(description, done, total): what a long benchmark reports while it runs.
@@ -366,13 +374,9 @@ class RecordingEngine(Engine):
     def stream(
         self,
         prompt: Sequence[int],
+        sampling: Sampling = GREEDY,
         *,
         slot: str = CHAT_SLOT,
-        max_tokens: int = 256,
-        temp: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        ignore_eos: bool = False,
         should_stop: Callable[[], bool] | None = None,
         prefill_batch: int | None = None,
     ) -> Generator[Chunk, None, None]:
@@ -382,12 +386,8 @@ class RecordingEngine(Engine):
         first: float | None = None
         chunks = self.inner.stream(
             prompt,
+            sampling,
             slot=slot,
-            max_tokens=max_tokens,
-            temp=temp,
-            top_p=top_p,
-            seed=seed,
-            ignore_eos=ignore_eos,
             should_stop=should_stop,
             prefill_batch=prefill_batch,
         )
@@ -398,7 +398,13 @@ class RecordingEngine(Engine):
                 if chunk.stats is not None:
                     seconds = time.perf_counter() - start
                     call = Call(
-                        slot, list(prompt), max_tokens, chunk.stats, first - start, seconds, first
+                        slot,
+                        list(prompt),
+                        sampling.max_tokens,
+                        chunk.stats,
+                        first - start,
+                        seconds,
+                        first,
                     )
                     self.calls.append(call)
                 try:
@@ -417,6 +423,9 @@ class RecordingEngine(Engine):
 
     def drop_slot(self, slot: str) -> None:
         self.inner.drop_slot(slot)
+
+    def close(self) -> None:
+        self.inner.close()
 
     def take_calls(self) -> list[Call]:
         calls, self.calls = self.calls, []

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
 from mlxmem.bench.overhead import measure_overhead
-from mlxmem.engine import Engine, MLXEngine
+from mlxmem.engine import Engine, Sampling
 
 DEFAULT_LENGTHS = (256, 1024, 3000)
 DEFAULT_TRIALS = 5
@@ -142,9 +142,13 @@ def run_speed(
     seed: int = DEFAULT_BENCH_SEED,
     progress: Progress = no_progress,
     overhead: bool = True,
+    library: str = "mlx",
 ) -> SpeedResult:
-    """Measure both engines at each prompt length: one warm-up, then `trials` trials each;
-    with `overhead`, also the turn's time outside the engine on a window of that length."""
+    """Measure the engine and the bare `library` it wraps ("mlx": mlx-lm, "llamacpp":
+    llama-cpp-python; the benchmark made the engine, so it knows which) at each prompt length:
+    one warm-up, then `trials` trials each; with `overhead`, also the turn's time outside the
+    engine on a window of that length."""
+    bare = BARE[library]
     settings = {
         "lengths": list(lengths),
         "trials": trials,
@@ -155,14 +159,14 @@ def run_speed(
     total = len(lengths) * trials + 1
     results = []
     progress("warm-up", 0, total)
-    _trial(engine, prompt_of_length(engine, min(lengths), seed), gen_tokens, seed, 0)
+    _trial(engine, bare, prompt_of_length(engine, min(lengths), seed), gen_tokens, seed, 0)
     done = 1
     for length in lengths:
         prompt = prompt_of_length(engine, length, seed)
         runs = []
         for i in range(trials):
             progress(f"{length} tokens, trial {i + 1}/{trials}", done, total)
-            runs.append(_trial(engine, prompt, gen_tokens, seed, i))
+            runs.append(_trial(engine, bare, prompt, gen_tokens, seed, i))
             done += 1
         found = LengthResult(
             length,
@@ -181,16 +185,18 @@ def run_speed(
     return SpeedResult(results, settings)
 
 
-def _trial(engine: Engine, prompt: list[int], gen_tokens: int, seed: int, index: int):
+def _trial(
+    engine: Engine, library: BareLibrary, prompt: list[int], gen_tokens: int, seed: int, index: int
+):
     # Alternate which engine goes first, so neither always runs on a cooler machine.
     new = min(NEW_TURN_TOKENS, len(prompt) // 2)
     if index % 2:
         mine, cached, prefilled = _mlxmem(engine, prompt, gen_tokens, seed)
-        bare = _bare(engine, prompt, gen_tokens, seed)
-        limit = _limit(engine, prompt, new)
+        bare = library.decode(engine, prompt, gen_tokens, seed)
+        limit = library.limit(engine, prompt, new)
     else:
-        bare = _bare(engine, prompt, gen_tokens, seed)
-        limit = _limit(engine, prompt, new)
+        bare = library.decode(engine, prompt, gen_tokens, seed)
+        limit = library.limit(engine, prompt, new)
         mine, cached, prefilled = _mlxmem(engine, prompt, gen_tokens, seed)
     return mine, bare, cached, prefilled, limit
 
@@ -199,7 +205,7 @@ def _mlxmem(engine: Engine, prompt: list[int], gen_tokens: int, seed: int):
     """A fresh prefill and decode, then the same prompt again as a cached turn."""
     engine.drop_slot(SPEED_SLOT)
     stats = engine.generate(
-        prompt, slot=SPEED_SLOT, max_tokens=gen_tokens, temp=0.0, seed=seed, ignore_eos=True
+        prompt, Sampling(max_tokens=gen_tokens, seed=seed, ignore_eos=True), slot=SPEED_SLOT
     ).stats
     fresh = Trial(
         stats.ttft_s,
@@ -210,15 +216,13 @@ def _mlxmem(engine: Engine, prompt: list[int], gen_tokens: int, seed: int):
     )
     new = min(NEW_TURN_TOKENS, len(prompt) // 2)
     # Leave the slot holding the prompt without its last `new` tokens, as a previous turn would.
-    engine.generate(prompt[: len(prompt) - new], slot=SPEED_SLOT, max_tokens=1, temp=0.0)
-    turn = engine.generate(prompt, slot=SPEED_SLOT, max_tokens=1, temp=0.0, seed=seed).stats
+    engine.generate(prompt[: len(prompt) - new], Sampling(max_tokens=1), slot=SPEED_SLOT)
+    turn = engine.generate(prompt, Sampling(max_tokens=1, seed=seed), slot=SPEED_SLOT).stats
     return fresh, turn.ttft_s, turn.prefilled_tokens
 
 
-def _bare(engine: Engine, prompt: list[int], gen_tokens: int, seed: int) -> Trial:
-    """The bare library on the same model: a new prompt cache every call, timed the same way."""
-    if not isinstance(engine, MLXEngine):
-        return _bare_llamacpp(engine, prompt, gen_tokens)
+def _bare_mlx(engine: Any, prompt: list[int], gen_tokens: int, seed: int) -> Trial:
+    """Bare mlx-lm on the engine's model: a new prompt cache every call, timed the same way."""
     import mlx.core as mx
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
@@ -248,11 +252,9 @@ def _bare(engine: Engine, prompt: list[int], gen_tokens: int, seed: int) -> Tria
     )
 
 
-def _limit(engine: Engine, prompt: list[int], new: int) -> float:
-    """The physical limit of a cached turn: the bare library on a cache already holding all
-    but the last `new` tokens (filled untimed), timed from the call to the first token."""
-    if not isinstance(engine, MLXEngine):
-        return _limit_llamacpp(engine, prompt, new)
+def _limit_mlx(engine: Any, prompt: list[int], new: int) -> float:
+    """The physical limit of a cached turn: bare mlx-lm on a cache already holding all but the
+    last `new` tokens (filled untimed), timed from the call to the first token."""
     import mlx.core as mx
     from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
@@ -309,7 +311,7 @@ def _bare_llama(engine: Any) -> Any:
     return _BARE[key]
 
 
-def _bare_llamacpp(engine: Engine, prompt: list[int], gen_tokens: int) -> Trial:
+def _bare_llamacpp(engine: Any, prompt: list[int], gen_tokens: int, seed: int) -> Trial:
     """`Llama.generate` from an empty cache, greedy, never stopping at an end of text (the
     generator itself does not stop; its callers do), timed as the engine times itself."""
     llm = _bare_llama(engine)
@@ -333,7 +335,7 @@ def _bare_llamacpp(engine: Engine, prompt: list[int], gen_tokens: int) -> Trial:
     )
 
 
-def _limit_llamacpp(engine: Engine, prompt: list[int], new: int) -> float:
+def _limit_llamacpp(engine: Any, prompt: list[int], new: int) -> float:
     llm = _bare_llama(engine)
     llm.reset()
     llm.eval(prompt[: len(prompt) - new])
@@ -343,7 +345,22 @@ def _limit_llamacpp(engine: Engine, prompt: list[int], new: int) -> float:
     raise AssertionError("Llama.generate yielded nothing")
 
 
-def versus_mlx(mlx: MLXEngine, result: SpeedResult, gen_tokens: int, seed: int) -> dict:
+@dataclass(frozen=True)
+class BareLibrary:
+    """The library an engine wraps, run bare on the engine's own model and settings: a fresh
+    decode, and the limit of a cached turn."""
+
+    decode: Callable[[Any, list[int], int, int], Trial]
+    limit: Callable[[Any, list[int], int], float]
+
+
+BARE = {
+    "mlx": BareLibrary(_bare_mlx, _limit_mlx),
+    "llamacpp": BareLibrary(_bare_llamacpp, _limit_llamacpp),
+}
+
+
+def versus_mlx(mlx: Engine, result: SpeedResult, gen_tokens: int, seed: int) -> dict:
     """The MLX engine on the same weights and prompts (one trial per length): llama.cpp's
     decode and prefill tokens/s over MLX's, per length, from the llama.cpp medians."""
     rows = []

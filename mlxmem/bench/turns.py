@@ -39,7 +39,7 @@ from mlxmem.bench.common import (
     synthetic_exchanges,
 )
 from mlxmem.defaults import SummaryKind
-from mlxmem.engine import Engine, Message
+from mlxmem.engine import Engine, Message, Sampling
 from mlxmem.engine.slots import SlotPool, common_prefix_len
 from mlxmem.errors import InputError
 from mlxmem.memory.budget import PromptBudget
@@ -405,7 +405,7 @@ def run_turns(
                 result = companion.reply(pending, on_written=logged, should_yield=hurry.is_set)
             else:
                 stats = companion.engine.generate(
-                    pending.prompt.tokens, slot=companion.slot, max_tokens=1, temp=0.0
+                    pending.prompt.tokens, Sampling(max_tokens=1), slot=companion.slot
                 ).stats
                 result = companion.finish(
                     pending, reply, stats, None, on_logged=logged, should_yield=hurry.is_set
@@ -632,7 +632,7 @@ def fresh_summary_prompt(
 def _rebuild_baseline(engine: Engine, result: TurnResult, record: TurnRecord) -> None:
     """Baseline (a): the same prompt on an empty slot, as a design without a cache runs it."""
     engine.drop_slot(REBUILD_SLOT)
-    stats = engine.generate(result.prompt.tokens, slot=REBUILD_SLOT, max_tokens=1, temp=0.0).stats
+    stats = engine.generate(result.prompt.tokens, Sampling(max_tokens=1), slot=REBUILD_SLOT).stats
     engine.drop_slot(REBUILD_SLOT)
     record.rebuild_ttft_s = stats.ttft_s
     record.rebuild_prefilled_tokens = stats.prefilled_tokens
@@ -651,7 +651,7 @@ def _fresh_summary_baseline(engine: Engine, companion: Companion, folds: list[Fo
         engine.drop_slot(FRESH_SUMMARY_SLOT)
         start = time.perf_counter()
         stats = engine.generate(
-            prompt, slot=FRESH_SUMMARY_SLOT, max_tokens=window.summary_cap, temp=0.0
+            prompt, Sampling(max_tokens=window.summary_cap), slot=FRESH_SUMMARY_SLOT
         ).stats
         fold.fresh_seconds = time.perf_counter() - start
         engine.drop_slot(FRESH_SUMMARY_SLOT)

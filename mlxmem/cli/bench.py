@@ -27,7 +27,7 @@ from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIA
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
 
-from .common import ENGINE, JSON, err, out, plain_typer, print_json, say
+from .common import ENGINE, JSON, THREADS, err, out, plain_typer, print_json, say
 
 app = plain_typer(
     help="Measure mlxmem against the baselines a user would otherwise use, and keep the "
@@ -80,6 +80,7 @@ def speed(
     ),
     seed: int = SEED,
     engine_name: str | None = ENGINE,
+    threads: int | None = THREADS,
     vs_mlx: bool = typer.Option(
         True,
         "--vs-mlx/--no-vs-mlx",
@@ -99,7 +100,9 @@ def speed(
     sizes = _lengths(lengths)
     chosen = _model(model, arch, quantize, seed, as_json, engine_name)
     with bench.bench_engine(chosen) as engine, _progress("speed") as progress:
-        result = bench.run_speed(engine, sizes, trials, gen_tokens, seed, progress)
+        result = bench.run_speed(
+            engine, sizes, trials, gen_tokens, seed, progress, library=chosen.engine
+        )
     if chosen.engine == "llamacpp" and vs_mlx and chosen.alias is not None:
         from mlxmem.bench.speed import decode_limit, versus_mlx
         from mlxmem.engine import MLXEngine
@@ -240,6 +243,7 @@ def turns(
     plot: Path = PLOT,
     seed: int = SEED,
     engine_name: str | None = ENGINE,
+    threads: int | None = THREADS,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
@@ -412,6 +416,7 @@ def restart(
     trials: int = typer.Option(DEFAULT_RESTART_TRIALS, "--trials", min=1, help="Trials each."),
     seed: int = SEED,
     engine_name: str | None = ENGINE,
+    threads: int | None = THREADS,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:

@@ -4,6 +4,7 @@ library errors into `Error: ...` once, for the whole app."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from mlxmem.defaults import (
     SummaryKind,
 )
 from mlxmem.defaults import MAX_MESSAGE_CHARS as MESSAGE_CHARS_CEILING
+from mlxmem.engine.threads import THREADS_ENV
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.text import json_ready, plural, visible_controls  # noqa: F401 - the commands import them from here
 
@@ -141,6 +143,24 @@ ENGINE = typer.Option(
     help="mlx or llamacpp (default: the model's engine in models.toml, else $MLXMEM_ENGINE or "
     "`engine` in config.toml where the model runs on it, else MLX on Apple silicon and "
     "llama.cpp where it is installed and the model has a GGUF file).",
+)
+
+
+def _use_threads(threads: int | None) -> int | None:
+    # The engine reads $MLXMEM_THREADS when it is made (mlxmem.engine.threads): the option
+    # reaches every engine the command makes, a server's and an eval's workers included.
+    if threads is not None:
+        os.environ[THREADS_ENV] = str(threads)
+    return threads
+
+
+THREADS = typer.Option(
+    None,
+    "--threads",
+    min=1,
+    callback=_use_threads,
+    help=f"CPU threads the engine computes with (default: ${THREADS_ENV}, else every core"
+    " this process may use).",
 )
 
 

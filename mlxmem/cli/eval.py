@@ -19,7 +19,17 @@ from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
 
 from .bench import DB, SEED, _model, _print_json, _progress
-from .common import ENGINE, JSON, SUMMARY, err, model_or_default, out, plain_typer, print_json
+from .common import (
+    ENGINE,
+    JSON,
+    SUMMARY,
+    THREADS,
+    err,
+    model_or_default,
+    out,
+    plain_typer,
+    print_json,
+)
 
 app = plain_typer(
     help="Measure what the memory remembers: `locomo` replays LoCoMo's long conversations and "
@@ -134,6 +144,7 @@ def locomo(
     plot: Path = PLOT,
     seed: int = SEED,
     engine_name: str | None = ENGINE,
+    threads: int | None = THREADS,
     db: Path = DB,
     as_json: bool = JSON,
 ) -> None:
@@ -233,6 +244,7 @@ def facts_command(
     ),
     seed: int = SEED,
     engine_name: str | None = ENGINE,
+    threads: int | None = THREADS,
     as_json: bool = JSON,
     updates: bool = UPDATES,
     pairs_file: Path = PAIRS,

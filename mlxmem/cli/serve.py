@@ -26,6 +26,7 @@ from .common import (
     RECALL,
     REPLACE_FACTS,
     SUMMARY,
+    THREADS,
     err,
     model_or_default,
 )
@@ -55,6 +56,7 @@ def serve(
     ),
     context_tokens: int = CONTEXT_TOKENS,
     engine_name: str | None = ENGINE,
+    threads: int | None = THREADS,
     facts: bool = FACTS,
     replace_facts: bool = REPLACE_FACTS,
     summary: SummaryKind = SUMMARY,

@@ -1,11 +1,15 @@
 """The engines that run a model, side by side behind one interface.
 
-- `base`: the `Engine` interface the memory layers talk to, and what a generation returns;
+- `base`: the `Engine` interface the memory layers talk to (its `stream`, the checks and the
+  finish loop every engine shares), `Sampling` (how a reply is sampled) and what a generation
+  returns;
 - `template`: exact token counts on a chat template, shared by the engines;
-- `slots`: named KV slots, the pool that keeps them and the rules of their files;
+- `slots`: named KV slots, the pool that keeps them and their one file format with its checks;
+- `threads`: how many CPU threads an engine computes with (`--threads`, `MLXMEM_THREADS`);
 - `mlx`: `MLXEngine`, MLX through mlx-lm, the engine on Apple silicon;
 - `llamacpp`: `LlamaCppEngine`, llama.cpp through llama-cpp-python, wherever MLX has no fast
-  path (an optional extra: `pip install "mlxmem[llamacpp]"`).
+  path (an optional extra: `pip install "mlxmem[llamacpp]"`); `native` and `canary`: whether
+  a llama.cpp build with AMX kernels may load its fastest way on this CPU.
 
 Only this package imports `mlx` or `llama_cpp`, and only when an engine is made.
 """
@@ -17,12 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlxmem.engine.base import (
+    GREEDY,
     YIELD_BATCH,
     Chunk,
     Engine,
     Generation,
     GenerationStats,
     Message,
+    Sampling,
     StopGeneration,
 )
 from mlxmem.engine.identity import model_identity
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
     from mlxmem.models.registry import ModelSpec
 
 __all__ = [
+    "GREEDY",
     "Chunk",
     "Engine",
     "Generation",
@@ -40,6 +47,7 @@ __all__ = [
     "LlamaCppEngine",
     "MLXEngine",
     "Message",
+    "Sampling",
     "StopGeneration",
     "YIELD_BATCH",
     "engine_loader",

@@ -8,10 +8,15 @@ and `mlxmem.testing.FakeEngine` (logic tests). Nothing above this package knows 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from mlxmem.defaults import CHAT_SLOT
+from mlxmem.errors import InputError
+
+if TYPE_CHECKING:
+    from mlxmem.restart import RestartPolicy
 
 # Tokens a prefill batch for memory work that gives way to a waiting message (a fold, a look
 # for a fact), on an engine that hears a stop only between batches (MLX): it is heard within
@@ -100,8 +105,67 @@ class Generation:
     stats: GenerationStats
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a reply is sampled. With `ignore_eos` the end-of-turn token does not stop it:
+    exactly `max_tokens` are generated (as llama.cpp's --ignore-eos and vLLM's
+    SamplingParams.ignore_eos: a decode of known length). `temp` 0 is greedy; `seed` fixes a
+    sampled reply."""
+
+    max_tokens: int = 256
+    temp: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One `stream` call, as an engine's `_decoding` gets it (see `Engine.stream`)."""
+
+    prompt: list[int]
+    sampling: Sampling
+    slot: str
+    should_stop: Callable[[], bool] | None = None
+    prefill_batch: int | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
+
+
+class Decoding(Protocol):
+    """One call's generation on an engine, driven by `Engine.stream`."""
+
+    cached: int  # prompt tokens reused from the slot
+
+    def tokens(self) -> Iterator[int]:
+        """Prefill the rest of the prompt (raising StopGeneration if asked to stop there),
+        then each sampled token; the next one is computed only when asked for."""
+        ...
+
+    def is_end(self, token: int) -> bool:
+        """Whether `token` ends the turn."""
+        ...
+
+    def text(self, token: int | None) -> str:
+        """The text `token` adds (None: what is left once the call ends)."""
+        ...
+
+    def peak_memory_gb(self) -> float: ...
+
+    def close(self, tokens: list[int]) -> None:
+        """After the call: the slot holds `tokens` (the prompt and what was sampled), or as
+        much of them as the engine kept."""
+        ...
+
+
 class Engine:
-    """What the memory layers need from a model. Subclasses implement the four methods."""
+    """What the memory layers need from a model. Subclasses implement the tokenizer's
+    methods, `_decoding` (one call's generation), `prefill`, and the slots'."""
 
     model_id: str = ""
     special_tokens: Sequence[str] = ()  # control-token strings of the chat template
@@ -109,6 +173,9 @@ class Engine:
     # a front end shows progress when that takes more than a moment (a conversation read into
     # a model that has not cached it). None: nobody listens.
     on_prefill: Callable[[int, int], None] | None = None
+    # Told how long each prefill took (mlxmem.restart), where the engine keeps stored prefixes.
+    restart: RestartPolicy | None = None
+    _closed = False
 
     def encode_chat(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
@@ -143,28 +210,58 @@ class Engine:
     def stream(
         self,
         prompt: Sequence[int],
+        sampling: Sampling = GREEDY,
         *,
         slot: str = CHAT_SLOT,
-        max_tokens: int = 256,
-        temp: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        ignore_eos: bool = False,
         should_stop: Callable[[], bool] | None = None,
         prefill_batch: int | None = None,
     ) -> Generator[Chunk, None, None]:
         """Generate from `prompt` on the KV slot `slot`, reusing its longest cached prefix.
         The last chunk carries the call's stats, also after `stream.throw(StopGeneration())`
-        stopped it early. With `ignore_eos` the end-of-turn token does not stop generation:
-        exactly `max_tokens` are generated (as llama.cpp's --ignore-eos and vLLM's
-        SamplingParams.ignore_eos: a decode of known length). `should_stop()` is also asked
-        during the prompt's prefill (between two batches, or inside one where the engine can):
-        once true, the stream ends there with no token, its stats `interrupted`, and the slot
-        keeps what was prefilled (a later call reuses it). A long prefill is the one wait a
-        caller could not cut short otherwise. `prefill_batch`: tokens a batch (None: the
-        engine's own, the fastest), so that work which must give way quickly hears
-        `should_stop` sooner, at some cost in speed; an engine that hears it inside a batch
-        (llama.cpp) needs no smaller ones and ignores it."""
+        stopped it early. `should_stop()` is also asked during the prompt's prefill (between
+        two batches, or inside one where the engine can): once true, the stream ends there
+        with no token, its stats `interrupted`, and the slot keeps what was prefilled (a later
+        call reuses it). A long prefill is the one wait a caller could not cut short
+        otherwise. `prefill_batch`: tokens a batch (None: the engine's own, the fastest), so
+        that work which must give way quickly hears `should_stop` sooner, at some cost in
+        speed; an engine that hears it inside a batch (llama.cpp) needs no smaller ones and
+        ignores it."""
+        if not prompt:
+            raise InputError("empty prompt")
+        if sampling.max_tokens < 1:
+            raise InputError("max_tokens must be at least 1")
+        self._check_open()
+        prompt = list(prompt)
+        run = self._decoding(Request(prompt, sampling, slot, should_stop, prefill_batch))
+        start = time.perf_counter()  # the slot is ready: its lookup is not the engine's time
+        out: list[int] = []
+        first = None
+        finish = "interrupted"
+        try:
+            try:
+                for token in run.tokens():
+                    if first is None:
+                        first = time.perf_counter()
+                        if self.restart is not None:
+                            self.restart.record_prefill(len(prompt) - run.cached, first - start)
+                    out.append(token)
+                    if run.is_end(token) and not sampling.ignore_eos:
+                        finish = "stop"
+                        break
+                    yield Chunk(run.text(token), token)
+                    if len(out) == sampling.max_tokens:
+                        finish = "length"
+                        break
+            except StopGeneration:
+                finish = "interrupted"
+            peak = run.peak_memory_gb()
+            stats = GenerationStats.timed(prompt, run.cached, out, start, first, finish, peak)
+            yield Chunk(run.text(None), None, stats)
+        finally:
+            run.close(prompt + out)
+
+    def _decoding(self, request: Request) -> Decoding:
+        """One call's generation: the slot's prefix already reused, nothing computed yet."""
         raise NotImplementedError
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
@@ -178,6 +275,14 @@ class Engine:
     def drop_slot(self, slot: str) -> None:
         """Forget a slot in memory and on disk."""
 
+    def close(self) -> None:
+        """Let go of the model and its caches now; the engine cannot be used after."""
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError("this engine was closed")
+
     def count_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> int:
         return len(self.encode_chat(messages, add_generation_prompt))
 
@@ -187,9 +292,11 @@ class Engine:
     def generate(
         self,
         prompt: Sequence[int],
+        sampling: Sampling = GREEDY,
         *,
+        slot: str = CHAT_SLOT,
         should_stop: Callable[[], bool] | None = None,
-        **kwargs,
+        prefill_batch: int | None = None,
     ) -> Generation:
         """Collect a whole `stream` call; if `should_stop()` turns true between two batches of
         the prefill or two tokens, the stream is stopped there and its stats say
@@ -197,7 +304,9 @@ class Engine:
         parts: list[str] = []
         tokens: list[int] = []
         stats = None
-        stream = self.stream(prompt, should_stop=should_stop, **kwargs)
+        stream = self.stream(
+            prompt, sampling, slot=slot, should_stop=should_stop, prefill_batch=prefill_batch
+        )
         for chunk in stream:
             parts.append(chunk.text)
             if chunk.token is not None:

@@ -1,19 +1,15 @@
 """MLX through mlx-lm, the engine on Apple silicon: `MLXEngine` and its KV slots.
 
 A slot is a list of mlx-lm prompt caches. A slot of plain KV caches (every layer a `KVCache`)
-is saved in blocks of KV_BLOCK_TOKENS tokens, each block a file named by a hash of the model
-and every token up to its end, beside a slot file that holds the tail (the tokens after the
-last whole block) and the list of blocks. A turn that appends to the prefix writes only its new
-blocks and the tail: the blocks of the unchanged prefix are on disk already. Other caches are
-saved whole (mlx-lm's prompt-cache functions).
+is saved in blocks (mlxmem.engine.slots), each block the keys and values of its positions in
+every layer; other caches are saved whole (mlx-lm's prompt-cache functions).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,27 +23,23 @@ from mlx_lm.models.cache import (
 )
 
 from mlxmem.defaults import CHAT_SLOT, DEFAULT_SLOT_MEMORY_BYTES
-from mlxmem.engine.base import Chunk, GenerationStats, StopGeneration
+from mlxmem.engine.base import Request, StopGeneration
 from mlxmem.engine.identity import model_identity
 from mlxmem.engine.slots import (
-    KV_BLOCK_TOKENS,
-    SUFFIX,
     PooledSlots,
     SlotPool,
-    block_names,
     blocks_dir,
-    check_digest,
     common_prefix_len,
-    digest_path,
     discard,
-    keep_only_blocks,
+    read_checked,
     remove_slot_files,
-    tokens_hash,
+    save_in_blocks,
+    slot_meta,
     write_checked,
 )
 from mlxmem.engine.template import TemplatedEngine
+from mlxmem.engine.threads import engine_threads
 from mlxmem.errors import InputError, ModelLoadError
-from mlxmem.paths import ensure_private_dir
 from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
 PREFILL_STEP = 512
@@ -58,6 +50,8 @@ BLOCK_LAYOUT_VERSION = "2"  # blocks of KV_BLOCK_TOKENS and a tail
 class MLXEngine(PooledSlots, TemplatedEngine):
     """A real model through MLX, with named KV slots persisted under `cache_dir`."""
 
+    restart: RestartPolicy
+
     def __init__(
         self,
         model_path: Path,
@@ -65,6 +59,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         cache_dir: Path | None = None,
         max_slot_bytes: int = DEFAULT_SLOT_MEMORY_BYTES,
         restart_policy: str = "auto",
+        threads: int | None = None,
     ):
         from mlx_lm import load
         from mlx_lm.models.cache import make_prompt_cache
@@ -76,9 +71,12 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         except Exception as exc:  # noqa: BLE001 - loader failures are many and untyped
             raise ModelLoadError(f"cannot load model from {model_path}: {exc}") from exc
         # Without a GPU, float32 through a BLAS beats MLX's quantized CPU kernels (see mlxmem.cpu).
-        from mlxmem.cpu import dequantize_for_cpu
+        from mlxmem.cpu import dequantize_for_cpu, set_blas_threads
 
         self.dequantized = dequantize_for_cpu(self.model)
+        self.threads = engine_threads(threads)
+        if self.dequantized:
+            set_blas_threads(self.threads)
         self.hf = self.tokenizer._tokenizer
         self.special_tokens = sorted(
             {str(t) for t in self.hf.all_special_tokens}
@@ -129,91 +127,18 @@ class MLXEngine(PooledSlots, TemplatedEngine):
 
     # -- generation -------------------------------------------------------------------------
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        *,
-        slot: str = CHAT_SLOT,
-        max_tokens: int = 256,
-        temp: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        ignore_eos: bool = False,
-        should_stop: Callable[[], bool] | None = None,
-        prefill_batch: int | None = None,
-    ) -> Generator[Chunk, None, None]:
-        from mlx_lm.generate import generate_step
-        from mlx_lm.sample_utils import make_sampler
-
-        if not prompt:
-            raise InputError("empty prompt")
-        if max_tokens < 1:
-            raise InputError("max_tokens must be at least 1")
-        prompt = list(prompt)
-        kv = self._kv(slot)
+    def _decoding(self, request: Request) -> _MLXDecoding:
+        kv = self._kv(request.slot)
         mx.reset_peak_memory()
-        start = time.perf_counter()
-        cached = kv.reuse_prefix(prompt)
-        if seed is not None:
-            mx.random.seed(seed)
+        cached = kv.reuse_prefix(request.prompt)
+        if request.sampling.seed is not None:
+            mx.random.seed(request.sampling.seed)
         if self.on_prefill is not None:
-            self.on_prefill(0, len(prompt) - cached)  # mlx-lm tells the rest
-
-        def prefilled(done: int, total: int) -> None:
-            # mlx-lm calls this before the prefill (done 0) and after each evaluated batch: the
-            # cache holds whole batches, so stopping here leaves it true (sync_tokens reads
-            # its offset).
-            if self.on_prefill is not None:
-                self.on_prefill(done, total)
-            if should_stop is not None and 0 < done < total and should_stop():
-                raise StopGeneration
-
-        # mlx-lm annotates each step as (mx.array, mx.array), but the token it yields is
-        # `y.item()`, an int.
-        steps = cast(
-            "Generator[tuple[int, mx.array], None, None]",
-            generate_step(
-                mx.array(prompt[cached:]),
-                self.model,
-                max_tokens=max_tokens,
-                sampler=make_sampler(temp=temp, top_p=top_p if temp > 0 else 0.0),
-                prompt_cache=kv.cache,
-                prefill_step_size=prefill_batch or PREFILL_STEP,
-                prompt_progress_callback=prefilled,
-            ),
-        )
-        detokenizer = self.tokenizer.detokenizer
-        detokenizer.reset()
-        out: list[int] = []
-        first = None
-        finish = "interrupted"
-        try:
-            try:
-                for token, _ in steps:
-                    if first is None:
-                        first = time.perf_counter()
-                        self.restart.record_prefill(len(prompt) - cached, first - start)
-                    out.append(token)
-                    if token in self.eos_token_ids and not ignore_eos:
-                        finish = "stop"
-                        break
-                    detokenizer.add_token(token)
-                    yield Chunk(detokenizer.last_segment, token)
-                    if len(out) == max_tokens:
-                        finish = "length"
-                        break
-            except StopGeneration:
-                finish = "interrupted"
-            detokenizer.finalize()
-            peak = mx.get_peak_memory() / 1e9
-            stats = GenerationStats.timed(prompt, cached, out, start, first, finish, peak)
-            yield Chunk(detokenizer.last_segment, None, stats)
-        finally:
-            steps.close()
-            kv.sync_tokens(prompt + out)
-            self.slots.enforce_cap(keep=slot)
+            self.on_prefill(0, len(request.prompt) - cached)  # mlx-lm tells the rest
+        return _MLXDecoding(self, kv, cached, request)
 
     def prefill(self, prompt: Sequence[int], *, slot: str = CHAT_SLOT) -> int:
+        self._check_open()
         prompt = list(prompt)
         kv = self._kv(slot)
         cached = kv.reuse_prefix(prompt)
@@ -237,6 +162,74 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         kv = self.slots.get(slot)
         assert isinstance(kv, KVSlot)
         return kv
+
+    def close(self) -> None:
+        """Let go of the model and the slots held in memory (their files stay)."""
+        super().close()
+        for name in self.slots.names():
+            self.slots.free(name)
+        del self.model
+        mx.clear_cache()
+
+
+class _MLXDecoding:
+    """One call's generation (base.Decoding): mlx-lm's generate_step on the slot's cache."""
+
+    def __init__(self, engine: MLXEngine, kv: KVSlot, cached: int, request: Request):
+        from mlx_lm.generate import generate_step
+        from mlx_lm.sample_utils import make_sampler
+
+        self.cached = cached
+        self._engine, self._kv, self._should_stop = engine, kv, request.should_stop
+        self._eos = engine.eos_token_ids
+        sampling = request.sampling
+        top_p = sampling.top_p if sampling.temp > 0 else 0.0
+        # mlx-lm annotates each step as (mx.array, mx.array), but the token it yields is
+        # `y.item()`, an int.
+        self._steps = cast(
+            "Generator[tuple[int, mx.array], None, None]",
+            generate_step(
+                mx.array(request.prompt[cached:]),
+                engine.model,
+                max_tokens=sampling.max_tokens,
+                sampler=make_sampler(temp=sampling.temp, top_p=top_p),
+                prompt_cache=kv.cache,
+                prefill_step_size=request.prefill_batch or PREFILL_STEP,
+                prompt_progress_callback=self._prefilled,
+            ),
+        )
+        self._detokenizer = engine.tokenizer.detokenizer
+        self._detokenizer.reset()
+
+    def _prefilled(self, done: int, total: int) -> None:
+        # mlx-lm calls this before the prefill (done 0) and after each evaluated batch: the
+        # cache holds whole batches, so stopping here leaves it true (sync_tokens reads its
+        # offset).
+        if self._engine.on_prefill is not None:
+            self._engine.on_prefill(done, total)
+        if self._should_stop is not None and 0 < done < total and self._should_stop():
+            raise StopGeneration
+
+    def tokens(self) -> Iterator[int]:
+        return (token for token, _ in self._steps)
+
+    def is_end(self, token: int) -> bool:
+        return token in self._eos
+
+    def text(self, token: int | None) -> str:
+        if token is None:
+            self._detokenizer.finalize()
+        else:
+            self._detokenizer.add_token(token)
+        return self._detokenizer.last_segment
+
+    def peak_memory_gb(self) -> float:
+        return mx.get_peak_memory() / 1e9
+
+    def close(self, tokens: list[int]) -> None:
+        self._steps.close()
+        self._kv.sync_tokens(tokens)
+        self._engine.slots.enforce_cap(keep=self._kv.name)
 
 
 class KVSlot:
@@ -289,45 +282,26 @@ class KVSlot:
         return sum(c.nbytes for c in self.cache)
 
     def save(self, path: Path, model_id: str) -> int:
-        """Write the slot atomically (each file first, then the digest that vouches for it);
+        """Write the slot atomically (each file first, then the digest that vouches for it),
+        in blocks (mlxmem.engine.slots) where every layer is a plain KV cache, else whole;
         return the bytes written."""
         if not self.tokens:
             remove_slot_files(path)
             return 0
         self._compact()
-        meta = {
-            "layout": LAYOUT_VERSION,
-            "model": model_id,
-            "slot": self.name,
-            "n_tokens": str(len(self.tokens)),
-            "tokens_sha256": tokens_hash(self.tokens),
-            "tokens": json.dumps(self.tokens),
-        }
         if not _blockable(self.cache):
             shutil.rmtree(blocks_dir(path), ignore_errors=True)
+            meta = slot_meta(self.name, self.tokens, model_id, LAYOUT_VERSION)
             return write_checked(path, lambda tmp: save_prompt_cache(tmp, self.cache, meta))
-        return self._save_blocks(path, model_id, meta)
 
-    def _save_blocks(self, path: Path, model_id: str, meta: dict[str, str]) -> int:
-        names = block_names(self.tokens, model_id, BLOCK_LAYOUT_VERSION)
-        folder = blocks_dir(path)
-        ensure_private_dir(folder)
-        written = 0
-        for i, name in enumerate(names):
-            block = folder / f"{name}{SUFFIX}"
-            if not (block.exists() and digest_path(block).exists()):
-                arrays = self._arrays(i * KV_BLOCK_TOKENS, (i + 1) * KV_BLOCK_TOKENS)
-                written += write_checked(block, _saver(arrays))
-        tail = self._arrays(len(names) * KV_BLOCK_TOKENS, len(self.tokens))
-        meta = {
-            **meta,
-            "layout": BLOCK_LAYOUT_VERSION,
-            "blocks": json.dumps(names),
-            "layers": str(len(self.cache)),
-        }
-        written += write_checked(path, lambda tmp: mx.save_safetensors(tmp, tail, meta))
-        keep_only_blocks(folder, names)
-        return written
+        def saver(start: int, end: int, meta: dict[str, str]) -> Callable[[str], None]:
+            arrays = self._arrays(start, end)
+            return lambda tmp: mx.save_safetensors(tmp, arrays, meta)
+
+        layers = {"layers": str(len(self.cache))}
+        return save_in_blocks(
+            path, self.name, self.tokens, model_id, BLOCK_LAYOUT_VERSION, saver, layers
+        )
 
     def _arrays(self, start: int, end: int) -> dict[str, mx.array]:
         if end <= start:
@@ -361,45 +335,22 @@ class KVSlot:
 
 
 def _read_checked(path: Path, model_id: str) -> tuple[list[Any], list[int]]:
-    check_digest(path)
-    arrays, meta = _load_with_metadata(path)
-    if meta.get("layout") not in (LAYOUT_VERSION, BLOCK_LAYOUT_VERSION):
-        raise ValueError(f"layout {meta.get('layout')!r}, expected {BLOCK_LAYOUT_VERSION}")
-    if meta.get("model") != model_id:
-        raise ValueError("written by another model")
-    tokens = json.loads(meta["tokens"])
-    if tokens_hash(tokens) != meta.get("tokens_sha256") or len(tokens) != int(meta["n_tokens"]):
-        raise ValueError("token ids do not match their hash")
-    if meta["layout"] == LAYOUT_VERSION:
+    saved = read_checked(path, model_id, (LAYOUT_VERSION, BLOCK_LAYOUT_VERSION))
+    if saved.meta["layout"] == LAYOUT_VERSION:
         cache = load_prompt_cache(str(path))
     else:
-        cache = _read_blocks(path, model_id, tokens, arrays, meta)
-    if any(c.offset != len(tokens) for c in cache):
+        parts = [_load_arrays(block) for block in saved.blocks] + [_load_arrays(path)]
+        cache = _joined(parts, int(saved.meta["layers"]))
+    if any(c.offset != len(saved.tokens) for c in cache):
         raise ValueError("cache length does not match its token ids")
     mx.eval([c.state for c in cache])
-    return cache, tokens
+    return cache, saved.tokens
 
 
-def _read_blocks(
-    path: Path,
-    model_id: str,
-    tokens: list[int],
-    tail: dict[str, mx.array],
-    meta: dict[str, str],
-) -> list[Any]:
-    names = json.loads(meta["blocks"])
-    if names != block_names(tokens, model_id, BLOCK_LAYOUT_VERSION):
-        raise ValueError("its blocks do not match its token ids")
-    parts: list[dict[str, mx.array]] = []
-    for name in names:
-        block = blocks_dir(path) / f"{name}{SUFFIX}"
-        if not block.exists():
-            raise ValueError(f"block {name[:12]} is missing")
-        check_digest(block)
-        parts.append(_load_arrays(block))
-    parts.append(tail)
+def _joined(parts: list[dict[str, mx.array]], layers: int) -> list[Any]:
+    """The KV caches of `layers` layers, each the concatenation of its arrays in `parts`."""
     cache = []
-    for i in range(int(meta["layers"])):
+    for i in range(layers):
         c = KVCache()
         c.keys = mx.concatenate([p[f"{i}.keys"] for p in parts if p], axis=2)
         c.values = mx.concatenate([p[f"{i}.values"] for p in parts if p], axis=2)
@@ -413,18 +364,6 @@ def _load_arrays(path: Path) -> dict[str, mx.array]:
     arrays = mx.load(str(path))
     assert isinstance(arrays, dict)  # a .safetensors file: a dict of arrays
     return arrays
-
-
-def _load_with_metadata(path: Path) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """The arrays and the metadata of the safetensors file `path`."""
-    loaded = mx.load(str(path), return_metadata=True)
-    assert isinstance(loaded, tuple)  # with return_metadata: (arrays, metadata)
-    return loaded
-
-
-def _saver(arrays: dict[str, mx.array]) -> Callable[[str], None]:
-    """A `write` for _write_checked that saves `arrays` as a safetensors file."""
-    return lambda tmp: mx.save_safetensors(tmp, arrays)
 
 
 def _blockable(cache: list[Any]) -> bool:

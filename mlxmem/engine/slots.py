@@ -2,11 +2,17 @@
 
 A slot keeps the longest common prefix of its tokens and the next prompt, trims the rest and
 lets the engine prefill only the suffix. Each engine has its own slot class (mlxmem.engine.mlx:
-MLX prompt caches saved in blocks; mlxmem.engine.llamacpp: llama.cpp sequences saved whole);
-what they share is here: the pool that loads, saves, frees and drops them by name, and the
-rules of their files. A slot file is written atomically beside a digest that vouches for it
-and holds metadata naming the model, the layout version and a hash of the token ids; anything
-that does not check out is discarded with a warning and the slot starts empty.
+MLX prompt caches; mlxmem.engine.llamacpp: llama.cpp sequences); what they share is here: the
+pool that loads, saves, frees and drops them by name, and one file format with its checks.
+
+A slot is saved in blocks of KV_BLOCK_TOKENS tokens, each block a safetensors file named by a
+hash of the layout, the model and every token up to its end, beside the slot's own file, which
+holds the tail (the tokens after the last whole block) and metadata: the layout version, the
+model, the token ids, their hash and the list of blocks. A turn that appends to the prefix
+writes only its new blocks and the tail. Every file is written atomically beside a digest
+that vouches for it; anything that does not check out is discarded with a warning and the slot
+starts empty. What a block holds is the engine's (MLX arrays per layer, llama.cpp's sequence
+state); an MLX cache that cannot be cut in blocks is saved whole, in mlx-lm's format.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import warnings
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -168,6 +175,97 @@ def slot_filename(name: str) -> str:
     """A file name for a slot name that may hold any characters (conversation names)."""
     safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:40]
     return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:12]}{SUFFIX}"
+
+
+def slot_meta(name: str, tokens: Sequence[int], model_id: str, layout: str) -> dict[str, str]:
+    """The metadata of a slot file, as read_checked checks it."""
+    return {
+        "layout": layout,
+        "model": model_id,
+        "slot": name,
+        "n_tokens": str(len(tokens)),
+        "tokens_sha256": tokens_hash(tokens),
+        "tokens": json.dumps(list(tokens)),
+    }
+
+
+# Gives the write (for write_checked) of positions [start, end) with this metadata.
+RangeSaver = Callable[[int, int, dict[str, str]], Callable[[str], Any]]
+
+
+def save_in_blocks(
+    path: Path,
+    name: str,
+    tokens: Sequence[int],
+    model_id: str,
+    layout: str,
+    saver: RangeSaver,
+    extra: dict[str, str] | None = None,
+) -> int:
+    """Write the slot `name` holding `tokens` as blocks (only those not on disk already) and a
+    tail at `path` whose metadata adds `extra`; blocks of another prefix are removed. Return
+    the bytes written."""
+    names = block_names(tokens, model_id, layout)
+    folder = blocks_dir(path)
+    ensure_private_dir(folder)
+    written = 0
+    for i, block_name in enumerate(names):
+        block = folder / f"{block_name}{SUFFIX}"
+        if not (block.exists() and digest_path(block).exists()):
+            start = i * KV_BLOCK_TOKENS
+            write = saver(start, start + KV_BLOCK_TOKENS, {"layout": layout})
+            written += write_checked(block, write)
+    meta = {**slot_meta(name, tokens, model_id, layout), "blocks": json.dumps(names)}
+    tail = saver(len(names) * KV_BLOCK_TOKENS, len(tokens), {**meta, **(extra or {})})
+    written += write_checked(path, tail)
+    keep_only_blocks(folder, names)
+    return written
+
+
+@dataclass
+class SlotFile:
+    """A slot file that checked out: its token ids, its metadata and its block files in order
+    (none for a slot saved whole)."""
+
+    tokens: list[int]
+    meta: dict[str, str]
+    blocks: list[Path]
+
+
+def read_checked(path: Path, model_id: str, layouts: Sequence[str]) -> SlotFile:
+    """The slot file `path`, checked: its digest, a layout of `layouts`, the model, the token
+    ids against their hash, and each block's name and digest. ValueError for what does not
+    check out."""
+    check_digest(path)
+    meta = read_metadata(path)
+    if meta.get("layout") not in layouts:
+        raise ValueError(f"layout {meta.get('layout')!r}, expected {layouts[-1]}")
+    if meta.get("model") != model_id:
+        raise ValueError("written by another model")
+    tokens = json.loads(meta["tokens"])
+    if tokens_hash(tokens) != meta.get("tokens_sha256") or len(tokens) != int(meta["n_tokens"]):
+        raise ValueError("token ids do not match their hash")
+    if "blocks" not in meta:
+        return SlotFile(tokens, meta, [])
+    names = json.loads(meta["blocks"])
+    if names != block_names(tokens, model_id, meta["layout"]):
+        raise ValueError("its blocks do not match its token ids")
+    blocks = []
+    for block_name in names:
+        block = blocks_dir(path) / f"{block_name}{SUFFIX}"
+        if not block.exists():
+            raise ValueError(f"block {block_name[:12]} is missing")
+        check_digest(block)
+        blocks.append(block)
+    return SlotFile(tokens, meta, blocks)
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The metadata of the safetensors file `path`, its tensors left unread."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        return f.metadata() or {}
 
 
 class SlotPool:

@@ -59,7 +59,7 @@ import Stemmer
 
 from mlxmem.bench.common import Progress, no_progress
 from mlxmem.defaults import DEFAULT_REPLACE_FACTS, DEFAULT_SUMMARY
-from mlxmem.engine import Engine, Message
+from mlxmem.engine import Engine, Message, Sampling
 from mlxmem.errors import InputError
 from mlxmem.eval.runlog import KEEP_EVERY, RunDir
 from mlxmem.memory.budget import AssembledPrompt, PromptBudget
@@ -651,7 +651,7 @@ def ask(engine: Engine, tokens: list[int], slot: str) -> tuple[str, dict]:
     """The answer's first line, and what it cost: seconds, and the prompt's tokens read from
     the slot's cache (the prefix shared with the slot's last question) and prefilled."""
     start = time.perf_counter()
-    result = engine.generate(tokens, slot=slot, max_tokens=ANSWER_TOKENS, temp=0.0)
+    result = engine.generate(tokens, Sampling(max_tokens=ANSWER_TOKENS), slot=slot)
     lines = [line.strip() for line in result.text.strip().splitlines() if line.strip()]
     cost = {
         "seconds": round(time.perf_counter() - start, 3),

@@ -25,7 +25,7 @@ from mlxmem.defaults import (
     FACTS_SLOT,
     SUMMARY_KINDS,
 )
-from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
+from mlxmem.engine import Engine, GenerationStats, Message, Sampling, StopGeneration
 from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
 from mlxmem.memory.budget import response_reserve as budget_reserve
@@ -482,7 +482,7 @@ class Companion:
         has the timings), but the reply logged is the log's own. Nothing is recalled: the
         reply is given."""
         turn = self._begin_at(user, at[0], None, recall=False)
-        stats = self.engine.generate(turn.prompt.tokens, slot=self.slot, max_tokens=1, temp=0.0)
+        stats = self.engine.generate(turn.prompt.tokens, Sampling(max_tokens=1), slot=self.slot)
         return self._finish(turn, reply, stats.stats, None, at=at[1])
 
     def _begin_at(
@@ -762,11 +762,13 @@ class Companion:
         called, first = time.perf_counter(), None
         stream = self.engine.stream(
             prompt.tokens,
+            Sampling(
+                max_tokens=self.max_reply_tokens,
+                temp=self.settings.temp,
+                top_p=self.settings.top_p,
+                seed=self.settings.seed,
+            ),
             slot=self.slot,
-            max_tokens=self.max_reply_tokens,
-            temp=self.settings.temp,
-            top_p=self.settings.top_p,
-            seed=self.settings.seed,
         )
         try:
             for chunk in stream:

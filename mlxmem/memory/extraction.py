@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from mlxmem.defaults import FACTS_SLOT
-from mlxmem.engine import YIELD_BATCH, Engine, Message
+from mlxmem.engine import YIELD_BATCH, Engine, Message, Sampling
 from mlxmem.memory.budget import shorten
 from mlxmem.memory.facts import normalize
 from mlxmem.memory.terms import terms as stemmed_terms
@@ -433,7 +433,7 @@ class FactExtractor:
             if len(tokens) + REPLACE_ANSWER_TOKENS > self.budget:
                 return None
             result = self.engine.generate(
-                tokens, slot=FACTS_SLOT, max_tokens=REPLACE_ANSWER_TOKENS, temp=0.0
+                tokens, Sampling(max_tokens=REPLACE_ANSWER_TOKENS), slot=FACTS_SLOT
             )
             if not still_true(result.text):
                 return fid
@@ -454,9 +454,8 @@ class FactExtractor:
             return Look(None, "no_room")
         result = self.engine.generate(
             prompt,
+            Sampling(max_tokens=MAX_FACT_TOKENS),
             slot=FACTS_SLOT,
-            max_tokens=MAX_FACT_TOKENS,
-            temp=0.0,
             should_stop=should_stop,
             prefill_batch=YIELD_BATCH if should_stop else None,
         )

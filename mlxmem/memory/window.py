@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from mlxmem.engine import YIELD_BATCH, Engine, Message
+from mlxmem.engine import YIELD_BATCH, Engine, Message, Sampling
 from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.dates import Span, dated, same_day
 from mlxmem.memory.extractive import extractive_summary, shorten_to, specifics_left_out
@@ -183,9 +183,8 @@ class ConversationWindow:
             omitted = bool(prompt.omitted)
             result = self.engine.generate(
                 prompt.tokens,
+                Sampling(max_tokens=self.summary_cap),
                 slot=self.slot,
-                max_tokens=self.summary_cap,
-                temp=0.0,
                 should_stop=should_yield,
                 prefill_batch=YIELD_BATCH if should_yield else None,
             )
