@@ -11,11 +11,17 @@ from conftest import on
 
 from mlxmem.engine import Message
 from mlxmem.errors import InputError
-from mlxmem.memory.budget import SUMMARY_HEADER, system_text
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.dates import anchored, day_range, local_midnight_utc, named_days, unanchored
+from mlxmem.memory.context.budget import SUMMARY_HEADER, system_text
 from mlxmem.memory.recall import RecallQuery, recall_line, recall_query, search_before
 from mlxmem.memory.store import Store
+from mlxmem.memory.tables.dates import (
+    anchored,
+    day_range,
+    local_midnight_utc,
+    named_days,
+    unanchored,
+)
 from mlxmem.memory.window import UNANSWERED, as_messages
 from mlxmem.testing import FakeEngine
 

@@ -38,7 +38,7 @@ from mlxmem.bench.turns import (
 )
 from mlxmem.engine import Engine
 from mlxmem.errors import InputError
-from mlxmem.memory.runs import insert_run, select_runs
+from mlxmem.memory.tables.runs import insert_run, select_runs
 
 __all__ = [
     "BenchModel",

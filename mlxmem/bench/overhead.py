@@ -27,7 +27,7 @@ from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import DatedTurn
+from mlxmem.memory.tables.turns import DatedTurn
 from mlxmem.text import utc_now
 
 OVERHEAD_CONVERSATION = "bench-overhead"

@@ -46,8 +46,8 @@ from mlxmem.engine import GenerationStats
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import recall_query
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
-from mlxmem.memory.turns import DatedTurn
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables.turns import DatedTurn
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
 from mlxmem.text import OLD_COUNT_NAMES, with_old_names

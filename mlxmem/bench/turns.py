@@ -42,8 +42,8 @@ from mlxmem.defaults import SummaryKind
 from mlxmem.engine import Engine, Message
 from mlxmem.engine.slots import SlotPool, common_prefix_len
 from mlxmem.errors import InputError
-from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
+from mlxmem.memory.context.budget import PromptBudget
 from mlxmem.memory.store import Store, Summary, Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow
 from mlxmem.model_thread import ModelJobs

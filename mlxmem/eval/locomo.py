@@ -62,12 +62,11 @@ from mlxmem.defaults import DEFAULT_REPLACE_FACTS, DEFAULT_SUMMARY
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import InputError
 from mlxmem.eval.runlog import KEEP_EVERY, RunDir
-from mlxmem.memory.budget import AssembledPrompt, PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion, check_summary_kind
-from mlxmem.memory.dates import unanchored
-from mlxmem.memory.recall import recall_block
+from mlxmem.memory.context.budget import AssembledPrompt, PromptBudget, recall_block
 from mlxmem.memory.store import Store
-from mlxmem.memory.terms import STOPWORDS
+from mlxmem.memory.tables.dates import unanchored
+from mlxmem.memory.tables.terms import STOPWORDS
 from mlxmem.memory.window import as_messages
 from mlxmem.text import OLD_COUNT_NAMES, with_old_names
 

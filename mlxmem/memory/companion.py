@@ -27,14 +27,15 @@ from mlxmem.defaults import (
 )
 from mlxmem.engine import Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError, StaleError
-from mlxmem.memory.budget import MIN_MESSAGE_TOKENS, AssembledPrompt, PromptBudget
-from mlxmem.memory.budget import response_reserve as budget_reserve
-from mlxmem.memory.dates import dated, local_day, same_day
-from mlxmem.memory.db import crash_point
-from mlxmem.memory.extraction import FactExtractor, Look, should_extract
-from mlxmem.memory.facts import check_fact_text, duplicate_of, insert_fact, mark_replaced
-from mlxmem.memory.recall import (
+from mlxmem.memory.context.budget import (
+    MIN_MESSAGE_TOKENS,
     RECALL_SHARE,
+    AssembledPrompt,
+    PromptBudget,
+)
+from mlxmem.memory.context.budget import response_reserve as budget_reserve
+from mlxmem.memory.extraction import FactExtractor, Look, should_extract
+from mlxmem.memory.recall import (
     RecallQuery,
     recall_line,
     recall_query,
@@ -50,8 +51,11 @@ from mlxmem.memory.store import (
     with_summary,
     with_turn,
 )
-from mlxmem.memory.summaries import insert_summary
-from mlxmem.memory.turns import clear_looks, insert_turn
+from mlxmem.memory.tables.dates import dated, local_day, same_day
+from mlxmem.memory.tables.db import crash_point
+from mlxmem.memory.tables.facts import check_fact_text, duplicate_of, insert_fact, mark_replaced
+from mlxmem.memory.tables.summaries import insert_summary
+from mlxmem.memory.tables.turns import clear_looks, insert_turn
 from mlxmem.memory.window import UNANSWERED, ConversationWindow, FoldEvent, summary_cap
 from mlxmem.text import check_text, utc_now
 

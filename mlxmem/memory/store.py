@@ -15,15 +15,16 @@ from datetime import datetime
 import duckdb
 
 from mlxmem.memory import forget
-from mlxmem.memory.dates import Span
-from mlxmem.memory.db import forget_epoch
-from mlxmem.memory.facts import Fact, FactList, all_facts
 from mlxmem.memory.forget import LAST_SEQ, Deletion
 from mlxmem.memory.recall import RECALL_TURNS, RecallQuery, search_before
-from mlxmem.memory.records import Tombstone
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary
-from mlxmem.memory.turns import Conversation, Turn, TurnLog, insert_turn, turns_after
+from mlxmem.memory.tables.dates import Span
+from mlxmem.memory.tables.db import forget_epoch
+from mlxmem.memory.tables.fact_list import FactList
+from mlxmem.memory.tables.facts import Fact, all_facts
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.summaries import Summary, SummaryLog, latest_summary
+from mlxmem.memory.tables.tombstones import Tombstone
+from mlxmem.memory.tables.turns import Conversation, Turn, TurnLog, insert_turn, turns_after
 from mlxmem.text import as_utc
 
 NO_QUERY = RecallQuery()  # nothing to recall
@@ -60,7 +61,7 @@ class Store(TurnLog, SummaryLog, FactList):
     """The chat log, summaries and facts in the DuckDB file at `path` (default:
     paths.db_path()), with the KV cache folder its deletions wipe: what a chat, history,
     memory and serve read and write. Deleting goes through mlxmem.memory.forget; a sync goes
-    through mlxmem.memory.synclog.SyncLog over the same file."""
+    through mlxmem.memory.sync.synclog.SyncLog over the same file."""
 
     def snapshot(
         self, conversation: str, query: RecallQuery = NO_QUERY, recall_limit: int = RECALL_TURNS

@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from mlxmem.memory.summary_words import looks_like_name
+from mlxmem.memory.context.summary_words import looks_like_name
 from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant"}

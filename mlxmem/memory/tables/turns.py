@@ -12,9 +12,9 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
-from mlxmem.memory.db import Database
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.terms import index_turns, unindex
+from mlxmem.memory.tables.db import Database
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.terms import index_turns, unindex
 from mlxmem.text import ROLES, as_utc, check_new_name, check_text, to_db, utc_now
 
 SEARCH_LIMIT = 50
@@ -395,3 +395,36 @@ def turn_of(row: tuple) -> Turn:
 
 def _conversation(row: tuple) -> Conversation:
     return Conversation(row[0], row[1], as_utc(row[2]), row[3], bool(row[4]))
+
+
+def drop_conversation_row(con: duckdb.DuckDBPyConnection, cid: int) -> None:
+    """Conversation `cid`'s own row, inside the caller's erase (its turns and summaries first)."""
+    con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+
+
+def set_private(
+    con: duckdb.DuckDBPyConnection,
+    cid: int,
+    private: bool,
+    version: int,
+    at: datetime,
+    device: str | None,
+) -> None:
+    """Conversation `cid`'s private flag as another device set it (`device`; None: this one)."""
+    con.execute(
+        "UPDATE conversations SET private = ?, private_version = ?, private_at = ?,"
+        " private_device = ? WHERE id = ?",
+        [private, version, to_db(at), device, cid],
+    )
+
+
+def renumber(con: duckdb.DuckDBPyConnection, cid: int, last_seq: int, seqs: dict[int, int]) -> None:
+    """Give turns new numbers (`seqs`: turn id to seq) after a merge put other turns among
+    them, and conversation `cid` its new last seq."""
+    con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq, cid])
+    if seqs:
+        con.execute(
+            "UPDATE turns SET seq = m.seq FROM (SELECT unnest(?) AS id, unnest(?) AS seq) m"
+            " WHERE turns.id = m.id",
+            [list(seqs), list(seqs.values())],
+        )

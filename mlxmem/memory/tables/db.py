@@ -53,8 +53,9 @@ import duckdb
 
 from mlxmem import paths
 from mlxmem.errors import StaleError, StoreError
-from mlxmem.memory.migrations import FACTS_DB, attach_facts, facts_path, migrate
-from mlxmem.memory.rows import one_row
+from mlxmem.memory.tables.facts import FactEdit, write_erased_facts
+from mlxmem.memory.tables.migrations import FACTS_DB, attach_facts, facts_path, migrate
+from mlxmem.memory.tables.rows import one_row
 
 LOCK_TIMEOUT_S = 5.0
 # How often a holder looks for another process's request for the store: the most a waiter
@@ -67,27 +68,6 @@ _COMPACT_SUFFIXES = (".compact", ".compact.wal")
 # Tables of the main file whose rows can hold text a deletion removes.
 _MAIN_TEXT_TABLES = ("turns", "summaries", "conversations")
 T = TypeVar("T")
-
-
-def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
-    """This data directory's device id and name."""
-    rows = dict(
-        con.execute(
-            "SELECT key, value FROM state WHERE key IN ('device_uid', 'device_name')"
-        ).fetchall()
-    )
-    return rows["device_uid"], rows["device_name"]
-
-
-@dataclass(frozen=True)
-class FactEdit:
-    text: str
-    updated_at: datetime
-    device_uid: str | None = None
-    version: int | None = None  # the version another device wrote; None: one more than now
-    clock: str | None = None  # its version vector (JSON; facts.edited_clock), None: unknown
-    replaced_by: str | None = None  # the uid of the fact that replaced it, if one did
-    replaced_at: datetime | None = None
 
 
 @dataclass
@@ -288,24 +268,7 @@ class Database:
         if not ids and not edits:
             return
         with self._transaction() as con:
-            if ids:
-                con.execute("DELETE FROM facts WHERE list_contains(?, id)", [list(ids)])
-            for fact_id, edit in edits.items():
-                con.execute(
-                    "UPDATE facts SET text = ?, updated_at = ?, device_uid = ?,"
-                    " version = coalesce(?, coalesce(version, 0) + 1), clock = ?,"
-                    " replaced_by = ?, replaced_at = ? WHERE id = ?",
-                    [
-                        edit.text,
-                        edit.updated_at,
-                        edit.device_uid,
-                        edit.version,
-                        edit.clock,
-                        edit.replaced_by,
-                        edit.replaced_at,
-                        fact_id,
-                    ],
-                )
+            write_erased_facts(con, ids, edits)
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -619,6 +582,11 @@ def open_lock_file(lock: Path) -> int:
             " rename what is there, and retry"
         )
     return fd
+
+
+def set_state(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
+    """Keep one of this data directory's small values in `state`, under `key`."""
+    con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
 
 
 def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
