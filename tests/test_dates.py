@@ -314,11 +314,11 @@ def test_recall_reads_the_days_a_message_names_from_when_it_is_written(tmp_path)
                      (day(16), "We baked rye bread with seeds.")]:  # fmt: skip
         store.append_turn("c", "user", text, at=at)
     companion = Companion(FakeEngine(), store, "c", 600, 120, ChatSettings(extract_facts=False))
-    asked = companion.recall_terms("What bread did we bake two weeks ago?", at=day(16))
+    asked = companion.prompt.recall_query("What bread did we bake two weeks ago?", at=day(16))
     assert asked == RecallQuery(
         ("bread", "bake", "two", "week"), days=((date(2023, 4, 25), date(2023, 5, 10)),)
     )
-    plain = companion.recall_terms("What bread did we bake?", at=day(16))
+    plain = companion.prompt.recall_query("What bread did we bake?", at=day(16))
     with store.connect() as con:
         assert [t.seq for t in search_before(con, "c", 3, plain)] == [2, 3, 1]
         assert [t.seq for t in search_before(con, "c", 3, asked)] == [1, 2, 3]

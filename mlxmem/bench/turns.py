@@ -556,7 +556,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
     prompt, stats = result.prompt, result.stats
     chat = [c for c in calls if c.slot == companion.slot]
     reply_at = next(j for j, c in enumerate(chat) if c.prompt == prompt.tokens)
-    # The companion folds after a reply, never before it (Companion._fitting): the chat slot's
+    # The companion folds after a reply, never before it (TurnPrompt.fitting): the chat slot's
     # other calls are the folds whose summary the model wrote (one that gave way to a waiting
     # message wrote the extractive summary, with no call).
     assert reply_at == 0 and len(chat) - 1 <= len(result.folds)

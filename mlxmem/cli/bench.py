@@ -26,6 +26,7 @@ from mlxmem.bench.scale import (
 from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
+from mlxmem.memory.context.budget import context_budget
 
 from .common import ENGINE, JSON, err, out, plain_typer, print_json, say
 
@@ -257,7 +258,7 @@ def turns(
         result = bench.run_turns(
             engine,
             exchanges,
-            context_tokens or chosen.context_tokens,
+            context_budget(context_tokens, chosen.context_tokens),
             chosen.response_reserve,
             generate=generate,
             facts=bool(facts),
@@ -372,7 +373,7 @@ def _one_shot_turns(
         result = bench.run_one_shot_turns(
             chosen.path,
             [user for user, _ in exchanges],
-            context_tokens or chosen.context_tokens,
+            context_budget(context_tokens, chosen.context_tokens),
             chosen.response_reserve,
             facts=facts is not False,  # on unless --no-facts, as in `mlxmem chat`
             max_tokens=max_tokens,
@@ -423,7 +424,7 @@ def restart(
     with _progress("restart") as progress:
         result = bench.run_restart(
             chosen.path,
-            context_tokens or chosen.context_tokens,
+            context_budget(context_tokens, chosen.context_tokens),
             chosen.response_reserve,
             trials,
             seed,

@@ -17,6 +17,7 @@ from mlxmem.defaults import DEFAULT_REPLACE_FACTS, SummaryKind
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
+from mlxmem.memory.context.budget import context_budget
 
 from .bench import DB, SEED, _model, _print_json, _progress
 from .common import ENGINE, JSON, SUMMARY, err, model_or_default, out, plain_typer, print_json
@@ -159,7 +160,7 @@ def locomo(
                 engine,
                 folder,
                 ids,
-                context_tokens or chosen.context_tokens,
+                context_budget(context_tokens, chosen.context_tokens),
                 chosen.response_reserve,
                 limit=limit,
                 sample=sample,
@@ -264,7 +265,7 @@ def facts_command(
                         engine,
                         folder,
                         cid,
-                        context_tokens or chosen.context_tokens,
+                        context_budget(context_tokens, chosen.context_tokens),
                         messages,
                         functools.partial(progress, cid),
                     )
@@ -314,7 +315,11 @@ def _updates(
         chosen = _model(model_or_default(model), None, None, seed, as_json, engine_name)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("updates") as progress:
             run = fe.run_update_eval(
-                engine, folder, pairs, context_tokens or chosen.context_tokens, progress
+                engine,
+                folder,
+                pairs,
+                context_budget(context_tokens, chosen.context_tokens),
+                progress,
             )
     result = {"model": chosen.label, "pairs_file": pairs_file.name, **run}
     if as_json:

@@ -53,7 +53,7 @@ class Snapshot:
     # before the window, whose day decides whether the window's first turn shows its date.
     summary_span: Span | None = None
     # Replaced facts: one whose replacement has not joined the prompt yet stays in it (see
-    # Companion.prompt_facts).
+    # mlxmem.memory.prompt.prompt_facts).
     replaced: list[Fact] = field(default_factory=list)
 
 

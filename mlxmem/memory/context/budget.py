@@ -23,6 +23,12 @@ RECALL_HEADER = "From earlier conversations (recalled from the log):"
 RECALL_FOOTER = "(end of recalled turns)"
 
 
+def context_budget(asked: int | None, model_tokens: int) -> int:
+    """The prompt's context budget, resolved here only: the one asked for (a setting,
+    --context-tokens), else the model's (models.toml)."""
+    return asked or model_tokens
+
+
 def response_reserve(wanted: int, budget: int) -> int:
     """Tokens kept free for the reply: the model's reserve, but never over a quarter of the
     budget (a small window still needs room for the conversation)."""

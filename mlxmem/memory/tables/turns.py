@@ -84,6 +84,26 @@ class TurnLog(Database):
         forget epoch) the write is refused with StaleError if anything was deleted since, and
         a deleted conversation is never recreated. `at`: when the turn was written, if not
         now (see insert_turn)."""
+        check_text(text, "message")
+        return self.append_checked(
+            conversation, role, text, token_count, interrupted, sampled_ids, sampled_by,
+            epoch, at, look_due,
+        )  # fmt: skip
+
+    def append_checked(
+        self,
+        conversation: str,
+        role: str,
+        text: str,
+        token_count: int | None = None,
+        interrupted: bool = False,
+        sampled_ids: list[int] | None = None,
+        sampled_by: str | None = None,
+        epoch: int | None = None,
+        at: datetime | None = None,
+        look_due: bool = False,
+    ) -> Turn:
+        """append_turn for a `text` its caller checked already (the Companion's message)."""
         with self.guarded(epoch) as con:
             return insert_turn(
                 con,
@@ -193,10 +213,11 @@ def insert_turn(
     (timezone-aware; default now): a turn written elsewhere first, such as a chat log being
     imported or replayed, keeps its own time, which the window, recall and summaries show.
     Either way it is recorded no older than the conversation's newest turn. `look_due`: a
-    person's message to look at for a fact (until clear_looks)."""
+    person's message to look at for a fact (until clear_looks). `text` is checked by the
+    caller (TurnLog.append_turn, or the Companion's checked_message: a message is checked
+    once on its way through a turn)."""
     if role not in ROLES:
         raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    check_text(text, "message")
     check_text(conversation, "conversation name", allow_empty=False)
     now = utc_now() if at is None else turn_time(at)
     cid = conversation_id(con, conversation, create=now if create else None, new=True)
