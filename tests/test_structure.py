@@ -161,6 +161,19 @@ def test_each_table_is_written_by_its_owner_only():
     assert "recall_terms" in writers  # and f-strings' table names
 
 
+def test_the_turn_writes_through_the_store_only():
+    """The Companion and its parts write no row on a connection of their own: a turn's writes
+    after its reply go through Store.turn_writes, each to its table's owner."""
+    turn = [PACKAGE / "memory" / f"{name}.py" for name in ("companion", "looks", "prompt", "turn")]
+    found = [
+        f"{path.name}:{number}"
+        for path in turn
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\.steps\(|\btransaction\(\)|\bcon\.execute|insert_\w+\(", line)
+    ]
+    assert found == []
+
+
 def test_a_cycle_is_found_when_there_is_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     try:

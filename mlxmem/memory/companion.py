@@ -15,8 +15,9 @@ from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.engine import Engine, GenerationStats
 from mlxmem.errors import InputError, StaleError
 from mlxmem.memory.context.budget import AssembledPrompt, context_budget
-from mlxmem.memory.looks import FactLooks, Found, insert_found, look_due
-from mlxmem.memory.prompt import TurnPrompt
+from mlxmem.memory.extraction import FactExtractor
+from mlxmem.memory.looks import Candidate, FactLooks, look_due
+from mlxmem.memory.prompt import turn_prompt
 from mlxmem.memory.recall import RecallQuery
 from mlxmem.memory.store import (
     Deletion,
@@ -25,12 +26,8 @@ from mlxmem.memory.store import (
     Store,
     Turn,
     with_fact,
-    with_summary,
-    with_turn,
 )
 from mlxmem.memory.tables.db import crash_point
-from mlxmem.memory.tables.summaries import insert_summary
-from mlxmem.memory.tables.turns import insert_turn
 from mlxmem.memory.turn import (
     INSTRUCTIONS,
     ChatSettings,
@@ -109,7 +106,7 @@ def log_message(
     not touch the model."""
     text = checked_message(text, settings)
     ids = engine.encode_text(text)
-    return store.append_checked(
+    return store.append_turn(
         conversation,
         "user",
         text,
@@ -117,6 +114,7 @@ def log_message(
         sampled_ids=ids,
         sampled_by=engine.model_id,
         look_due=look_due(settings, text),
+        checked=True,
     )
 
 
@@ -140,19 +138,13 @@ class Companion:
         self.conversation = conversation
         self.settings = settings or ChatSettings()
         self.response_reserve = response_reserve
-        self.slot = f"{conversation}/chat"
-        self.prompt = TurnPrompt(
-            engine,
-            store,
-            conversation,
-            context_tokens,
-            response_reserve,
-            self.settings,
-            self.slot,
-        )
+        tokens = (context_tokens, response_reserve)
+        self.prompt = turn_prompt(engine, store, conversation, self.settings, tokens)
+        self.slot = self.prompt.slot
         self.budget = self.prompt.budget
         self.window = self.prompt.window
-        self.looks = FactLooks(engine, store, conversation, context_tokens, self.settings)
+        extractor = FactExtractor(engine, context_tokens)
+        self.looks = FactLooks(engine, store, conversation, self.settings, extractor)
         self._epoch: int | None = None  # the forget epoch of the last turn
         # The store as the last turn left it, and the store's mark() then (see _keep).
         self._kept: tuple[Snapshot, tuple[int, int]] | None = None
@@ -295,9 +287,9 @@ class Companion:
         """The second half: log `reply` (with the ids it was sampled as, if the engine's model
         wrote all of it; then `on_logged(result)`, the result so far: the reply, its stats,
         whether it was discarded, no fact yet), fold ahead for the next message, look for
-        a fact, save the cache. The reply is logged first, in an
-        operation of its own, which also saves the cache when nothing else follows; summaries
-        and facts are stored together afterwards, with the cache, in one more.
+        a fact, save the cache. The reply is logged first, in an operation of its own, which
+        also saves the cache when nothing else follows; summaries and facts are stored
+        together afterwards, with the cache, in one more.
 
         `should_yield()` turning true means a message is waiting for the model: the look for
         a fact stops and is postponed to the next turn, a fold writes the extractive summary
@@ -320,10 +312,10 @@ class Companion:
         if not more:
             self._keep(logged)
             return result.counted(self.store.opens)
-        events, found = self._memory_work(
+        events, candidates = self._memory_work(
             turn, logged, prompt, due, on_status, should_yield, result
         )
-        self._keep(self._store_derived(logged, events, found, result))
+        self._keep(self._store_derived(logged, events, candidates, result))
         return result.counted(self.store.opens)
 
     def _log_reply(
@@ -341,22 +333,11 @@ class Companion:
         deleted since the turn read the store."""
         check_text(reply, "message")  # the reply's one check (a model's, or an imported log's)
         room = self.prompt.next_message_room(turn.snapshot)
-        with self.store.steps(turn.snapshot.forget_epoch) as transaction:
-            with transaction() as con:
-                logged_turn = insert_turn(
-                    con,
-                    self.conversation,
-                    "assistant",
-                    reply,
-                    len(sampled_ids) if sampled_ids else self.engine.count_text(reply),
-                    result.interrupted,
-                    sampled_ids,
-                    None if sampled_ids is None else self.engine.model_id,
-                    create=False,
-                    at=at,
-                )
+        tokens = len(sampled_ids) if sampled_ids else self.engine.count_text(reply)
+        sampled = (sampled_ids, None if sampled_ids is None else self.engine.model_id)
+        with self.store.turn_writes(turn.snapshot.forget_epoch) as writes:
+            logged = writes.reply(turn.snapshot, reply, tokens, result.interrupted, sampled, at)
             crash_point("turn:reply-logged")
-            logged = with_turn(turn.snapshot, logged_turn)
             prompt = self.prompt.assemble(logged)
             more = (
                 (due and not result.interrupted)
@@ -390,11 +371,11 @@ class Companion:
         on_status: Callable[[str], None] | None,
         should_yield: Callable[[], bool] | None,
         result: TurnResult,
-    ) -> tuple[list[FoldEvent], list[Found]]:
+    ) -> tuple[list[FoldEvent], list[Candidate]]:
         """After the reply is logged: fold ahead, warm the cache, look for facts. The folds
-        (also added to `result.folds`) and the facts found, none stored yet."""
+        (also added to `result.folds`) and the candidates, none stored yet."""
         events: list[FoldEvent] = []
-        found: list[Found] = []
+        candidates: list[Candidate] = []
         try:
             # Fold now if the next message, sized like recent ones, would not fit: the cost
             # then falls after this reply (and the cache is warmed), not before the next one.
@@ -411,34 +392,35 @@ class Companion:
             result.warm_prefilled_tokens = self.prompt.warm_cache(after) if rebuilt else 0
             if not result.interrupted:
                 user = turn.user if due else None
-                found = self.looks.look(
+                candidates = self.looks.look(
                     user, turn.snapshot.facts, on_status, should_yield, result.looks
                 )
         except KeyboardInterrupt:
             pass  # best effort: the folds done are kept; the next turn folds first if need be
         result.folds += events
-        return events, found
+        return events, candidates
 
     def _store_derived(
-        self, logged: Snapshot, events: list[FoldEvent], found: list[Found], result: TurnResult
+        self,
+        logged: Snapshot,
+        events: list[FoldEvent],
+        candidates: list[Candidate],
+        result: TurnResult,
     ) -> Snapshot | None:
         """Store what the turn derived after its reply (the folds' summaries, the facts
-        `found`) and save the cache, in one operation and only if nothing was deleted since
+        `candidates`) and save the cache, in one operation and only if nothing was deleted since
         the turn read the store; return the store as it is then (None if discarded)."""
         made = [e.summary for e in events if e.summary is not None]
         try:
-            with self.store.steps(logged.forget_epoch) as transaction:
+            with self.store.turn_writes(logged.forget_epoch) as writes:
                 if made:
-                    with transaction() as con:
-                        for summary in made:
-                            logged = with_summary(logged, insert_summary(con, summary))
+                    logged = writes.summaries(logged, made)
                     crash_point("turn:summary-written")
-                if found:
-                    with transaction() as con:
-                        result.noted = insert_found(con, found)
+                if candidates:
+                    result.noted = writes.facts([c.row() for c in candidates])
                     for fact, replaced in result.noted:
                         logged = with_fact(logged, fact, replaced)
-                self.looks.clear_looked(transaction)
+                self.looks.clear_looked(writes)
                 self._save_slot()
         except StaleError:
             # A deletion raced the summary or the facts: none is kept, nor the cache, which

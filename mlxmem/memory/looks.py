@@ -10,35 +10,33 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
-
-import duckdb
+from dataclasses import dataclass, field, replace
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine
 from mlxmem.errors import StaleError
 from mlxmem.memory.extraction import FactExtractor, Look, should_extract
-from mlxmem.memory.store import Fact, Store, Turn
-from mlxmem.memory.tables.facts import check_fact_text, duplicate_of, insert_fact, mark_replaced
-from mlxmem.memory.tables.turns import clear_looks
+from mlxmem.memory.store import Fact, Store, Turn, TurnWrites
+from mlxmem.memory.tables.facts import check_fact_text
 from mlxmem.memory.turn import ChatSettings
 
 # Messages whose look for a fact may wait for a later turn: beyond them, the oldest is looked
 # at without giving way to the person's next message (a short wait, and no fact lost).
 POSTPONE_LIMIT = 3
 
-Transaction = Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
-
 
 @dataclass(frozen=True)
-class Found:
-    """A fact taken from a message after the reply, checked, not stored yet, and the id of
-    the current fact it makes out of date (or None)."""
+class Candidate:
+    """A fact a look took from a message after the reply, checked, not stored yet (noted once
+    stored), and the id of the current fact it makes out of date (or None)."""
 
     text: str
     message: Turn
     replaces: int | None
+
+    def row(self) -> tuple[str, int, int | None]:
+        """As TurnWrites.facts stores it: the text, its turn's id, the fact it replaces."""
+        return self.text, self.message.id, self.replaces
 
 
 def look_due(settings: ChatSettings, text: str) -> bool:
@@ -46,43 +44,21 @@ def look_due(settings: ChatSettings, text: str) -> bool:
     return settings.extract_facts and should_extract(text)
 
 
-def insert_found(
-    con: duckdb.DuckDBPyConnection, found: list[Found]
-) -> list[tuple[Fact, int | None]]:
-    """Store the facts `found` (inside a store operation), each with the id of the fact it
-    replaced; one stored meanwhile is not stored twice (extraction checked those it was
-    shown)."""
-    noted: list[tuple[Fact, int | None]] = []
-    for f in found:
-        if duplicate_of(con, f.text) is not None:
-            continue
-        added = insert_fact(con, f.text, "automatic", f.message.id)
-        replaced = f.replaces
-        if replaced is not None and not mark_replaced(con, replaced, added.id, added.created_at):
-            replaced = None
-        noted.append((added, replaced))
-    return noted
-
-
+@dataclass
 class FactLooks:
     """The looks for facts in one conversation's messages, and the queue of the postponed."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        store: Store,
-        conversation: str,
-        context_tokens: int,
-        settings: ChatSettings,
-    ):
-        self.engine = engine
-        self.store = store
-        self.conversation = conversation
-        self.settings = settings
-        self.extractor = FactExtractor(engine, context_tokens)
-        # Messages whose look is still to come, oldest first, as the log's marks say.
-        self.postponed: list[Turn] = self.due_in_store()
-        self.looked: list[int] = []  # turns looked at since the marks were last cleared
+    engine: Engine
+    store: Store
+    conversation: str
+    settings: ChatSettings
+    extractor: FactExtractor
+    # Messages whose look is still to come, oldest first, as the log's marks say.
+    postponed: list[Turn] = field(init=False)
+    looked: list[int] = field(default_factory=list)  # looked at since the marks were cleared
+
+    def __post_init__(self) -> None:
+        self.postponed = self.due_in_store()
 
     def due_in_store(self) -> list[Turn]:
         """The messages of this conversation the log marks for a look (none when this
@@ -103,13 +79,12 @@ class FactLooks:
         self.engine.drop_slot(FACTS_SLOT)
         self.reread()
 
-    def clear_looked(self, transaction: Transaction) -> None:
+    def clear_looked(self, writes: TurnWrites) -> None:
         """Clear the log's marks of the messages looked at, in a transaction of their own
         after the facts found in them are stored (a kill between the two looks again: the
         fact is then a duplicate, not lost)."""
         if self.looked:
-            with transaction() as con:
-                clear_looks(con, self.looked)
+            writes.looked(self.looked)
             self.looked = []
 
     def catch_up(
@@ -118,16 +93,13 @@ class FactLooks:
         """Look at the postponed messages now (the store at forget epoch `epoch` holds `facts`)
         and store what is found, each with the id of the fact it replaced; none if a deletion
         came since."""
-        found = self.look(None, facts, None, should_yield, [])
-        if not found and not self.looked:
+        candidates = self.look(None, facts, None, should_yield, [])
+        if not candidates and not self.looked:
             return []
         try:
-            with self.store.steps(epoch) as transaction:
-                noted = []
-                if found:
-                    with transaction() as con:
-                        noted = insert_found(con, found)
-                self.clear_looked(transaction)
+            with self.store.turn_writes(epoch) as writes:
+                noted = writes.facts([c.row() for c in candidates]) if candidates else []
+                self.clear_looked(writes)
                 return noted
         except StaleError:
             self.reread()
@@ -140,7 +112,7 @@ class FactLooks:
         on_status: Callable[[str], None] | None,
         should_yield: Callable[[], bool] | None,
         outcomes: list[str],
-    ) -> list[Found]:
+    ) -> list[Candidate]:
         """Look for a fact in each message postponed so far, oldest first, then in `user`'s
         (None: this message is not looked at), adding each look's outcome to `outcomes`. Each
         look stops when `should_yield()` turns true (a message is waiting for the model), and
@@ -149,7 +121,7 @@ class FactLooks:
         at without yielding."""
         queue = [*self.postponed, *([user] if user is not None else [])]
         self.postponed = []
-        found: list[Found] = []
+        candidates: list[Candidate] = []
         shown = [f.text for f in facts]
         looked = []
         try:
@@ -160,14 +132,16 @@ class FactLooks:
                     break
                 looked.append(message.id)
                 if look.fact is not None:
-                    found.append(Found(look.fact, message, self._replaces(look.fact, facts)))
+                    candidates.append(
+                        Candidate(look.fact, message, self._replaces(look.fact, facts))
+                    )
                     shown.append(look.fact)
         except KeyboardInterrupt:
             # Nothing found is stored: every message waits for its look again.
             self.postponed = queue
             raise
         self.looked += looked
-        return found
+        return candidates
 
     def _looks(
         self,

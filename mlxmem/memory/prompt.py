@@ -54,37 +54,47 @@ def prompt_facts(snap: Snapshot) -> list[Fact]:
     return manual + [f for f in reversed(facts) if f.source == "automatic"]
 
 
+def chat_slot(conversation: str) -> str:
+    """The name of a conversation's chat slot: the KV cache its replies are written on."""
+    return f"{conversation}/chat"
+
+
+def turn_prompt(
+    engine: Engine,
+    store: Store,
+    conversation: str,
+    settings: ChatSettings,
+    tokens: tuple[int, int],
+) -> TurnPrompt:
+    """The prompts of `conversation` within `tokens`: its context budget, resolved by the
+    caller (context_budget), and the model's response reserve."""
+    context_tokens, reserve = tokens
+    budget = PromptBudget(engine, context_tokens, response_reserve(reserve, context_tokens))
+    window = ConversationWindow(
+        engine,
+        store,
+        conversation,
+        budget,
+        settings.instructions,
+        chat_slot(conversation),
+        model_summary=settings.summary == "model",
+    )
+    return TurnPrompt(window, settings, reserve)
+
+
 class TurnPrompt:
     """The prompts of one conversation within its context budget (`budget.budget`, resolved
     once, by the caller): what a reply is written from, what a fold leaves, what the person
     sees with `context`."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        store: Store,
-        conversation: str,
-        context_tokens: int,
-        reserve: int,
-        settings: ChatSettings,
-        slot: str,
-    ):
-        self.engine = engine
-        self.conversation = conversation
+    def __init__(self, window: ConversationWindow, settings: ChatSettings, reserve: int):
+        self.window = window
+        self.engine = window.engine
+        self.conversation = window.conversation
+        self.slot = window.slot
+        self.budget = window.budget
         self.settings = settings
-        self.slot = slot
         self.reserve = reserve  # the model's response reserve, before the budget caps it
-        reply_room = response_reserve(reserve, context_tokens)
-        self.budget = PromptBudget(engine, context_tokens, reply_room)
-        self.window = ConversationWindow(
-            engine,
-            store,
-            conversation,
-            self.budget,
-            settings.instructions,
-            slot,
-            model_summary=settings.summary == "model",
-        )
         self.timings: TurnTimings | None = None  # the turn being begun, timed
         self.check_budget()
 

@@ -519,10 +519,7 @@ def _search_sql(ranking: Ranking, day_ranges: int, longer: int) -> str:
     r = ranking
     span = r.passage_turns
     bucket = 2 * span + 2  # neighbours are looked up by seq buckets: a passage spans two at most
-    by_passage = rrf(
-        "passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC", r.rrf_k
-    )
-    return f"""
+    reach = f"""
 WITH searched AS (
     SELECT id AS cid, name = $conversation AS current,
         CASE WHEN name = $conversation THEN $last_seq ELSE {_LAST_POS} END AS last_pos
@@ -561,7 +558,17 @@ hits AS MATERIALIZED (
     LEFT JOIN {DOCS_TABLE} d ON d.turn_id = t.turn_id
     WHERE {_matches(longer)}
 ),
-turn_score AS MATERIALIZED (
+"""
+    return reach + _score_sql(r, span)
+
+
+def _score_sql(r: Ranking, span: int) -> str:
+    """The search's second half (see _search_sql): each turn scored alone and as the middle
+    of a passage, both rankings fused, the best PRIOR_POOL kept."""
+    by_passage = rrf(
+        "passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC", r.rrf_k
+    )
+    return f"""turn_score AS MATERIALIZED (
     SELECT cid, pos, round(sum(
         {bm25("df.df", "hits.f", length_norm(r.b), r.k1)}
         * {related_word(r.related)}

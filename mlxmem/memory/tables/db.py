@@ -290,7 +290,7 @@ class Database:
         try:
             yield con
         except duckdb.IOException as exc:  # a file cut short: DuckDB reads blocks lazily
-            raise self._damaged_error(exc) from None
+            raise damaged_error(self.path, exc) from None
         try:
             con.commit()
         except duckdb.Error as exc:  # a full disk, most often: nothing was written
@@ -346,7 +346,7 @@ class Database:
         if self._owner == threading.get_ident():
             raise StoreError(f"database {self.path} is already open in this process (nested use?)")
         if not self._mutex.acquire(timeout=self.timeout):
-            raise self._busy_error(str(os.getpid()))
+            raise busy_error(self.path, str(os.getpid()))
         self._owner = threading.get_ident()
         try:
             if release:
@@ -441,7 +441,7 @@ class Database:
             lost = not had_facts and not _has_table(con, FACTS_DB, "facts")
         except duckdb.Error as exc:
             con.close()
-            raise self._damaged_error(exc) from None
+            raise damaged_error(self.path, exc) from None
         if lost:
             con.close()
             raise self._facts_lost_error()
@@ -458,35 +458,15 @@ class Database:
                 pid = holder_pid()
             except duckdb.IOException as exc:
                 if "Could not set lock" not in str(exc):
-                    raise self._open_error(exc) from None
+                    raise open_error(self.path, exc) from None
                 found = re.search(r"PID (\d+)", str(exc))
                 pid = found.group(1) if found else "unknown"
             except duckdb.Error as exc:
-                raise self._open_error(exc) from None
+                raise open_error(self.path, exc) from None
             if time.monotonic() > deadline:
-                raise self._busy_error(pid)
+                raise busy_error(self.path, pid)
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
-
-    def _busy_error(self, pid: str) -> StoreError:
-        if pid == str(os.getpid()):
-            return StoreError(f"database {self.path} is already open in this process (nested use?)")
-        return StoreError(f"database is in use by another process (pid {pid}): {self.path}")
-
-    def _open_error(self, exc: duckdb.Error) -> StoreError:
-        if "not a valid DuckDB database file" in str(exc):
-            return StoreError(
-                f"{self.path} is not a DuckDB database (corrupt, or another kind of file). "
-                "mlxmem leaves it untouched: move it away to start a new database, "
-                "or restore it from a backup."
-            )
-        return StoreError(f"cannot open the database {self.path}: {exc}")
-
-    def _damaged_error(self, exc: duckdb.Error) -> StoreError:
-        return StoreError(
-            f"cannot read the database {self.path}: {exc}. A file cut short or damaged is "
-            "left untouched: restore it from a backup, or move it away to start a new database."
-        )
 
     def _facts_lost_error(self) -> StoreError:
         """The facts file is gone while the log is not: say so, and leave no empty file for
@@ -512,43 +492,10 @@ class Database:
         try:
             if source is None:
                 source = one_row(con.execute("SELECT current_database()"))[0]
-            self._copy_database(con, path, source, drop_pending)
+            copy_database(con, path, source, drop_pending)
         finally:
             con.close()
-        self._replace_with_copy(path)
-
-    def _copy_database(
-        self, con: duckdb.DuckDBPyConnection, path: Path, source: str, drop_pending: bool
-    ) -> None:
-        tmp = Path(f"{path}.compact")
-        for leftover in (tmp, Path(f"{tmp}.wal")):
-            leftover.unlink(missing_ok=True)
-        crash_point("compact:leftovers-removed")
-        con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
-        crash_point("compact:checkpointed")
-        con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
-        paths.make_private(tmp)
-        crash_point("compact:attached")
-        con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
-        crash_point("compact:copied")
-        if drop_pending:
-            con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
-        con.execute(f"DETACH {_COMPACT_ALIAS}")
-        crash_point("compact:detached")
-
-    def _replace_with_copy(self, path: Path) -> None:
-        tmp = Path(f"{path}.compact")
-        # A WAL left by the old file would be replayed onto the new one.
-        if Path(f"{path}.wal").exists() or Path(f"{tmp}.wal").exists():
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
-        paths.make_private(tmp)
-        paths.fsync_path(tmp)
-        crash_point("compact:flushed")
-        os.replace(tmp, path)
-        crash_point("compact:replaced")
-        paths.fsync_path(path.parent)
-        crash_point("compact:dir-flushed")
+        replace_with_copy(path)
 
     def _leftovers(self) -> list[Path]:
         """Copies an interrupted compaction left behind."""
@@ -563,6 +510,67 @@ class Database:
         for path in (self.path, self.facts_path):
             paths.make_private(path)
             paths.make_private(Path(f"{path}.wal"))
+
+
+def copy_database(
+    con: duckdb.DuckDBPyConnection, path: Path, source: str, drop_pending: bool
+) -> None:
+    """Copy database `source` of `con` into `path`.compact (without the pending record, with
+    `drop_pending`): the copy holds the live rows only."""
+    tmp = Path(f"{path}.compact")
+    for leftover in (tmp, Path(f"{tmp}.wal")):
+        leftover.unlink(missing_ok=True)
+    crash_point("compact:leftovers-removed")
+    con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
+    crash_point("compact:checkpointed")
+    con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
+    paths.make_private(tmp)
+    crash_point("compact:attached")
+    con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
+    crash_point("compact:copied")
+    if drop_pending:
+        con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
+    con.execute(f"DETACH {_COMPACT_ALIAS}")
+    crash_point("compact:detached")
+
+
+def replace_with_copy(path: Path) -> None:
+    """Put the copy copy_database made in the place of `path`, durably."""
+    tmp = Path(f"{path}.compact")
+    # A WAL left by the old file would be replayed onto the new one.
+    if Path(f"{path}.wal").exists() or Path(f"{tmp}.wal").exists():
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
+    paths.make_private(tmp)
+    paths.fsync_path(tmp)
+    crash_point("compact:flushed")
+    os.replace(tmp, path)
+    crash_point("compact:replaced")
+    paths.fsync_path(path.parent)
+    crash_point("compact:dir-flushed")
+
+
+def busy_error(path: Path, pid: str) -> StoreError:
+    if pid == str(os.getpid()):
+        return StoreError(f"database {path} is already open in this process (nested use?)")
+    return StoreError(f"database is in use by another process (pid {pid}): {path}")
+
+
+def open_error(path: Path, exc: duckdb.Error) -> StoreError:
+    if "not a valid DuckDB database file" in str(exc):
+        return StoreError(
+            f"{path} is not a DuckDB database (corrupt, or another kind of file). "
+            "mlxmem leaves it untouched: move it away to start a new database, "
+            "or restore it from a backup."
+        )
+    return StoreError(f"cannot open the database {path}: {exc}")
+
+
+def damaged_error(path: Path, exc: duckdb.Error) -> StoreError:
+    return StoreError(
+        f"cannot read the database {path}: {exc}. A file cut short or damaged is "
+        "left untouched: restore it from a backup, or move it away to start a new database."
+    )
 
 
 def open_lock_file(lock: Path) -> int:

@@ -153,6 +153,20 @@ def version_of(con: duckdb.DuckDBPyConnection, fact_id: int) -> FactVersion | No
     return None if row is None else FactVersion(*row)
 
 
+def note_automatic(
+    con: duckdb.DuckDBPyConnection, text: str, turn_id: int, replaces: int | None
+) -> tuple[Fact, int | None] | None:
+    """Store an automatic fact taken from turn `turn_id`, replacing fact `replaces` if it is
+    still current; the fact and the id it replaced. None if a fact stored meanwhile says the
+    same (the look checked those it was shown)."""
+    if duplicate_of(con, text) is not None:
+        return None
+    added = insert_fact(con, text, "automatic", turn_id)
+    if replaces is not None and not mark_replaced(con, replaces, added.id, added.created_at):
+        replaces = None
+    return added, replaces
+
+
 def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: datetime) -> bool:
     """Fact `fact_id` is replaced by fact `by`: a new version of it (the same text), so that the
     replacement travels to other devices as an edit does. False (nothing changed) if the fact

@@ -78,32 +78,16 @@ class TurnLog(Database):
         epoch: int | None = None,
         at: datetime | None = None,
         look_due: bool = False,
+        checked: bool = False,
     ) -> Turn:
         """Append a turn; committed before return. Without `epoch` the conversation is
         created on first use. With it (a reply, derived from what the store held at that
         forget epoch) the write is refused with StaleError if anything was deleted since, and
         a deleted conversation is never recreated. `at`: when the turn was written, if not
-        now (see insert_turn)."""
-        check_text(text, "message")
-        return self.append_checked(
-            conversation, role, text, token_count, interrupted, sampled_ids, sampled_by,
-            epoch, at, look_due,
-        )  # fmt: skip
-
-    def append_checked(
-        self,
-        conversation: str,
-        role: str,
-        text: str,
-        token_count: int | None = None,
-        interrupted: bool = False,
-        sampled_ids: list[int] | None = None,
-        sampled_by: str | None = None,
-        epoch: int | None = None,
-        at: datetime | None = None,
-        look_due: bool = False,
-    ) -> Turn:
-        """append_turn for a `text` its caller checked already (the Companion's message)."""
+        now (see insert_turn). `checked`: the caller checked `text` already (the Companion's
+        message: a message is checked once on its way through a turn)."""
+        if not checked:
+            check_text(text, "message")
         with self.guarded(epoch) as con:
             return insert_turn(
                 con,
