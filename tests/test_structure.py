@@ -17,6 +17,7 @@ from mlxmem.memory.store import Store
 PACKAGE = Path(mlxmem.__file__).parent
 # Front ends and tools reach the database through mlxmem.memory, never with SQL of their own.
 NO_SQL = ("sync", "bench", "eval", "cli", "serve")
+MEASUREMENT = ("bench", "eval", "measure")
 
 
 def module_name(path: Path) -> str:
@@ -172,6 +173,24 @@ def test_the_turn_writes_through_the_store_only():
         if re.search(r"\.steps\(|\btransaction\(\)|\bcon\.execute|insert_\w+\(", line)
     ]
     assert found == []
+
+
+def test_measurement_stands_beside_the_core_and_bench_and_eval_apart():
+    """bench/ and eval/ share mlxmem.measure, never each other; the core imports neither."""
+    graph = import_graph()
+
+    def part(module: str) -> str:
+        return module.split(".")[1] if module.count(".") else ""
+
+    crossing = [
+        f"{name} -> {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if {part(name), part(dep)} == {"bench", "eval"}
+        or (part(name) in ("memory", "engine", "sync", "models") and part(dep) in MEASUREMENT)
+    ]
+    assert crossing == []
+    assert "mlxmem.measure" in graph["mlxmem.eval.locomo.runner"]
 
 
 def test_a_cycle_is_found_when_there_is_one():

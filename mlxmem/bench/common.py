@@ -22,9 +22,6 @@ from mlxmem.defaults import CHAT_SLOT, DEFAULT_CONTEXT_TOKENS, DEFAULT_RESPONSE_
 from mlxmem.engine import Chunk, Engine, GenerationStats, Message, StopGeneration
 from mlxmem.errors import InputError
 
-# progress(description, done, total): what a long benchmark reports while it runs.
-Progress = Callable[[str, int, int], None]
-
 CPU_DEFAULT_ARCH = "tiny"
 GPU_DEFAULT_ARCH = "llama-3.2-3b"
 # Shapes by name besides the registry's real ones. "tiny" is mlxmem.models.tiny's default shape.
@@ -39,10 +36,6 @@ NAMED_SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 DEFAULT_BENCH_SEED = 0
-
-
-def no_progress(description: str, done: int, total: int) -> None:
-    pass
 
 
 # -- the model under test ---------------------------------------------------------------------

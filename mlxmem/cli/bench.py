@@ -14,7 +14,6 @@ from rich.table import Table
 
 from mlxmem import bench
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, gpu_available, machine_text
-from mlxmem.bench.common import Progress as OnProgress
 from mlxmem.bench.restart import DEFAULT_RESTART_TRIALS
 from mlxmem.bench.scale import (
     DEFAULT_SCALE_CONVERSATIONS,
@@ -26,6 +25,7 @@ from mlxmem.bench.scale import (
 from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
+from mlxmem.measure import Progress as OnProgress
 from mlxmem.memory.context.budget import context_budget
 
 from .common import ENGINE, JSON, err, out, plain_typer, print_json, say

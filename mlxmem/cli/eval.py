@@ -12,11 +12,11 @@ import typer
 from rich.table import Table
 
 from mlxmem import bench
-from mlxmem.bench.locomo_data import convert_locomo
 from mlxmem.defaults import DEFAULT_REPLACE_FACTS, SummaryKind
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
+from mlxmem.eval.locomo.convert import convert_locomo
 from mlxmem.memory.context.budget import context_budget
 
 from .bench import DB, SEED, _model, _print_json, _progress
@@ -178,7 +178,7 @@ def locomo(
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
-        from mlxmem.bench.plot import plot_eval
+        from mlxmem.eval.locomo.results import plot_eval
 
         plot_eval(run.results, plot, f"LoCoMo {', '.join(ids)}: {chosen.label}")
     if as_json:

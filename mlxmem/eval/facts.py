@@ -35,7 +35,7 @@ from pathlib import Path
 
 from mlxmem.engine import Engine
 from mlxmem.errors import InputError
-from mlxmem.eval.locomo import LocomoConversation, load_conversation
+from mlxmem.eval.locomo.data import LocomoConversation, load_conversation
 from mlxmem.memory.extraction import FactExtractor, is_duplicate, replacement_candidates
 from mlxmem.memory.tables.terms import terms
 
