@@ -8,7 +8,7 @@
 - here: what works across them: recall (layer 2 into the prompt), extraction (layer 3 from
   turns), forget (a deletion's cascade), store (the Store, one call per thing a front end
   does), window (the verbatim turns and their fold into the summary) and the turn itself
-  (companion, with prompt and looks; sessions keeps one open per conversation);
+  (companion, with prompt, looks and turn; sessions keeps one open per conversation);
 - `sync/`: the store's side of a sync, above the forgetting it shares with local deletions.
 
 The words, one per concept:
