@@ -22,7 +22,7 @@ from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Sampling, load_engine
 from mlxmem.eval import facts as fe
 from mlxmem.eval.locomo import default_data_dir, load_conversation
-from mlxmem.memory.budget import shorten
+from mlxmem.memory.context.budget import shorten
 from mlxmem.memory.extraction import (
     MAX_FACT_TOKENS,
     FactExtractor,

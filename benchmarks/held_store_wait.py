@@ -22,11 +22,11 @@ import tempfile
 from pathlib import Path
 
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import insert_turn
+from mlxmem.memory.tables.turns import insert_turn
 
 CHILD = """
 import json, sys, time
-from mlxmem.memory import db
+from mlxmem.memory.tables import db
 from mlxmem.memory.store import Store
 waits = []
 take = db.Database._take_lock

@@ -41,8 +41,8 @@ from mlxmem.eval.locomo import (
 )
 from mlxmem.memory.recall import RECALL_TURNS, recall_query, search_before
 from mlxmem.memory.store import Store
-from mlxmem.memory.terms import index_missing
-from mlxmem.memory.turns import insert_turn
+from mlxmem.memory.tables.terms import index_missing
+from mlxmem.memory.tables.turns import insert_turn
 from mlxmem.text import OLD_COUNT_NAMES, with_old_names
 
 DEPTHS = tuple(sorted({1, 4, RECALL_TURNS, 10}))

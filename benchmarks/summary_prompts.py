@@ -10,7 +10,7 @@ prompt a fold builds (mlxmem's instructions, the turns, then the request), cappe
 SUMMARY_MAX_TOKENS. Scored without a judge: the share of the window's named entities
 (capitalized words not opening a sentence) the summary keeps, the share of its sentences that
 are distinct, whether it ended by itself, and the verdict of mlxmem's check
-(mlxmem.memory.summary_check: what a fold does with it). Each window also gets the
+(mlxmem.memory.context.summary_check: what a fold does with it). Each window also gets the
 extractive summary a failed check falls back to (no model; "request": "extractive"; its day
 labels are a fixed day, the windows' own dates are in the text). Prints one JSON line per
 (window, request), then one line per request with the means and the check's pass rate.
@@ -34,10 +34,10 @@ from mlxmem.eval.locomo import (
     named_entities,
 )
 from mlxmem.memory.companion import INSTRUCTIONS
-from mlxmem.memory.extractive import extractive_summary
-from mlxmem.memory.speakers import speaker_names
-from mlxmem.memory.summary_check import check_summary
-from mlxmem.memory.turns import Turn
+from mlxmem.memory.context.extractive import extractive_summary
+from mlxmem.memory.context.speakers import speaker_names
+from mlxmem.memory.context.summary_check import check_summary
+from mlxmem.memory.tables.turns import Turn
 from mlxmem.memory.window import SUMMARY_MAX_TOKENS, summary_request
 
 BEFORE = (

@@ -14,8 +14,8 @@ from mlxmem import paths
 from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.db import wipe_caches
 from mlxmem.memory.store import Store
+from mlxmem.memory.tables.db import wipe_caches
 from mlxmem.memory.window import summary_cap
 from mlxmem.models.tiny import make_tiny
 from mlxmem.restart import PROFILE_FILENAME, SAMPLES

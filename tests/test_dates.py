@@ -11,11 +11,17 @@ from conftest import on
 
 from mlxmem.engine import Message
 from mlxmem.errors import InputError
-from mlxmem.memory.budget import SUMMARY_HEADER, system_text
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.dates import anchored, day_range, local_midnight_utc, named_days, unanchored
+from mlxmem.memory.context.budget import SUMMARY_HEADER, system_text
 from mlxmem.memory.recall import RecallQuery, recall_line, recall_query, search_before
 from mlxmem.memory.store import Store
+from mlxmem.memory.tables.dates import (
+    anchored,
+    day_range,
+    local_midnight_utc,
+    named_days,
+    unanchored,
+)
 from mlxmem.memory.window import UNANSWERED, as_messages
 from mlxmem.testing import FakeEngine
 
@@ -308,11 +314,11 @@ def test_recall_reads_the_days_a_message_names_from_when_it_is_written(tmp_path)
                      (day(16), "We baked rye bread with seeds.")]:  # fmt: skip
         store.append_turn("c", "user", text, at=at)
     companion = Companion(FakeEngine(), store, "c", 600, 120, ChatSettings(extract_facts=False))
-    asked = companion.recall_terms("What bread did we bake two weeks ago?", at=day(16))
+    asked = companion.prompt.recall_query("What bread did we bake two weeks ago?", at=day(16))
     assert asked == RecallQuery(
         ("bread", "bake", "two", "week"), days=((date(2023, 4, 25), date(2023, 5, 10)),)
     )
-    plain = companion.recall_terms("What bread did we bake?", at=day(16))
+    plain = companion.prompt.recall_query("What bread did we bake?", at=day(16))
     with store.connect() as con:
         assert [t.seq for t in search_before(con, "c", 3, plain)] == [2, 3, 1]
         assert [t.seq for t in search_before(con, "c", 3, asked)] == [1, 2, 3]

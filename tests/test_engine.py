@@ -9,8 +9,8 @@ from conftest import check_chat_blocks
 from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.engine.mlx import PREFILL_STEP
 from mlxmem.engine.slots import KV_BLOCK_TOKENS, CacheWarning
-from mlxmem.memory.budget import PromptBudget
-from mlxmem.memory.db import wipe_caches
+from mlxmem.memory.context.budget import PromptBudget
+from mlxmem.memory.tables.db import wipe_caches
 from mlxmem.models.tiny import make_tiny
 
 pytestmark = pytest.mark.e2e

@@ -146,7 +146,7 @@ def test_first_sessions_keep_only_the_questions_they_hold(tmp_path):
     # Sessions 3-6's questions and the adversarial one (no evidence turns) are left out.
     assert [q.answer for q in conv.questions] == ["Lisbon", "Oslo"]
     assert ev.first_sessions(conv, None) is conv
-    with pytest.raises(ev.InputError):
+    with pytest.raises(InputError):
         ev.first_sessions(conv, 0)
     result = ev.run_locomo(FakeEngine(reader), data, ["conv-1"], 1000, 120, sessions=2)
     report = result.to_dict()

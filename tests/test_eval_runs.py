@@ -9,6 +9,7 @@ from test_eval_locomo import extracting_reader, reader, write_dataset
 
 from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
+from mlxmem.eval.locomo import runner
 from mlxmem.eval.runlog import RunDir, read_lines
 from mlxmem.memory import window
 from mlxmem.testing import FakeEngine
@@ -135,7 +136,7 @@ def test_a_replay_stopped_anywhere_gives_the_result_of_one_that_was_not(
 def test_a_replay_stopped_inside_an_exchange_goes_on_from_the_last_copy_of_its_store(
     tmp_path, monkeypatch, per_session
 ):
-    monkeypatch.setattr(ev, "KEEP_EVERY", 2)
+    monkeypatch.setattr(runner, "KEEP_EVERY", 2)
     data = write_dataset(tmp_path / "data", sessions=4, chatter=3)
     args = (data, ["conv-1"], 1000, 120)
     first = FakeEngine(extracting_reader)
@@ -183,13 +184,13 @@ def test_a_replay_stopped_between_an_exchange_and_its_line_goes_on_in_step(
 ):
     """A kill after an exchange was logged (its looks done) but before its line was written:
     the store holds one exchange more than the lines; the rerun goes back to the last copy."""
-    monkeypatch.setattr(ev, "KEEP_EVERY", 2)
+    monkeypatch.setattr(runner, "KEEP_EVERY", 2)
     data = write_dataset(tmp_path / "data", sessions=4, chatter=3)
     args = (data, ["conv-1"], 1000, 120)
     whole = ev.run_locomo(FakeEngine(extracting_reader), *args, per_session=per_session)
     whole = whole.to_dict()
     exchanges = whole["layers"]["conv-1"]["turns"] // 2
-    real = ev.RunDir.add_exchange
+    real = RunDir.add_exchange
     written = [0]
 
     def add_exchange(self, conv_id, line):
@@ -198,13 +199,13 @@ def test_a_replay_stopped_between_an_exchange_and_its_line_goes_on_in_step(
         written[0] += 1
         real(self, conv_id, line)
 
-    monkeypatch.setattr(ev.RunDir, "add_exchange", add_exchange)
+    monkeypatch.setattr(RunDir, "add_exchange", add_exchange)
     run_dir = tmp_path / "run"
     with pytest.raises(Stop):
         ev.run_locomo(
             FakeEngine(extracting_reader), *args, per_session=per_session, run_dir=run_dir
         )
-    monkeypatch.setattr(ev.RunDir, "add_exchange", real)
+    monkeypatch.setattr(RunDir, "add_exchange", real)
     again = ev.run_locomo(
         FakeEngine(extracting_reader), *args, per_session=per_session, run_dir=run_dir
     ).to_dict()
@@ -254,7 +255,7 @@ def test_the_replay_replaces_facts_only_when_asked(
     data = write_dataset(tmp_path / "data", sessions=2, chatter=1)
     seen = []
     for name in ("_run_one", "_run_per_session"):
-        monkeypatch.setattr(ev, name, lambda *args: seen.append(args[-1]))
+        monkeypatch.setattr(runner, name, lambda job, *_: seen.append(job.settings))
     ev.run_locomo(
         FakeEngine(reader), data, ["conv-1"], 2200, 120, facts=facts, replace_facts=replace,
         per_session=per_session,

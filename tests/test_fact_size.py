@@ -8,9 +8,9 @@ from conftest import cli
 from serve_helpers import assert_error, fake_server, request
 
 from mlxmem.errors import InputError
-from mlxmem.memory.facts import MAX_FACT_CHARS
-from mlxmem.memory.records import check_record
 from mlxmem.memory.store import Store
+from mlxmem.memory.sync.records import check_record
+from mlxmem.memory.tables.facts import MAX_FACT_CHARS
 
 LONG = "x" * (MAX_FACT_CHARS + 1)
 

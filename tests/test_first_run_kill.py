@@ -21,10 +21,10 @@ from test_forgetting import CLI_GROUP, strace  # noqa: F401 - strace is a fixtur
 from mlxmem import paths
 from mlxmem.cli import memory as cli_memory
 from mlxmem.errors import StoreError
-from mlxmem.memory import db
-from mlxmem.memory.connect import connect
-from mlxmem.memory.migrations import facts_path
 from mlxmem.memory.store import Store
+from mlxmem.memory.tables import db
+from mlxmem.memory.tables.connect import connect
+from mlxmem.memory.tables.migrations import facts_path
 
 FACT = "Their dog is called Biscuit."
 FIRST = ["memory", "add", FACT]  # a first command that writes both files of the pair
@@ -148,8 +148,8 @@ def first_run_killed_before_its_checkpoint(path: Path, text: str) -> None:
     logged, and the process killed before DuckDB checkpointed. DuckDB fails to replay that
     WAL on connecting (a default that names gen_random_uuid)."""
     script = (
-        "import duckdb, os, sys; from mlxmem.memory.migrations import attach_facts, migrate;"
-        " from mlxmem.memory.turns import insert_turn; con = duckdb.connect(sys.argv[1]);"
+        "import duckdb, os, sys; from mlxmem.memory.tables.migrations import attach_facts, migrate;"
+        " from mlxmem.memory.tables.turns import insert_turn; con = duckdb.connect(sys.argv[1]);"
         " attach_facts(con); migrate(con); insert_turn(con, 'default', 'user', sys.argv[2]);"
         " os._exit(0)"
     )
@@ -263,7 +263,7 @@ def test_chat_killed_at_any_delay_on_an_empty_home_leaves_a_store_every_command_
 
 
 def test_every_duckdb_connection_goes_through_the_offline_connect():
-    """No module opens DuckDB but through mlxmem.memory.connect, which turns extension
+    """No module opens DuckDB but through mlxmem.memory.tables.connect, which turns extension
     autoinstall and autoload off (checked here on a live connection)."""
     root = Path(db.__file__).parents[1]
     direct = [

@@ -16,10 +16,11 @@ from conftest import cli, files_containing
 from mlxmem import paths
 from mlxmem.cli import history as cli_history
 from mlxmem.cli import memory as cli_memory
-from mlxmem.memory import db, forget
-from mlxmem.memory.records import Tombstone
+from mlxmem.memory import forget
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import insert_turn
+from mlxmem.memory.tables import db
+from mlxmem.memory.tables.tombstones import Tombstone
+from mlxmem.memory.tables.turns import insert_turn
 from mlxmem.text import utc_now
 
 MARKER = "MARKER-KILL-2718"

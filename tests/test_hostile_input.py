@@ -133,7 +133,7 @@ def test_a_device_json_with_nonsense_fields_does_not_break_sync_status(tmp_path,
 def test_turns_after_a_record_at_the_time_limit_still_export_import_and_sync(tmp_path, devices):
     from conftest import on
 
-    from mlxmem.memory.records import latest_time
+    from mlxmem.memory.sync.records import latest_time
 
     a, b, folder = devices
     os.environ["MLXMEM_HOME"] = str(a)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from mlxmem.engine import Message
 from mlxmem.errors import InputError
-from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.context.budget import RECALL_HEADER, PromptBudget
 from mlxmem.memory.extraction import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -25,7 +25,6 @@ from mlxmem.memory.extraction import (
     still_true,
     without_addressee,
 )
-from mlxmem.memory.recall import RECALL_HEADER
 from mlxmem.memory.store import Store
 from mlxmem.memory.window import (
     MIN_VERBATIM,

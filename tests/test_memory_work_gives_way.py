@@ -12,7 +12,9 @@ from serve_helpers import fake_server
 from test_repl_background import session_with_a_slow_extractor
 from test_serve import ask, log, wait_for
 
-from mlxmem.memory.companion import POSTPONE_LIMIT, ChatSettings, Companion
+from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.looks import POSTPONE_LIMIT
+from mlxmem.memory.prompt import TurnPrompt
 from mlxmem.memory.store import Store
 from mlxmem.testing import FakeEngine
 
@@ -152,7 +154,7 @@ def test_serve_logs_early_only_when_no_turn_is_queued_so_the_log_keeps_their_ord
             assert reply_go.wait(30)
         return "I hear you."
 
-    fold = Companion._fold_while_over_budget
+    fold = TurnPrompt.fold_while_over_budget
 
     def held_fold(self, on_status, headroom, snap, events, prompt=None, should_yield=None):
         if headroom > 0 and not fold_go.is_set():  # the fold ahead after a reply, held
@@ -160,7 +162,7 @@ def test_serve_logs_early_only_when_no_turn_is_queued_so_the_log_keeps_their_ord
             assert fold_go.wait(30)
         return fold(self, on_status, headroom, snap, events, prompt, should_yield)
 
-    monkeypatch.setattr(Companion, "_fold_while_over_budget", held_fold)
+    monkeypatch.setattr(TurnPrompt, "fold_while_over_budget", held_fold)
     with fake_server(FakeEngine(model), extract_facts=True) as server:
         worker = server.app.service.worker
         first = threading.Thread(target=lambda: ask(server, LONG.format(1)))

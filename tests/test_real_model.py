@@ -25,7 +25,7 @@ from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.engine.slots import common_prefix_len
 from mlxmem.errors import ModelNotFoundError
-from mlxmem.memory.budget import PromptBudget
+from mlxmem.memory.context.budget import PromptBudget
 from mlxmem.memory.extraction import MAX_FACT_CHARS, FactExtractor, judge
 from mlxmem.memory.store import Store
 from mlxmem.models import ensure_local, load_registry

@@ -5,11 +5,10 @@ back."""
 import pytest
 from conftest import files_containing
 
-from mlxmem.memory import terms
 from mlxmem.memory.companion import ChatSettings, Companion
+from mlxmem.memory.context.budget import RECALL_HEADER
 from mlxmem.memory.recall import (
     MAX_QUERY_TERMS,
-    RECALL_HEADER,
     RECALL_TURNS,
     SEED_POSTINGS,
     RecallQuery,
@@ -19,7 +18,8 @@ from mlxmem.memory.recall import (
     search_before,
 )
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables import terms
 from mlxmem.testing import FakeEngine
 
 SECRET = "My grandmother's greenhouse in Tromso grows purple kohlrabi."

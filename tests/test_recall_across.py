@@ -11,7 +11,8 @@ from conftest import cli, files_containing
 from test_forgetting import forked_killed_at
 
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.recall import RECALL_HEADER, recall_line
+from mlxmem.memory.context.budget import RECALL_HEADER
+from mlxmem.memory.recall import recall_line
 from mlxmem.memory.store import Store
 from mlxmem.models.tiny import make_tiny
 from mlxmem.testing import FakeEngine

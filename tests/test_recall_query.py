@@ -73,10 +73,10 @@ def test_the_companion_reads_the_query_and_the_store_searches_by_it():
     store.append_turn("boats", "user", "My kayak is red.", at=at)
     store.append_turn("boats", "assistant", "My kayak is blue.", at=at)
     chat = companion(store)
-    query = chat.recall_terms("(You are Mel; I am Jo.) What colour is Mel's kayak?")
+    query = chat.prompt.recall_query("(You are Mel; I am Jo.) What colour is Mel's kayak?")
     assert query == RecallQuery(("colour", "kayak"), ("assistant",))
-    assert not chat.recall_terms("A plain remark, nothing asked.")  # no cue of the past
-    assert not companion(store, recall=False).recall_terms("Mel's kayak?")
+    assert not chat.prompt.recall_query("A plain remark, nothing asked.")  # no cue of the past
+    assert not companion(store, recall=False).prompt.recall_query("Mel's kayak?")
     user, assistant = store.turns("boats")
     # The speaker named goes through the store's snapshot to the search: that speaker's turn
     # comes first, though the later turn would win the tie.

@@ -19,7 +19,7 @@ from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import recall_query, search_before
 from mlxmem.memory.store import Store
-from mlxmem.memory.terms import stem
+from mlxmem.memory.tables.terms import stem
 from mlxmem.testing import FakeEngine
 
 WORD = "zanzibar"  # in what is deleted, and nowhere else

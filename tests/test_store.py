@@ -14,11 +14,11 @@ from conftest import files_containing
 
 from mlxmem import paths
 from mlxmem.errors import InputError, NotFoundError, StaleError, StoreError
-from mlxmem.memory.db import Database, wipe_caches
-from mlxmem.memory.facts import insert_fact
-from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import conversation_id, insert_turn
+from mlxmem.memory.tables.db import Database, wipe_caches
+from mlxmem.memory.tables.facts import insert_fact
+from mlxmem.memory.tables.migrations import MIGRATIONS, attach_facts, migrate
+from mlxmem.memory.tables.turns import conversation_id, insert_turn
 from mlxmem.text import utc_now
 
 SCHEMA = {

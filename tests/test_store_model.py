@@ -38,12 +38,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mlxmem.errors import InputError
-from mlxmem.memory import db, records
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import search_before
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
-from mlxmem.memory.terms import terms
+from mlxmem.memory.sync import records
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables import db
+from mlxmem.memory.tables.terms import terms
 from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.folder import DEVICE_INFO, device_folders
 from mlxmem.sync.run import sync

@@ -1,6 +1,6 @@
 """The check of a model's rolling summary and the extractive summary that replaces a failed one
-(mlxmem.memory.summary_check, .extractive, .speakers), with plain strings and the fake engine's
-tokenizer; then a fold through the Companion records which of the two it stored."""
+(mlxmem.memory.context.summary_check, .extractive, .speakers), with plain strings and the fake
+engine's tokenizer; then a fold through the Companion records which of the two it stored."""
 
 import os
 import subprocess
@@ -9,14 +9,18 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from mlxmem.memory.budget import PromptBudget
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.extractive import extractive_summary, specific_clauses, specifics_left_out
-from mlxmem.memory.speakers import speaker_names
+from mlxmem.memory.context.budget import PromptBudget
+from mlxmem.memory.context.extractive import (
+    extractive_summary,
+    specific_clauses,
+    specifics_left_out,
+)
+from mlxmem.memory.context.speakers import speaker_names
+from mlxmem.memory.context.summary_check import check_summary
+from mlxmem.memory.context.summary_words import key_items
 from mlxmem.memory.store import Store
-from mlxmem.memory.summary_check import check_summary
-from mlxmem.memory.summary_words import key_items
-from mlxmem.memory.turns import Turn
+from mlxmem.memory.tables.turns import Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow, summary_request
 from mlxmem.testing import FakeEngine
 
@@ -422,7 +426,7 @@ def test_a_summary_in_another_script_is_read_as_words():
 
 def test_the_extractive_summary_does_not_depend_on_the_hash_seed():
     code = (
-        "from mlxmem.memory.speakers import without_address as w;"
+        "from mlxmem.memory.context.speakers import without_address as w;"
         "print(w('Thanks for the tip, Tom, Nadia!', {'Tom', 'Nadia', 'Ana', 'Bo'}))"
     )
     seen = {

@@ -19,14 +19,14 @@ from conftest import cli, files_containing, on
 
 from mlxmem import paths
 from mlxmem.errors import InputError
-from mlxmem.memory import records
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
 from mlxmem.memory.recall import recall_query
-from mlxmem.memory.records import check_record
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
-from mlxmem.memory.turns import conversation_uid
+from mlxmem.memory.sync import records
+from mlxmem.memory.sync.records import check_record
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables.migrations import MIGRATIONS, attach_facts, migrate
+from mlxmem.memory.tables.turns import conversation_uid
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-SYNC-4711"
@@ -312,10 +312,10 @@ SYNC_STEPS = (
 )
 # A sync in a process of its own, without the CLI's start-up (the kill should land in the sync).
 SYNC_SCRIPT = (
-    "import os, sys; from pathlib import Path; from mlxmem.memory import db; "
+    "import os, sys; from pathlib import Path; from mlxmem.memory.tables import db; "
     "step = os.environ.get('MLXMEM_CRASH_AT'); "  # die there, as kill -9 would
     "db.fault_hook = lambda name: os._exit(137) if name == step else None; "
-    "from mlxmem.memory.synclog import SyncLog; "
+    "from mlxmem.memory.sync.synclog import SyncLog; "
     "from mlxmem.sync.run import sync; print('started', flush=True); "
     "sync(SyncLog(), Path(sys.argv[1]))"
 )
@@ -936,7 +936,7 @@ def test_a_device_with_a_fast_clock_still_sees_the_same_order(devices, monkeypat
     chat(a, "default", "a1")
     on(a, "sync", str(folder))
     on(b, "sync", str(folder))
-    import mlxmem.memory.turns as turns
+    import mlxmem.memory.tables.turns as turns
 
     real = turns.utc_now
     monkeypatch.setattr(turns, "utc_now", lambda: real() + timedelta(hours=1))
@@ -1159,7 +1159,7 @@ def test_many_small_files_are_compacted_and_another_devices_cursor_survives(devi
 
 
 def test_a_compaction_cut_short_is_finished_and_duplicates_nothing(devices, monkeypatch):
-    from mlxmem.memory import db
+    from mlxmem.memory.tables import db
     from mlxmem.sync import run
 
     monkeypatch.setattr(run, "COMPACT_FILES", 3)

@@ -11,17 +11,17 @@ from conftest import files_containing, on
 
 from mlxmem.errors import InputError
 from mlxmem.memory import forget
-from mlxmem.memory.facts import edited_clock
-from mlxmem.memory.migrations import MIGRATIONS, attach_facts, migrate
-from mlxmem.memory.records import (
+from mlxmem.memory.store import Store
+from mlxmem.memory.sync.records import (
     check_record,
     clock_order,
     fact_clock,
     fact_key,
     fact_version,
 )
-from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables.facts import edited_clock
+from mlxmem.memory.tables.migrations import MIGRATIONS, attach_facts, migrate
 
 MARKER = "MARKER-CONFLICT-5150"
 

@@ -74,7 +74,7 @@ def test_a_remembered_key_with_another_passphrase_reads_nothing(devices, monkeyp
 def written_by_an_older_version(home, folder) -> Path:
     """`home`'s change file rewritten as an mlxmem from before turns carried their flag wrote
     it (no `sharing`), and the sync cursor left agreeing with it, as that version left it."""
-    from mlxmem.memory.synclog import SyncLog
+    from mlxmem.memory.sync.synclog import SyncLog
     from mlxmem.sync.cursor import CURSOR_KEY, Cursor, own_state
     from mlxmem.sync.folder import DeviceFolder
     from mlxmem.sync.run import _identities

@@ -6,9 +6,10 @@ import uuid
 
 from conftest import files_containing
 
-from mlxmem.memory.records import conversation_uid, fork_uid
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables.tombstones import fork_uid
+from mlxmem.memory.tables.turns import conversation_uid
 
 OTHER = str(uuid.uuid4())  # another device
 T0 = "2026-11-01T10:00:00+00:00"

@@ -11,7 +11,7 @@ from conftest import files_containing, on
 
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.synclog import SyncLog
 from mlxmem.testing import FakeEngine
 
 MARKER = "MARKER-RETIRED-6021"

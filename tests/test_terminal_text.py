@@ -10,7 +10,7 @@ from conftest import cli
 from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import conversation_id
+from mlxmem.memory.tables.turns import conversation_id
 from mlxmem.testing import FakeEngine
 from mlxmem.text import utc_now, visible_controls
 

@@ -38,7 +38,8 @@ from mlxmem.bench.turns import (
 )
 from mlxmem.engine import Engine
 from mlxmem.errors import InputError
-from mlxmem.memory.runs import insert_run, select_runs
+from mlxmem.measure import eval_headline
+from mlxmem.memory.tables.runs import insert_run, select_runs
 
 __all__ = [
     "BenchModel",
@@ -201,8 +202,6 @@ def headline(run: BenchRun) -> dict[str, Any]:
                     figures[f"{key}@{n}"] = row[key]
         return figures
     if run.kind == "eval":
-        from mlxmem.eval.locomo import headline as eval_headline
-
         return eval_headline(results)
     keys = _TURNS_HEADLINE if run.kind == "turns" else _RESTART_HEADLINE
     # A run stored before the renames has its figures under their old names only.

@@ -30,9 +30,6 @@ from mlxmem.engine import (
 )
 from mlxmem.errors import InputError
 
-# progress(description, done, total): what a long benchmark reports while it runs.
-Progress = Callable[[str, int, int], None]
-
 CPU_DEFAULT_ARCH = "tiny"
 GPU_DEFAULT_ARCH = "llama-3.2-3b"
 # Shapes by name besides the registry's real ones. "tiny" is mlxmem.models.tiny's default shape.
@@ -47,10 +44,6 @@ NAMED_SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 DEFAULT_BENCH_SEED = 0
-
-
-def no_progress(description: str, done: int, total: int) -> None:
-    pass
 
 
 # -- the model under test ---------------------------------------------------------------------

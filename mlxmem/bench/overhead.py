@@ -24,9 +24,9 @@ from typing import Any
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, synthetic_exchanges
 from mlxmem.engine import Engine
 from mlxmem.memory.companion import ChatSettings, Companion
-from mlxmem.memory.connect import connect
 from mlxmem.memory.store import Store
-from mlxmem.memory.turns import DatedTurn
+from mlxmem.memory.tables.connect import connect
+from mlxmem.memory.tables.turns import DatedTurn
 from mlxmem.text import utc_now
 
 OVERHEAD_CONVERSATION = "bench-overhead"

@@ -7,59 +7,16 @@ from pathlib import Path
 
 from mlxmem.bench.scale import ScaleResult
 from mlxmem.bench.turns import TurnsResult
-from mlxmem.errors import MlxmemError
+from mlxmem.measure import pyplot
 
 # Bottom to top: the prompt's layers, the room left, and the reserve for the reply on top.
 LAYERS = ("instructions", "facts", "summary", "turns", "recall", "free", "reserve")
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#eeeeee", "#f2c1c1")
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MlxmemError("--plot needs matplotlib: pip install 'mlxmem[plot]'") from None
-    return plt
-
-
-def plot_eval(results: dict, path: str | Path, title: str = "") -> Path:
-    """Write a PNG of F1 per category for each configuration of an eval run, with 95% bars."""
-    from mlxmem.eval.locomo import CATEGORIES, CONFIGS
-
-    plt = _pyplot()
-    groups = [*CATEGORIES.values(), "overall"]
-    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
-    width = 0.8 / len(CONFIGS)
-    for k, config in enumerate(CONFIGS):
-        cells = [results[config]["f1"][g] for g in groups]
-        means = [c["mean"] or 0 for c in cells]
-        low = [m - c["ci"][0] if c["ci"] else 0 for m, c in zip(means, cells, strict=True)]
-        high = [c["ci"][1] - m if c["ci"] else 0 for m, c in zip(means, cells, strict=True)]
-        x = [i + (k - (len(CONFIGS) - 1) / 2) * width for i in range(len(groups))]
-        ax.bar(x, means, width, yerr=[low, high], capsize=2, label=config)
-    ax.set_xticks(range(len(groups)), groups)
-    ax.set_ylabel("F1 (adversarial: said 'not mentioned')")
-    ax.set_ylim(0, 1)
-    ax.legend(ncol=len(CONFIGS), fontsize=8)
-    ax.set_title(title or "mlxmem eval locomo")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
-
-
 def plot_turns(result: TurnsResult, path: str | Path, title: str = "") -> Path:
     """Write a PNG of context fill per turn and time to first token; return its path."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MlxmemError("--plot needs matplotlib: pip install 'mlxmem[plot]'") from None
+    plt = pyplot()
     records = result.records
     x = [r.turn for r in records]
     fig, ax = plt.subplots(figsize=(12, 5), dpi=110)
@@ -102,13 +59,7 @@ def plot_turns(result: TurnsResult, path: str | Path, title: str = "") -> Path:
 
 def plot_scale(result: ScaleResult, path: str | Path, title: str = "") -> Path:
     """Write a PNG of each operation's latency against the log's size (log-log)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MlxmemError("--plot needs matplotlib: pip install 'mlxmem[plot]'") from None
+    plt = pyplot()
     rows = result.to_dict()["sizes"]
     x = [r["turns"] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)

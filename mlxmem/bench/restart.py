@@ -23,15 +23,14 @@ from pathlib import Path
 
 from mlxmem.bench.common import (
     DEFAULT_BENCH_SEED,
-    Progress,
     RecordingEngine,
     Spread,
-    no_progress,
     ratio,
     synthetic_exchanges,
 )
 from mlxmem.bench.turns import reply_into_cache
 from mlxmem.engine import MLXEngine
+from mlxmem.measure import Progress, no_progress
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
 from mlxmem.restart import PROFILE_FILENAME, RestartPolicy, RestartProfile

@@ -40,14 +40,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, no_progress
+from mlxmem.bench.common import DEFAULT_BENCH_SEED
 from mlxmem.bench.synth import ACTIVITIES, FEELINGS, PEOPLE, PLACES
 from mlxmem.engine import GenerationStats
+from mlxmem.measure import Progress, no_progress
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.recall import recall_query
 from mlxmem.memory.store import Store
-from mlxmem.memory.synclog import SyncLog
-from mlxmem.memory.turns import DatedTurn
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables.turns import DatedTurn
 from mlxmem.sync.run import sync
 from mlxmem.testing import FakeEngine
 from mlxmem.text import OLD_COUNT_NAMES, with_old_names

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxmem.bench.common import DEFAULT_BENCH_SEED, Progress, Spread, no_progress, prompt_of_length
+from mlxmem.bench.common import DEFAULT_BENCH_SEED, Spread, prompt_of_length
 from mlxmem.bench.overhead import measure_overhead
 from mlxmem.engine import Engine, Sampling
+from mlxmem.measure import Progress, no_progress
 
 DEFAULT_LENGTHS = (256, 1024, 3000)
 DEFAULT_TRIALS = 5

@@ -32,9 +32,7 @@ from typing import Any, TypeVar
 from mlxmem.bench.common import (
     DEFAULT_BENCH_SEED,
     Call,
-    Progress,
     RecordingEngine,
-    no_progress,
     ratio,
     synthetic_exchanges,
 )
@@ -42,8 +40,9 @@ from mlxmem.defaults import SummaryKind
 from mlxmem.engine import Engine, Message, Sampling
 from mlxmem.engine.slots import SlotPool, common_prefix_len
 from mlxmem.errors import InputError
-from mlxmem.memory.budget import PromptBudget
+from mlxmem.measure import Progress, no_progress
 from mlxmem.memory.companion import ChatSettings, Companion, TurnResult
+from mlxmem.memory.context.budget import PromptBudget
 from mlxmem.memory.store import Store, Summary, Turn
 from mlxmem.memory.window import SUMMARY_REQUEST, ConversationWindow
 from mlxmem.model_thread import ModelJobs
@@ -256,12 +255,17 @@ class TurnsResult:
         }
 
     def to_dict(self) -> dict:
-        return {
-            "kind": "turns",
-            "settings": self.settings,
-            **with_old_names(self.summary(), OLD_NAMES),
-            "per_turn": [r.to_dict() for r in self.records],
-        }
+        return turns_json(self.settings, self.summary(), self.records)
+
+
+def turns_json(settings: dict, summary: dict, records: Sequence) -> dict:
+    """A `bench turns` run as JSON (its figures also under their old names), either mode."""
+    return {
+        "kind": "turns",
+        "settings": settings,
+        **with_old_names(summary, OLD_NAMES),
+        "per_turn": [r.to_dict() for r in records],
+    }
 
 
 def waits(pairs: Sequence[tuple[float, float]], prefix: str = "") -> dict[str, float | None]:
@@ -355,16 +359,7 @@ def run_turns(
     records: list[TurnRecord] = []
     with tempfile.TemporaryDirectory(prefix="mlxmem-bench-") as tmp:
         store = Store(Path(tmp) / "bench.duckdb")
-        # The model writes each fold's summary: what this measures is that call's reuse of the
-        # cached prefix (the product's default, the extractive summary, makes no call).
-        chat = ChatSettings(
-            temp=0.0,
-            seed=seed,
-            extract_facts=facts,
-            max_tokens=max_tokens,
-            recall=recall,
-            summary=SummaryKind.model.value,
-        )
+        chat = _chat_settings(seed, facts, max_tokens, recall)
         companion = Companion(recorder, store, CONVERSATION, context_tokens, response_reserve, chat)
         settings["response_reserve"] = companion.budget.reserve
         settings["summary_cap"] = companion.window.summary_cap
@@ -390,28 +385,7 @@ def run_turns(
             records.append(rec)
 
         def one_turn(i: int, user: str, reply: str | None) -> TurnResult:
-            """On the model's thread: the turn as a chat runs it, the reply replayed unless
-            `generate`."""
-            turn = ran[i]
-            start = time.perf_counter()
-            pending = companion.begin(user)
-            turn.model_started = time.perf_counter()
-
-            def logged(_: TurnResult) -> None:
-                turn.logged_at = time.perf_counter()
-                turn.logged.set()
-
-            if generate or reply is None:
-                result = companion.reply(pending, on_written=logged, should_yield=hurry.is_set)
-            else:
-                stats = companion.engine.generate(
-                    pending.prompt.tokens, Sampling(max_tokens=1), slot=companion.slot
-                ).stats
-                result = companion.finish(
-                    pending, reply, stats, None, on_logged=logged, should_yield=hurry.is_set
-                )
-            turn.seconds = time.perf_counter() - start
-            return result
+            return _one_turn(companion, ran[i], user, None if generate else reply, hurry)
 
         ran = [RanTurn(i) for i in range(len(exchanges))]
         hurry = threading.Event()  # a message waits: the look for a fact gives way
@@ -429,10 +403,48 @@ def run_turns(
             reply_in_cache=reply_in_cache, recall=recall, seed=seed, progress=progress,
             background=False, think_s=think_s,
         )  # fmt: skip
-        result.foreground = waits(
-            [(r.wait_after_reply_ms, r.wait_before_reply_ms) for r in again.records],
-            "foreground_",
+        pairs = [(r.wait_after_reply_ms, r.wait_before_reply_ms) for r in again.records]
+        result.foreground = waits(pairs, "foreground_")
+    return result
+
+
+def _chat_settings(seed: int, facts: bool, max_tokens: int | None, recall: bool) -> ChatSettings:
+    """The bench's chat: greedy, and the model writes each fold's summary: what this measures
+    is that call's reuse of the cached prefix (the product's default, the extractive summary,
+    makes no call)."""
+    return ChatSettings(
+        temp=0.0,
+        seed=seed,
+        extract_facts=facts,
+        max_tokens=max_tokens,
+        recall=recall,
+        summary=SummaryKind.model.value,
+    )
+
+
+def _one_turn(
+    companion: Companion, turn: RanTurn, user: str, reply: str | None, hurry: threading.Event
+) -> TurnResult:
+    """On the model's thread: the turn as a chat runs it, `reply` replayed (None: generated),
+    its moments noted in `turn`; a message waiting (`hurry`) makes the memory work give way."""
+    start = time.perf_counter()
+    pending = companion.begin(user)
+    turn.model_started = time.perf_counter()
+
+    def logged(_: TurnResult) -> None:
+        turn.logged_at = time.perf_counter()
+        turn.logged.set()
+
+    if reply is None:
+        result = companion.reply(pending, on_written=logged, should_yield=hurry.is_set)
+    else:
+        stats = companion.engine.generate(
+            pending.prompt.tokens, Sampling(max_tokens=1), slot=companion.slot
+        ).stats
+        result = companion.finish(
+            pending, reply, stats, None, on_logged=logged, should_yield=hurry.is_set
         )
+    turn.seconds = time.perf_counter() - start
     return result
 
 
@@ -556,7 +568,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
     prompt, stats = result.prompt, result.stats
     chat = [c for c in calls if c.slot == companion.slot]
     reply_at = next(j for j, c in enumerate(chat) if c.prompt == prompt.tokens)
-    # The companion folds after a reply, never before it (Companion._fitting): the chat slot's
+    # The companion folds after a reply, never before it (TurnPrompt.fitting): the chat slot's
     # other calls are the folds whose summary the model wrote (one that gave way to a waiting
     # message wrote the extractive summary, with no call).
     assert reply_at == 0 and len(chat) - 1 <= len(result.folds)
@@ -715,12 +727,7 @@ class OneShotResult:
         }
 
     def to_dict(self) -> dict:
-        return {
-            "kind": "turns",
-            "settings": self.settings,
-            **with_old_names(self.summary(), OLD_NAMES),
-            "per_turn": [r.to_dict() for r in self.records],
-        }
+        return turns_json(self.settings, self.summary(), self.records)
 
 
 def run_one_shot_turns(

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from mlxmem import bench
 from mlxmem.bench.common import DEFAULT_BENCH_SEED, gpu_available, machine_text
-from mlxmem.bench.common import Progress as OnProgress
 from mlxmem.bench.restart import DEFAULT_RESTART_TRIALS
 from mlxmem.bench.scale import (
     DEFAULT_SCALE_CONVERSATIONS,
@@ -26,6 +25,8 @@ from mlxmem.bench.scale import (
 from mlxmem.bench.speed import DEFAULT_GEN_TOKENS, DEFAULT_LENGTHS, DEFAULT_TRIALS
 from mlxmem.bench.turns import DEFAULT_SYNTHETIC_TURNS
 from mlxmem.errors import InputError
+from mlxmem.measure import Progress as OnProgress
+from mlxmem.memory.context.budget import context_budget
 
 from .common import ENGINE, JSON, THREADS, err, out, plain_typer, print_json, say
 
@@ -261,7 +262,7 @@ def turns(
         result = bench.run_turns(
             engine,
             exchanges,
-            context_tokens or chosen.context_tokens,
+            context_budget(context_tokens, chosen.context_tokens),
             chosen.response_reserve,
             generate=generate,
             facts=bool(facts),
@@ -376,7 +377,7 @@ def _one_shot_turns(
         result = bench.run_one_shot_turns(
             chosen.path,
             [user for user, _ in exchanges],
-            context_tokens or chosen.context_tokens,
+            context_budget(context_tokens, chosen.context_tokens),
             chosen.response_reserve,
             facts=facts is not False,  # on unless --no-facts, as in `mlxmem chat`
             max_tokens=max_tokens,
@@ -428,7 +429,7 @@ def restart(
     with _progress("restart") as progress:
         result = bench.run_restart(
             chosen.path,
-            context_tokens or chosen.context_tokens,
+            context_budget(context_tokens, chosen.context_tokens),
             chosen.response_reserve,
             trials,
             seed,

@@ -12,11 +12,12 @@ import typer
 from rich.table import Table
 
 from mlxmem import bench
-from mlxmem.bench.locomo_data import convert_locomo
 from mlxmem.defaults import DEFAULT_REPLACE_FACTS, SummaryKind
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
+from mlxmem.eval.locomo.convert import convert_locomo
+from mlxmem.memory.context.budget import context_budget
 
 from .bench import DB, SEED, _model, _print_json, _progress
 from .common import (
@@ -171,7 +172,7 @@ def locomo(
                 engine,
                 folder,
                 ids,
-                context_tokens or chosen.context_tokens,
+                context_budget(context_tokens, chosen.context_tokens),
                 chosen.response_reserve,
                 limit=limit,
                 sample=sample,
@@ -189,7 +190,7 @@ def locomo(
             )
     run = bench.record_run(bench.BenchRun.of(result, chosen), db)
     if plot is not None:
-        from mlxmem.bench.plot import plot_eval
+        from mlxmem.eval.locomo.results import plot_eval
 
         plot_eval(run.results, plot, f"LoCoMo {', '.join(ids)}: {chosen.label}")
     if as_json:
@@ -278,7 +279,7 @@ def facts_command(
                         engine,
                         folder,
                         cid,
-                        context_tokens or chosen.context_tokens,
+                        context_budget(context_tokens, chosen.context_tokens),
                         messages,
                         functools.partial(progress, cid),
                     )
@@ -329,7 +330,11 @@ def _updates(
         chosen = _model(name, None, None, seed, as_json, engine_name)
         with bench.bench_engine(chosen, persist=False) as engine, _progress("updates") as progress:
             run = fe.run_update_eval(
-                engine, folder, pairs, context_tokens or chosen.context_tokens, progress
+                engine,
+                folder,
+                pairs,
+                context_budget(context_tokens, chosen.context_tokens),
+                progress,
             )
     result = {"model": chosen.label, "pairs_file": pairs_file.name, **run}
     if as_json:

@@ -7,8 +7,8 @@ from rich.text import Text
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
 from mlxmem.memory.store import LAST_SEQ, Store, Summary, Turn
-from mlxmem.memory.summaries import describe_source
-from mlxmem.memory.turns import SEARCH_LIMIT
+from mlxmem.memory.tables.summaries import describe_source
+from mlxmem.memory.tables.turns import SEARCH_LIMIT
 
 from .common import JSON, confirm, json_ready, out, plain_typer, plural, print_json, say, shown
 from .memory import local_time

@@ -6,8 +6,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from mlxmem.memory.facts import check_source
 from mlxmem.memory.store import Store
+from mlxmem.memory.tables.facts import check_source
 
 from .common import JSON, confirm, json_ready, out, plain_typer, plural, print_json, say, shown
 

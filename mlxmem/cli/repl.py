@@ -24,8 +24,8 @@ from rich.table import Table
 
 from mlxmem.errors import InputError, MlxmemError
 from mlxmem.memory.companion import Companion, TurnResult
-from mlxmem.memory.summaries import describe_source
-from mlxmem.memory.turns import Turn
+from mlxmem.memory.tables.summaries import describe_source
+from mlxmem.memory.tables.turns import Turn
 from mlxmem.model_thread import ModelThread
 from mlxmem.text import plural
 

@@ -14,6 +14,7 @@ from mlxmem.defaults import DEFAULT_CONVERSATION, SummaryKind
 from mlxmem.engine import engine_loader
 from mlxmem.errors import InputError
 from mlxmem.memory.companion import ChatSettings
+from mlxmem.memory.context.budget import context_budget
 from mlxmem.memory.store import Store
 from mlxmem.models import resolve
 
@@ -85,7 +86,7 @@ def serve(
         max_message_chars=max_message_chars,
         context_tokens=context_tokens,
     )
-    budget = settings.context_tokens or spec.context_tokens
+    budget = context_budget(settings.context_tokens, spec.context_tokens)
     config = ServeConfig(model, budget, spec.response_reserve, settings)
     load = engine_loader(spec, paths.cache_dir(), engine_name, settings.context_tokens)
     try:

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from mlxmem.memory.merge import MergeResult
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.merge import MergeResult
+from mlxmem.memory.sync.synclog import SyncLog
 from mlxmem.sync.archive import export_to, import_from
 from mlxmem.sync.crypto import PASSPHRASE_ENV
 from mlxmem.sync.run import status, sync

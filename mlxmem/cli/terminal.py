@@ -10,7 +10,7 @@ from typing import TextIO
 from rich.markup import escape
 
 from mlxmem.memory.companion import TurnResult
-from mlxmem.memory.facts import Fact
+from mlxmem.memory.tables.facts import Fact
 
 from .common import err, visible_controls
 

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from mlxmem.engine import Engine
 from mlxmem.errors import InputError
-from mlxmem.eval.locomo import LocomoConversation, load_conversation
+from mlxmem.eval.locomo.data import LocomoConversation, load_conversation
 from mlxmem.memory.extraction import FactExtractor, is_duplicate, replacement_candidates
-from mlxmem.memory.terms import terms
+from mlxmem.memory.tables.terms import terms
 
 # A fact matches an observation when the observation holds this share of the fact's content
 # words. Calibrated by hand on the 75 facts Qwen2.5-Coder-1.5B kept from conv-30's first 80

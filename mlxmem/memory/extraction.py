@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import YIELD_BATCH, Engine, Message, Sampling
-from mlxmem.memory.budget import shorten
-from mlxmem.memory.facts import normalize
-from mlxmem.memory.terms import terms as stemmed_terms
+from mlxmem.memory.context.budget import shorten
+from mlxmem.memory.tables.facts import normalize
+from mlxmem.memory.tables.terms import terms as stemmed_terms
 from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
 EXTRACTION_INSTRUCTIONS = (

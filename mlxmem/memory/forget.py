@@ -19,11 +19,12 @@ from datetime import datetime
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
-from mlxmem.memory import summaries
-from mlxmem.memory.db import Database, Erasure, FactEdit, device_of
-from mlxmem.memory.facts import (
+from mlxmem.memory.tables import summaries, tombstones
+from mlxmem.memory.tables.db import Database, Erasure
+from mlxmem.memory.tables.facts import (
     SELECT_FACTS,
     Fact,
+    FactEdit,
     all_facts,
     check_fact_text,
     check_source,
@@ -34,15 +35,17 @@ from mlxmem.memory.facts import (
     stored_clock,
     version_of,
 )
-from mlxmem.memory.records import Tombstone, fork_uid
-from mlxmem.memory.summaries import Summary, summary_of
-from mlxmem.memory.turns import (
+from mlxmem.memory.tables.rows import device_of
+from mlxmem.memory.tables.summaries import Summary, summary_of
+from mlxmem.memory.tables.tombstones import Tombstone, add_tombstones, fork_uid
+from mlxmem.memory.tables.turns import (
     SEARCH_LIMIT,
     SELECT_TURNS,
     Turn,
     conversation_id,
     conversation_uid,
     delete_turn_rows,
+    drop_conversation_row,
     get_turn,
     keep_private_after_deletion,
     turn_of,
@@ -52,7 +55,6 @@ from mlxmem.text import json_ready, plural, to_db, utc_now
 
 LAST_SEQ = 2**31 - 1  # the end of an open range of turns ("from turn 5 on")
 # A tombstone's columns as a deletion writes them (published_at is the sync's to set).
-TOMBSTONE_INSERT = "INSERT INTO tombstones (uid, kind, deleted_at, device_uid)"
 
 
 @dataclass(frozen=True)
@@ -219,32 +221,23 @@ def delete_conversation(db: Database, name: str) -> Deletion:
         deletion = _delete_turns(erasure, [turn_of(row) for row in rows])
         rest = con.execute(f"{summaries.SELECT_SUMMARIES} WHERE c.id = ?", [cid]).fetchall()
         _drop_conversation(con, cid)
-        con.execute(
-            f"{TOMBSTONE_INSERT} VALUES (?, 'conversation', ?, NULL) ON CONFLICT (uid)"
-            " DO UPDATE SET deleted_at = excluded.deleted_at, device_uid = NULL,"
-            " published_at = NULL",
-            [conversation_uid(name), to_db(utc_now())],
-        )
+        tombstones.add_conversation(con, conversation_uid(name))
     hit = deletion.summaries + [summary_of(r) for r in rest]
     return Deletion(
         deletion.turns, hit, [name], deletion.facts, current_again=deletion.current_again
     )
 
 
-def apply_tombstones(db: Database, tombstones: Sequence[Tombstone]) -> Deletion:
+def apply_tombstones(db: Database, arrived: Sequence[Tombstone]) -> Deletion:
     """Delete what another device deleted, by uid, as the local deletes do (rows, derived
     summaries and automatic facts, caches, old bytes), and keep the tombstones, so that
     nothing with those uids comes back. A conversation's tombstone removes it only if no
     turn is left in it (one written elsewhere meanwhile keeps it)."""
     with db.forgetting() as erasure:
         con = erasure.con
-        for t in tombstones:
-            con.execute(
-                f"{TOMBSTONE_INSERT} VALUES (?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET"
-                " deleted_at = greatest(deleted_at, excluded.deleted_at)",
-                [t.uid, t.kind, _db_time(t.deleted_at), t.device_uid],
-            )
-        uids = [t.uid for t in tombstones]
+        for t in arrived:
+            tombstones.keep(con, t, _db_time(t.deleted_at))
+        uids = [t.uid for t in arrived]
         rows = con.execute(f"{SELECT_TURNS} WHERE list_contains(?, m.uid)", [uids]).fetchall()
         turns = _delete_turns(erasure, [turn_of(row) for row in rows], name_forks=False)
         # Facts by uid, and those taken from a tombstoned turn not (yet) linked to it here.
@@ -263,7 +256,7 @@ def apply_tombstones(db: Database, tombstones: Sequence[Tombstone]) -> Deletion:
         emptied = [n for n in names if not turns_after(con, n, None)]
         for name in emptied:
             _drop_conversation(con, conversation_id(con, name))
-        deleted_at = {t.uid: t.deleted_at for t in tombstones}
+        deleted_at = {t.uid: t.deleted_at for t in arrived}
         for name in set(names) - set(emptied):  # turns written here meanwhile keep it
             at = _db_time(deleted_at[conversation_uid(name)])
             keep_private_after_deletion(con, conversation_id(con, name), at)
@@ -371,22 +364,9 @@ def _delete_facts(erasure: Erasure, victims: list[Fact], name_forks: bool = True
     current_again = [replace(fact_of(r), replaced_by=None, replaced_at=None) for r in replaced]
     add_tombstones(con, "fact", "facts", ids)
     if rows:
-        con.execute(
-            f"{TOMBSTONE_INSERT} SELECT unnest(?), 'fact', ?, NULL ON CONFLICT DO NOTHING",
-            [[fork_uid(*row) for row in rows], to_db(utc_now())],
-        )
+        tombstones.add_fact_uids(con, [fork_uid(*row) for row in rows])
     erasure.delete_facts(ids)
     return Deletion([], hit, [], victims, current_again=current_again)
-
-
-def add_tombstones(con: duckdb.DuckDBPyConnection, kind: str, table: str, ids: list[int]) -> None:
-    """Record that the rows `ids` of `table` (turns or facts) were deleted here and now: their
-    uids and the time, never their text, so that the deletion can travel to other devices."""
-    con.execute(
-        f"{TOMBSTONE_INSERT} SELECT uid, ?, ?, NULL FROM {table} WHERE list_contains(?, id)"
-        " ON CONFLICT DO NOTHING",
-        [kind, to_db(utc_now()), ids],
-    )
 
 
 def _summaries_that_saw(con: duckdb.DuckDBPyConnection, fact_ids: list[int]) -> list[Summary]:
@@ -407,8 +387,8 @@ def _db_time(value: datetime) -> datetime:
 
 def _drop_conversation(con: duckdb.DuckDBPyConnection, cid: int) -> None:
     """The conversation's row and its summaries (its turns are deleted first, by the caller)."""
-    con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])
-    con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+    summaries.delete_of_conversation(con, cid)
+    drop_conversation_row(con, cid)
 
 
 def mentions(db: Database, fact: Fact) -> list[Turn]:

@@ -5,7 +5,7 @@ When a new message may refer to the past, it is read into a RecallQuery (its ter
 and the days it names, what it asks for), and the turns of the log it cannot see (those of this
 conversation that have left the verbatim window, and those of every other conversation that
 is not private) are ranked against the query in SQL over recall's index
-(mlxmem.memory.terms: each message's stemmed terms, written at insert in the same DuckDB file
+(mlxmem.memory.tables.terms: each message's stemmed terms, written at insert in the same DuckDB file
 and erased with the message; DuckDB's full-text extension cannot be installed offline). The
 ranking is BM25 over turns and over passages, fused by rank, with boosts and a prior: each
 term an SQL function with its constant beside it, composed by _search_sql. The best few go
@@ -25,7 +25,7 @@ from datetime import date
 
 import duckdb
 
-from mlxmem.memory.dates import (
+from mlxmem.memory.tables.dates import (
     MONTHS,
     WEEKDAYS,
     DayRange,
@@ -35,19 +35,15 @@ from mlxmem.memory.dates import (
     local_midnight_utc,
     named_days,
 )
-from mlxmem.memory.terms import DOCS_TABLE, TERMS_TABLE, VOCAB_TABLE
-from mlxmem.memory.terms import terms as words_of
-from mlxmem.memory.turns import SELECT_TURNS, Turn, turn_of
+from mlxmem.memory.tables.terms import DOCS_TABLE, TERMS_TABLE, VOCAB_TABLE
+from mlxmem.memory.tables.terms import terms as words_of
+from mlxmem.memory.tables.turns import SELECT_TURNS, Turn, turn_of
 
 # Turns recalled at most per message. Six fit the recall share (512 tokens of 4,096) about as
 # often as four did with room to spare: with SmolLM2's tokenizer, an evidence turn reached
 # the prompt for 0.80-0.84 of each development conversation's questions, 0.77-0.80 with four
 # (benchmarks/summary_entities.py); what does not fit is dropped, weakest first.
 RECALL_TURNS = 6
-RECALL_SHARE = 0.125  # of the context budget, at most
-RECALLED_TURN_TOKENS = 120  # a longer recalled turn shows its head and tail
-RECALL_HEADER = "From earlier conversations (recalled from the log):"
-RECALL_FOOTER = "(end of recalled turns)"
 _WEEKDAY_NAMES = "|".join(WEEKDAYS).lower()
 # Not "may": in any case it is a verb as often as a month.
 _MONTHS_BUT_MAY = "|".join(m for m in MONTHS if m != "May").lower()
@@ -261,7 +257,7 @@ def speaker_factor(boost: float = SPEAKER_BOOST) -> str:
 
 # The turns of the days a message names ("on 3 June 2023", "in July 2023") count twice: a
 # question that names a day is most often about what was said on it; any boost from 1.5 to 5
-# finds as many (benchmarks/recall_retrieval.py; the days: mlxmem.memory.dates.named_days).
+# finds as many (benchmarks/recall_retrieval.py; the days: mlxmem.memory.tables.dates.named_days).
 DAYS_BOOST = 2.0
 
 
@@ -523,10 +519,7 @@ def _search_sql(ranking: Ranking, day_ranges: int, longer: int) -> str:
     r = ranking
     span = r.passage_turns
     bucket = 2 * span + 2  # neighbours are looked up by seq buckets: a passage spans two at most
-    by_passage = rrf(
-        "passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC", r.rrf_k
-    )
-    return f"""
+    reach = f"""
 WITH searched AS (
     SELECT id AS cid, name = $conversation AS current,
         CASE WHEN name = $conversation THEN $last_seq ELSE {_LAST_POS} END AS last_pos
@@ -565,7 +558,17 @@ hits AS MATERIALIZED (
     LEFT JOIN {DOCS_TABLE} d ON d.turn_id = t.turn_id
     WHERE {_matches(longer)}
 ),
-turn_score AS MATERIALIZED (
+"""
+    return reach + _score_sql(r, span)
+
+
+def _score_sql(r: Ranking, span: int) -> str:
+    """The search's second half (see _search_sql): each turn scored alone and as the middle
+    of a passage, both rankings fused, the best PRIOR_POOL kept."""
+    by_passage = rrf(
+        "passages.score DESC, coalesce(turns.score, 0) DESC, cid DESC, pos DESC", r.rrf_k
+    )
+    return f"""turn_score AS MATERIALIZED (
     SELECT cid, pos, round(sum(
         {bm25("df.df", "hits.f", length_norm(r.b), r.k1)}
         * {related_word(r.related)}
@@ -692,10 +695,3 @@ def recall_line(turn: Turn, conversation: str | None = None) -> str:
     if conversation is not None and turn.conversation != conversation:
         day = f'[{day_label(turn.created_at)}, in "{turn.conversation}"]'
     return f"- {day} {turn.role}: {' '.join(anchored(turn.text, turn.created_at).split())}"
-
-
-def recall_block(lines: Sequence[str], message: str) -> str:
-    """The new message with the recalled turns before it, clearly set apart."""
-    if not lines:
-        return message
-    return "\n".join([RECALL_HEADER, *lines, RECALL_FOOTER, "", message.strip()])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from mlxmem.defaults import FACTS_SLOT
 from mlxmem.engine import Engine
@@ -17,25 +18,18 @@ from mlxmem.memory.store import Fact, Store
 MAX_COMPANIONS = 64
 
 
+@dataclass
 class Sessions:
     """One Companion (and so one KV slot) per conversation, least recently used out. Touch it
     from the model's thread only: the engine's slots live there."""
 
-    def __init__(
-        self,
-        store: Store,
-        context_tokens: int,
-        response_reserve: int,
-        settings: ChatSettings,
-        limit: int = MAX_COMPANIONS,
-    ):
-        self.store = store
-        self.context_tokens = context_tokens
-        self.response_reserve = response_reserve
-        self.settings = settings
-        self.limit = limit
-        self._companions: OrderedDict[str, Companion] = OrderedDict()
-        self._epoch: int | None = None
+    store: Store
+    context_tokens: int
+    response_reserve: int
+    settings: ChatSettings
+    limit: int = MAX_COMPANIONS
+    _companions: OrderedDict[str, Companion] = field(default_factory=OrderedDict)
+    _epoch: int | None = None
 
     def names(self) -> list[str]:
         """The conversations kept, least recently used first."""

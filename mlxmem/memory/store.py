@@ -8,25 +8,35 @@ open of the file. Deleting, which reaches into all three kinds, is mlxmem.memory
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import duckdb
 
 from mlxmem.memory import forget
-from mlxmem.memory.dates import Span
-from mlxmem.memory.db import forget_epoch
-from mlxmem.memory.facts import Fact, FactList, all_facts
 from mlxmem.memory.forget import LAST_SEQ, Deletion
 from mlxmem.memory.recall import RECALL_TURNS, RecallQuery, search_before
-from mlxmem.memory.records import Tombstone
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.summaries import Summary, SummaryLog, latest_summary
-from mlxmem.memory.turns import Conversation, Turn, TurnLog, insert_turn, turns_after
+from mlxmem.memory.tables.dates import Span
+from mlxmem.memory.tables.db import forget_epoch
+from mlxmem.memory.tables.fact_list import FactList
+from mlxmem.memory.tables.facts import Fact, all_facts, note_automatic
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.summaries import Summary, SummaryLog, insert_summary, latest_summary
+from mlxmem.memory.tables.tombstones import Tombstone
+from mlxmem.memory.tables.turns import (
+    Conversation,
+    Turn,
+    TurnLog,
+    clear_looks,
+    insert_turn,
+    turns_after,
+)
 from mlxmem.text import as_utc
 
 NO_QUERY = RecallQuery()  # nothing to recall
+Transaction = Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
 
 __all__ = [
     "LAST_SEQ",
@@ -52,15 +62,61 @@ class Snapshot:
     # before the window, whose day decides whether the window's first turn shows its date.
     summary_span: Span | None = None
     # Replaced facts: one whose replacement has not joined the prompt yet stays in it (see
-    # Companion.prompt_facts).
+    # mlxmem.memory.prompt.prompt_facts).
     replaced: list[Fact] = field(default_factory=list)
+
+
+class TurnWrites:
+    """What a turn writes after its reply, each write a transaction of its own, all under one
+    check that nothing was deleted since the turn read the store (Store.turn_writes)."""
+
+    def __init__(self, transaction: Transaction):
+        self._transaction = transaction
+
+    def reply(
+        self,
+        snap: Snapshot,
+        text: str,
+        token_count: int,
+        interrupted: bool,
+        sampled: tuple[list[int] | None, str | None],
+        at: datetime | None,
+    ) -> Snapshot:
+        """Log the model's reply to the newest turn of `snap` (`sampled`: the ids the model
+        sampled, and the model's identity; None, None when the text is not all the model's);
+        `snap` with it."""
+        with self._transaction() as con:
+            turn = insert_turn(
+                con, snap.turns[-1].conversation, "assistant", text, token_count, interrupted,
+                *sampled, create=False, at=at,
+            )  # fmt: skip
+        return with_turn(snap, turn)
+
+    def summaries(self, snap: Snapshot, made: Sequence[Summary]) -> Snapshot:
+        """Store the summaries folds made, oldest first; `snap` with the newest."""
+        with self._transaction() as con:
+            for summary in made:
+                snap = with_summary(snap, insert_summary(con, summary))
+        return snap
+
+    def facts(self, found: Sequence[tuple[str, int, int | None]]) -> list[tuple[Fact, int | None]]:
+        """Store the automatic facts `found` (text, the turn it came from, the id of the fact it
+        replaces), each noted with the id it replaced; one said already is left out."""
+        with self._transaction() as con:
+            noted = [note_automatic(con, *f) for f in found]
+        return [n for n in noted if n is not None]
+
+    def looked(self, turn_ids: Sequence[int]) -> None:
+        """The turns looked at for a fact: their marks in the log go."""
+        with self._transaction() as con:
+            clear_looks(con, list(turn_ids))
 
 
 class Store(TurnLog, SummaryLog, FactList):
     """The chat log, summaries and facts in the DuckDB file at `path` (default:
     paths.db_path()), with the KV cache folder its deletions wipe: what a chat, history,
     memory and serve read and write. Deleting goes through mlxmem.memory.forget; a sync goes
-    through mlxmem.memory.synclog.SyncLog over the same file."""
+    through mlxmem.memory.sync.synclog.SyncLog over the same file."""
 
     def snapshot(
         self, conversation: str, query: RecallQuery = NO_QUERY, recall_limit: int = RECALL_TURNS
@@ -70,6 +126,14 @@ class Store(TurnLog, SummaryLog, FactList):
         window that match them best."""
         with self.connect() as con:
             return _snapshot(con, conversation, query, recall_limit)
+
+    @contextmanager
+    def turn_writes(self, epoch: int) -> Iterator[TurnWrites]:
+        """A turn's writes after its reply (TurnWrites), in one operation; StaleError, and
+        nothing written, if anything was deleted since forget epoch `epoch`. The block may work
+        on under the same check after them (a cache file)."""
+        with self.steps(epoch) as transaction:
+            yield TurnWrites(transaction)
 
     def append_and_snapshot(
         self,

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from mlxmem.engine import YIELD_BATCH, Engine, Message, Sampling
-from mlxmem.memory.budget import PromptBudget
-from mlxmem.memory.dates import Span, dated, same_day
-from mlxmem.memory.extractive import extractive_summary, shorten_to, specifics_left_out
-from mlxmem.memory.speakers import speaker_names
+from mlxmem.memory.context.budget import PromptBudget
+from mlxmem.memory.context.extractive import extractive_summary, shorten_to, specifics_left_out
+from mlxmem.memory.context.speakers import speaker_names
+from mlxmem.memory.context.summary_check import check_summary, prose_lines
 from mlxmem.memory.store import Fact, Store, Summary, Turn
-from mlxmem.memory.summary_check import check_summary, prose_lines
+from mlxmem.memory.tables.dates import Span, dated, same_day
 from mlxmem.text import utc_now
 
 # Keep at least the newest two exchanges verbatim.
@@ -245,7 +245,7 @@ class ConversationWindow:
 
     def _fallback(self, summary: Summary | None, evicted, names: dict[str, str]) -> str:
         """The earlier summary and the evicted turns, extracted within the cap (see
-        mlxmem.memory.extractive): names, numbers and dates, who said them, and when."""
+        mlxmem.memory.context.extractive): names, numbers and dates, who said them, and when."""
         text = extractive_summary(
             self.engine,
             self.summary_cap,

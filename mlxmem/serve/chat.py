@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from mlxmem.memory.companion import TurnResult
-from mlxmem.memory.facts import Fact
+from mlxmem.memory.tables.facts import Fact
 
 from .request import Request
 from .schema import (

@@ -7,7 +7,7 @@ the next turn and drops the KV slots it holds in memory.)"""
 from __future__ import annotations
 
 from mlxmem.memory.store import LAST_SEQ, Store
-from mlxmem.memory.turns import SEARCH_LIMIT
+from mlxmem.memory.tables.turns import SEARCH_LIMIT
 from mlxmem.text import json_ready
 
 from .request import Request

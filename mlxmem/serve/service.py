@@ -16,9 +16,9 @@ from typing import Any
 from mlxmem.engine import Engine
 from mlxmem.errors import MlxmemError
 from mlxmem.memory.companion import ChatSettings, TurnResult, log_message
-from mlxmem.memory.facts import Fact
 from mlxmem.memory.sessions import Sessions
 from mlxmem.memory.store import Store, Turn
+from mlxmem.memory.tables.facts import Fact
 
 from .schema import ApiError, ChatRequest
 from .worker import ModelWorker

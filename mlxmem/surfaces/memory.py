@@ -23,10 +23,10 @@ from typing import Any
 
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
-from mlxmem.memory.facts import check_source
 from mlxmem.memory.recall import RECALL_TURNS, recall_query
 from mlxmem.memory.store import LAST_SEQ, Deletion, Fact, Store, Turn
-from mlxmem.memory.terms import terms
+from mlxmem.memory.tables.facts import check_source
+from mlxmem.memory.tables.terms import terms
 from mlxmem.text import json_ready
 
 SEARCH_RESULTS = 10  # facts or turns a search returns unless asked for more

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 from mlxmem.errors import InputError, MlxmemError
-from mlxmem.memory.merge import MergeResult
-from mlxmem.memory.records import Record, check_record, iso
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.merge import MergeResult
+from mlxmem.memory.sync.records import Record, check_record, iso
+from mlxmem.memory.sync.synclog import SyncLog
 from mlxmem.sync.folder import write_private
 from mlxmem.text import to_db, utc_now
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxmem.errors import InputError, MlxmemError
-from mlxmem.memory.db import crash_point
-from mlxmem.memory.records import Record, check_record
+from mlxmem.memory.sync.records import Record, check_record
+from mlxmem.memory.tables.db import crash_point
 from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import PASSPHRASE_ENV, Cipher
 from mlxmem.text import a_kind

@@ -1,6 +1,6 @@
 """`mlxmem sync`: merge the other devices' changes from the sync folder, then write this
-device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.memory.merge for the
-rules; docs/sync.md for what it means for the person.
+device's own. See mlxmem.sync.folder for the folder's layout and mlxmem.memory.sync.merge for
+the rules; docs/sync.md for what it means for the person.
 
 A sync, in order (each step can be cut short; the next sync finishes it):
 1. read the other devices' streams: the files the read cursor has not seen merged (a file
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxmem.errors import InputError, StoreError
-from mlxmem.memory.db import crash_point, open_lock_file
-from mlxmem.memory.merge import MergeResult
-from mlxmem.memory.records import Record, iso, timestamp, version
-from mlxmem.memory.synclog import SyncLog
+from mlxmem.memory.sync.merge import MergeResult
+from mlxmem.memory.sync.records import Record, iso, timestamp, version
+from mlxmem.memory.sync.synclog import SyncLog
+from mlxmem.memory.tables.db import crash_point, open_lock_file
 from mlxmem.paths import fsync_path
 from mlxmem.sync.crypto import Cipher
 from mlxmem.sync.cursor import (

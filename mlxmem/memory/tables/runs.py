@@ -13,9 +13,9 @@ import duckdb
 
 from mlxmem import paths
 from mlxmem.errors import StoreError
-from mlxmem.memory.connect import connect
-from mlxmem.memory.migrations import migrate
-from mlxmem.memory.rows import one_row
+from mlxmem.memory.tables.connect import connect
+from mlxmem.memory.tables.migrations import migrate
+from mlxmem.memory.tables.rows import one_row
 
 # The columns select_runs returns, in order.
 RUN_COLUMNS = ("id", "kind", "created_at", "machine", "versions", "settings", "results")

@@ -33,29 +33,37 @@ from itertools import groupby
 
 import duckdb
 
-from mlxmem.memory import forget, summaries
-from mlxmem.memory.db import Database, FactEdit, bump_forget_epoch, crash_point, wipe_caches
-from mlxmem.memory.facts import insert_fact, stored_clock
-from mlxmem.memory.records import (
+from mlxmem.memory import forget
+from mlxmem.memory.sync.records import (
     Record,
-    Tombstone,
     carried_flag,
     clock_order,
     fact_clock,
     fact_key,
     fact_version,
-    fork_uid,
     timestamp,
     turn_key,
 )
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.turns import (
+from mlxmem.memory.tables import summaries, tombstones
+from mlxmem.memory.tables.db import Database, bump_forget_epoch, crash_point, wipe_caches
+from mlxmem.memory.tables.facts import (
+    FactEdit,
+    insert_fact,
+    link_to_turns,
+    set_synced,
+    stored_clock,
+)
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.tombstones import Tombstone, fork_uid
+from mlxmem.memory.tables.turns import (
     conversation_id,
     conversation_uid,
     insert_synced_turns,
     keep_private_after_deletion,
+    renumber,
+    set_private,
 )
-from mlxmem.text import name_problem, to_db, utc_now
+from mlxmem.text import name_problem
 
 
 @dataclass
@@ -131,17 +139,8 @@ def _merge_private(
             incoming = r["version"], r["private"]
             if incoming <= (version, private):  # (n, True) beats (n, False)
                 continue
-            con.execute(
-                "UPDATE conversations SET private = ?, private_version = ?, private_at = ?,"
-                " private_device = ? WHERE id = ?",
-                [
-                    r["private"],
-                    r["version"],
-                    to_db(at),
-                    None if r["device"] == device else r["device"],
-                    cid,
-                ],
-            )
+            origin = None if r["device"] == device else r["device"]
+            set_private(con, cid, r["private"], r["version"], at, origin)
             result.private_changes += 1
 
 
@@ -177,10 +176,7 @@ def _merge_turns(db: Database, records: list[Record], device: str, result: Merge
             _invalidate(db, con)
         result.turns += len(new)
     with db.connect() as con:  # facts that came before their turn: linked to it now
-        con.execute(
-            "UPDATE facts SET turn_id = m.id FROM turns m"
-            " WHERE facts.turn_id IS NULL AND facts.turn_uid = m.uid"
-        )
+        link_to_turns(con)
 
 
 def _merge_conversation(
@@ -240,13 +236,8 @@ def _merge_conversation(
             for seq, r in added
         ],
     )
-    con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq + len(merged), cid])
+    renumber(con, cid, last_seq + len(merged), {mid: seq for seq, mid in renumbered})
     if moved:
-        con.execute(
-            "UPDATE turns SET seq = m.seq FROM (SELECT unnest(?) AS id, unnest(?) AS seq) m"
-            " WHERE turns.id = m.id",
-            [[mid for _, mid in renumbered], [seq for seq, _ in renumbered]],
-        )
         summaries.delete_derived(con, name, seqs=[row[1] for row in moved])
     return bool(moved)
 
@@ -377,11 +368,7 @@ def _merge_facts(db: Database, records: list[Record], device: str, result: Merge
         # Its own transaction: one transaction writes to one file, and the facts went to the
         # facts file.
         with db.connect() as con:
-            con.execute(
-                f"{forget.TOMBSTONE_INSERT} SELECT unnest(?), 'fact', ?, NULL"
-                " ON CONFLICT DO NOTHING",
-                [late, to_db(utc_now())],
-            )
+            tombstones.add_fact_uids(con, late)
     if edits:
         forget.replace_fact_versions(db, edits)
         result.fact_edits += len(edits)
@@ -404,10 +391,7 @@ def _fork_fact(
     if fork in dead or con.execute("SELECT 1 FROM facts WHERE uid = ?", [fork]).fetchone():
         return None
     fact = insert_fact(con, text, source, turn_id, updated_at)
-    con.execute(
-        "UPDATE facts SET uid = ?, device_uid = ?, fork_of = ? WHERE id = ?",
-        [fork, None if dev == device else dev, uid, fact.id],
-    )
+    set_synced(con, fact.id, uid=fork, device_uid=None if dev == device else dev, fork_of=uid)
     return fact.id
 
 
@@ -416,20 +400,19 @@ def _insert_fact(con: duckdb.DuckDBPyConnection, r: Record, device: str) -> tupl
     row = con.execute("SELECT id FROM turns WHERE uid = ?", [r["message_uid"]]).fetchone()
     turn_id = row[0] if row else None
     fact = insert_fact(con, r["text"], r["source"], turn_id, timestamp(r["created_at"]))
-    con.execute(
-        "UPDATE facts SET uid = ?, device_uid = ?, updated_at = ?, version = ?, turn_uid = ?,"
-        " fork_of = ?, clock = ?, replaced_by = ?, replaced_at = ? WHERE id = ?",
-        [
-            r["uid"],
-            _origin(r, device),
-            timestamp(r["updated_at"]),
-            fact_version(r),
-            r["message_uid"],
-            r.get("fork_of"),
-            _clock_json(r),
-            *_replaced(r),
-            fact.id,
-        ],
+    replaced_by, replaced_at = _replaced(r)
+    set_synced(
+        con,
+        fact.id,
+        uid=r["uid"],
+        device_uid=_origin(r, device),
+        updated_at=timestamp(r["updated_at"]),
+        version=fact_version(r),
+        turn_uid=r["message_uid"],
+        fork_of=r.get("fork_of"),
+        clock=_clock_json(r),
+        replaced_by=replaced_by,
+        replaced_at=replaced_at,
     )
     return fact.id, turn_id
 

@@ -8,13 +8,13 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from mlxmem.memory.summary_words import looks_like_name
+from mlxmem.memory.context.summary_words import looks_like_name
 from mlxmem.text import GREETING_WORDS, INTERJECTION_WORDS, THANKS_WORDS
 
 ROLE_LABELS = {"user": "User", "assistant": "Assistant"}
 # The words around a name in any case, the name itself capitalized: "The user is grateful for
-# ..." names no one (a fact like it once made "grateful" the user's name in every summary), nor
-# does "The user is Melanie's friend".
+# ..." names no one (an adjective after "is" is no name: read as one, it would name the user
+# in every summary), nor does "The user is Melanie's friend".
 _NAMED_RE = re.compile(
     r"\b(?:the )?(user|assistant)(?:'s name)? is (?:called |named )?(?-i:([A-Z][a-z]+))\b"
     r"(?!['’]s)|\bmy name is (?-i:([A-Z][a-z]+))\b(?!['’]s)",

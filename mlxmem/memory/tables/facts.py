@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 import duckdb
 
 from mlxmem.errors import DuplicateFactError, InputError, NotFoundError
-from mlxmem.memory.db import Database, device_of
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.turns import get_turn
+from mlxmem.memory.tables.rows import device_of, one_row
 from mlxmem.text import as_utc, check_text, to_db, utc_now
 
 SOURCES = ("manual", "automatic")
@@ -37,66 +35,21 @@ class Fact:
     replaced_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class FactEdit:
+    text: str
+    updated_at: datetime
+    device_uid: str | None = None
+    version: int | None = None  # the version another device wrote; None: one more than now
+    clock: str | None = None  # its version vector (JSON; facts.edited_clock), None: unknown
+    replaced_by: str | None = None  # the uid of the fact that replaced it, if one did
+    replaced_at: datetime | None = None
+
+
 SELECT_FACTS = (
     "SELECT id, text, source, created_at, updated_at, turn_id,"
     " (SELECT r.id FROM facts r WHERE r.uid = facts.replaced_by), replaced_at FROM facts"
 )
-
-
-class FactList(Database):
-    def facts(self, replaced: bool = False) -> list[Fact]:
-        """The current facts; with `replaced`, the replaced ones too (see Fact.replaced_by)."""
-        with self.connect() as con:
-            return all_facts(con, replaced)
-
-    def get_fact(self, fact_id: int) -> Fact:
-        with self.connect() as con:
-            return get_fact(con, fact_id)
-
-    def add_fact(
-        self,
-        text: str,
-        source: str = "manual",
-        turn_id: int | None = None,
-        epoch: int | None = None,
-        replaces: int | None = None,
-    ) -> Fact:
-        """Add a fact; `turn_id` names the turn it was extracted from, if any; `replaces`
-        the id of a current fact it makes out of date ("I moved to Porto" over "I live in
-        Lisbon"), which leaves the prompt and stays listed. With `epoch`, refused (StaleError)
-        if anything was deleted since that forget epoch."""
-        text = check_fact_text(text)
-        check_source(source)
-        now = utc_now()
-        with self.guarded(epoch) as con:
-            if turn_id is not None:
-                get_turn(con, turn_id)
-            if replaces is not None:
-                old = get_fact(con, replaces)
-                if old.replaced_by is not None:
-                    raise InputError(
-                        f"fact {old.id} was already replaced by fact {old.replaced_by}"
-                        f" (`mlxmem memory add TEXT --replaces {old.replaced_by}` replaces that)"
-                    )
-            refuse_duplicate(con, text)
-            fact = insert_fact(con, text, source, turn_id, now)
-            if replaces is not None:
-                mark_replaced(con, replaces, fact.id, now)
-            return fact
-
-    def restore_fact(self, fact_id: int) -> Fact:
-        """Make a replaced fact current again (a replacement made in error): it returns to the
-        prompt from the next reply; the fact that replaced it stays, current too. A new
-        version of the fact, so that the restore travels to other devices as an edit does.
-        InputError if the fact is not replaced."""
-        with self.connect() as con:
-            fact = get_fact(con, fact_id)
-            if fact.replaced_by is None:
-                raise InputError(f"fact {fact_id} is not replaced; nothing to restore")
-            refuse_duplicate(con, fact.text, other_than=fact_id)  # current again: once only
-            now = utc_now()
-            _set_replaced(con, fact_id, None, now)
-            return replace(fact, updated_at=now, replaced_by=None, replaced_at=None)
 
 
 def insert_fact(
@@ -200,6 +153,20 @@ def version_of(con: duckdb.DuckDBPyConnection, fact_id: int) -> FactVersion | No
     return None if row is None else FactVersion(*row)
 
 
+def note_automatic(
+    con: duckdb.DuckDBPyConnection, text: str, turn_id: int, replaces: int | None
+) -> tuple[Fact, int | None] | None:
+    """Store an automatic fact taken from turn `turn_id`, replacing fact `replaces` if it is
+    still current; the fact and the id it replaced. None if a fact stored meanwhile says the
+    same (the look checked those it was shown)."""
+    if duplicate_of(con, text) is not None:
+        return None
+    added = insert_fact(con, text, "automatic", turn_id)
+    if replaces is not None and not mark_replaced(con, replaces, added.id, added.created_at):
+        replaces = None
+    return added, replaces
+
+
 def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: datetime) -> bool:
     """Fact `fact_id` is replaced by fact `by`: a new version of it (the same text), so that the
     replacement travels to other devices as an edit does. False (nothing changed) if the fact
@@ -207,7 +174,7 @@ def mark_replaced(con: duckdb.DuckDBPyConnection, fact_id: int, by: int, now: da
     stored = version_of(con, fact_id)
     if stored is None or _replacing_fact_here(con, stored.replaced_by):
         return False
-    _set_replaced(con, fact_id, by, now)
+    set_replaced(con, fact_id, by, now)
     return True
 
 
@@ -219,7 +186,7 @@ def _replacing_fact_here(con: duckdb.DuckDBPyConnection, uid: str | None) -> boo
     return con.execute("SELECT 1 FROM facts WHERE uid = ?", [uid]).fetchone() is not None
 
 
-def _set_replaced(
+def set_replaced(
     con: duckdb.DuckDBPyConnection, fact_id: int, by: int | None, now: datetime
 ) -> None:
     """A new version of a stored fact, replaced by fact `by` (None: current again)."""
@@ -269,3 +236,59 @@ def check_fact_text(text: object) -> str:
 def check_source(source: str) -> None:
     if source not in SOURCES:
         raise InputError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+
+
+def write_erased_facts(
+    con: duckdb.DuckDBPyConnection, ids: tuple[int, ...], edits: dict[int, FactEdit]
+) -> None:
+    """The facts step of an erase (mlxmem.memory.tables.db): delete facts `ids` and rewrite
+    the texts `edits` names, in the facts file; doing it again is harmless."""
+    if ids:
+        con.execute("DELETE FROM facts WHERE list_contains(?, id)", [list(ids)])
+    for fact_id, edit in edits.items():
+        con.execute(
+            "UPDATE facts SET text = ?, updated_at = ?, device_uid = ?,"
+            " version = coalesce(?, coalesce(version, 0) + 1), clock = ?,"
+            " replaced_by = ?, replaced_at = ? WHERE id = ?",
+            [
+                edit.text,
+                edit.updated_at,
+                edit.device_uid,
+                edit.version,
+                edit.clock,
+                edit.replaced_by,
+                edit.replaced_at,
+                fact_id,
+            ],
+        )
+
+
+# The columns a merge sets on a fact it adds from another device's record.
+SYNCED_COLUMNS = (
+    "uid",
+    "device_uid",
+    "updated_at",
+    "version",
+    "turn_uid",
+    "fork_of",
+    "clock",
+    "replaced_by",
+    "replaced_at",
+)
+
+
+def set_synced(con: duckdb.DuckDBPyConnection, fact_id: int, **values: object) -> None:
+    """Set fact `fact_id`'s sync columns (SYNCED_COLUMNS) to what another device's record says."""
+    unknown = set(values) - set(SYNCED_COLUMNS)
+    if unknown:
+        raise ValueError(f"not a synced column of facts: {sorted(unknown)}")
+    assignments = ", ".join(f"{column} = ?" for column in values)
+    con.execute(f"UPDATE facts SET {assignments} WHERE id = ?", [*values.values(), fact_id])
+
+
+def link_to_turns(con: duckdb.DuckDBPyConnection) -> None:
+    """Facts that arrived before the turn they were taken from: linked to it, now it is here."""
+    con.execute(
+        "UPDATE facts SET turn_id = m.id FROM turns m"
+        " WHERE facts.turn_id IS NULL AND facts.turn_uid = m.uid"
+    )

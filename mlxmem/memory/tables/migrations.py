@@ -16,8 +16,8 @@ from pathlib import Path
 
 import duckdb
 
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.terms import index_missing
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.terms import index_missing
 
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 MIGRATIONS: list[Migration] = []
@@ -252,7 +252,7 @@ def m006_facts_own_file(con: duckdb.DuckDBPyConnection) -> None:
 # Sync: messages and facts get globally unique ids (random UUIDs, also the default
 # for rows inserted later) beside the local integer ids the CLI shows, and the device that wrote
 # them (NULL: this device). A conversation's uid is derived from its name (uuid5, see
-# mlxmem.memory.records), so it needs no column. The data directory gets a device id and name.
+# mlxmem.memory.sync.records), so it needs no column. The data directory gets a device id and name.
 # Deletions leave tombstones: ids and a time, never text. A transaction writes to one file, so
 # the facts file is changed and committed first; IF NOT EXISTS makes a rerun after a crash safe.
 @migration
@@ -282,7 +282,7 @@ def m007_sync_ids(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # Recall's index: each turn's stemmed terms and length, written at insert by the store
-# (mlxmem.memory.terms) and deleted with the turn in the same erase. Turns already in the log
+# (mlxmem.memory.tables.terms) and deleted with the turn in the same erase. Turns already in the log
 # are indexed by m018, in its transaction.
 @migration
 def m008_recall_index(con: duckdb.DuckDBPyConnection) -> None:
@@ -306,7 +306,7 @@ def m009_fact_versions(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # Facts edited before version counters existed count as version 1, as sync reads a record
-# without a version (mlxmem.memory.records.fact_version): an edit made before the upgrade must
+# without a version (mlxmem.memory.sync.records.fact_version): an edit made before the upgrade must
 # still win over the text it replaced, not look like a concurrent edit of it.
 @migration
 def m010_edited_facts_version_1(con: duckdb.DuckDBPyConnection) -> None:
@@ -337,7 +337,7 @@ def m011_fact_provenance(con: duckdb.DuckDBPyConnection) -> None:
 
 # Who wrote each summary: "model" ("model+extractive" once the specifics it left out
 # follow it, a later value of the same column), or "extractive" when the model's failed the check
-# of mlxmem.memory.summary_check and a summary was extracted from the folded turns instead.
+# of mlxmem.memory.context.summary_check and a summary was extracted from the folded turns instead.
 # Summaries written before stay NULL, "unknown": the fallback of that time cannot be told from a
 # model's summary after the fact, and a guess would be a claim the store cannot back.
 @migration
@@ -392,7 +392,7 @@ def m016_private_versions(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # Recall's vocabulary: each term's count of index rows and bounds on their turn ids, kept with
-# the index at every insert and delete (mlxmem.memory.terms), so that a search reads a few rows
+# the index at every insert and delete (memory.tables.terms), so that a search reads a few rows
 # per term instead of counting the whole index (ten million rows at a million turns). The key
 # makes a turn's upsert a lookup per term, not a read of every term. Counted by m018.
 @migration
@@ -433,7 +433,7 @@ def m018_turns(con: duckdb.DuckDBPyConnection) -> None:
 
 # When this device's sync first wrote its deletion of a conversation to the sync folder: no
 # other device could know of the deletion before, so the turns it wrote to that conversation
-# until then were written in the conversation as it was (mlxmem.memory.merge). NULL: not yet,
+# until then were written in the conversation as it was (mlxmem.memory.sync.merge). NULL: not yet,
 # or a deletion made on another device. A deletion made before this column is taken as
 # published when made (the rule before it): NULL would make private every conversation of that
 # name another device starts after it.

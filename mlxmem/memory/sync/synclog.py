@@ -1,6 +1,6 @@
 """The database's side of a sync: `SyncLog` reads and writes what `mlxmem.sync` and the export
 need, over the same DuckDB file a `Store` uses: this device's id, every row as sync records, the
-merge of other devices' records (mlxmem.memory.merge), and the sync's small state (the folder,
+merge of other devices' records (mlxmem.memory.sync.merge), and the sync's small state (the folder,
 read cursors) with a digest that says whether this device's stream can have changed.
 """
 
@@ -10,11 +10,11 @@ from collections.abc import Collection
 
 import duckdb
 
-from mlxmem.memory.db import Database, device_of
-from mlxmem.memory.merge import MergeResult, merge_records
-from mlxmem.memory.records import Record, local_records
-from mlxmem.memory.rows import one_row
-from mlxmem.text import to_db, utc_now
+from mlxmem.memory.sync.merge import MergeResult, merge_records
+from mlxmem.memory.sync.records import Record, local_records
+from mlxmem.memory.tables import tombstones
+from mlxmem.memory.tables.db import Database, set_state
+from mlxmem.memory.tables.rows import device_of, one_row
 
 SYNC_DIR_KEY = "sync_dir"  # the folder the last sync used, in `state`
 
@@ -40,7 +40,7 @@ class SyncLog(Database):
             return local_records(con, device)
 
     def merge(self, records: list[Record]) -> MergeResult:
-        """Merge another device's records (or an export's) by uid: see mlxmem.memory.merge."""
+        """Merge another device's records (or an export's) by uid: see mlxmem.memory.sync.merge."""
         return merge_records(self, records, self.device()[0])
 
     def published(self, uids: Collection[str]) -> None:
@@ -50,11 +50,7 @@ class SyncLog(Database):
         if not uids:
             return
         with self.connect() as con:
-            con.execute(
-                "UPDATE tombstones SET published_at = ? WHERE list_contains(?, uid)"
-                " AND kind = 'conversation' AND device_uid IS NULL AND published_at IS NULL",
-                [to_db(utc_now()), list(uids)],
-            )
+            tombstones.mark_published(con, uids)
 
     def sync_dir(self) -> str | None:
         """The sync folder the last sync used, if any."""
@@ -76,7 +72,7 @@ class SyncLog(Database):
             raise ValueError("sync state keys start with 'sync_'")
         with self.connect() as con:
             for key, value in {SYNC_DIR_KEY: folder, **values}.items():
-                con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
+                set_state(con, key, value)
 
     def changes_digest(self, others: Collection[str]) -> str:
         """A fingerprint of what decides this device's own sync stream: the turns it writes

@@ -8,8 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from mlxmem.engine import Engine, Message
 from mlxmem.errors import MlxmemError
-from mlxmem.memory.dates import Span, day_range, unanchored
-from mlxmem.memory.recall import RECALL_SHARE, RECALLED_TURN_TOKENS, recall_block
+from mlxmem.memory.tables.dates import Span, day_range, unanchored
 
 DEFAULT_FACTS_SHARE = 0.15
 SYSTEM_MEMO_ENTRIES = 16  # system texts whose token counts a PromptBudget remembers
@@ -17,6 +16,17 @@ SYSTEM_MEMO_ENTRIES = 16  # system texts whose token counts a PromptBudget remem
 MIN_MESSAGE_TOKENS = 48
 FACTS_HEADER = "What you know about the user (they can see and edit this list):"
 SUMMARY_HEADER = "Summary of the earlier conversation:"
+# Recalled turns (mlxmem.memory.recall) ride inside the new message, after every stable block.
+RECALL_SHARE = 0.125  # of the context budget, at most
+RECALLED_TURN_TOKENS = 120  # a longer recalled turn shows its head and tail
+RECALL_HEADER = "From earlier conversations (recalled from the log):"
+RECALL_FOOTER = "(end of recalled turns)"
+
+
+def context_budget(asked: int | None, model_tokens: int) -> int:
+    """The prompt's context budget, resolved here only: the one asked for (a setting,
+    --context-tokens), else the model's (models.toml)."""
+    return asked or model_tokens
 
 
 def response_reserve(wanted: int, budget: int) -> int:
@@ -322,3 +332,10 @@ class PromptBudget:
 
 def _joined(blocks: list[list[int]]) -> list[int]:
     return [t for block in blocks for t in block]
+
+
+def recall_block(lines: Sequence[str], message: str) -> str:
+    """The new message with the recalled turns before it, clearly set apart."""
+    if not lines:
+        return message
+    return "\n".join([RECALL_HEADER, *lines, RECALL_FOOTER, "", message.strip()])

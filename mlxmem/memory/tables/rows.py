@@ -1,4 +1,5 @@
-"""The one row of a query that always returns one row.
+"""Small readers every table's owner shares: the one row of a query that always returns one
+row, and this device's id and name (kept in `state` by mlxmem.memory.tables.db).
 
 DuckDB's `fetchone()` is typed as returning a row or None. An aggregate (`count(*)`, `max()`),
 `current_database()`, or the RETURNING clause of a one-row INSERT or UPDATE always gives a row:
@@ -18,3 +19,13 @@ def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
     if row is None:
         raise LookupError("the query returned no row, where it always returns one")
     return row
+
+
+def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
+    """This data directory's device id and name."""
+    rows = dict(
+        con.execute(
+            "SELECT key, value FROM state WHERE key IN ('device_uid', 'device_name')"
+        ).fetchall()
+    )
+    return rows["device_uid"], rows["device_name"]

@@ -58,15 +58,17 @@ STOPWORDS = frozenset(
 _local = threading.local()
 
 
-def _stemmer() -> Stemmer.Stemmer:
-    stemmer = getattr(_local, "stemmer", None)
-    if stemmer is None:
-        stemmer = _local.stemmer = Stemmer.Stemmer("english")
-    return stemmer
+def stemmer(algorithm: str = "english") -> Stemmer.Stemmer:
+    """This thread's PyStemmer of `algorithm` (recall's index: Snowball's "english")."""
+    found = getattr(_local, algorithm, None)
+    if found is None:
+        found = Stemmer.Stemmer(algorithm)
+        setattr(_local, algorithm, found)
+    return found
 
 
 def stem(word: str) -> str:
-    return _stemmer().stemWord(word)
+    return stemmer().stemWord(word)
 
 
 _STOP_STEMS = frozenset(stem(w) for w in STOPWORDS)
@@ -75,7 +77,7 @@ _STOP_STEMS = frozenset(stem(w) for w in STOPWORDS)
 def terms(text: str) -> list[str]:
     """The stems of `text`'s words worth searching by, in order, repeats kept."""
     words = [w for w in _WORD_RE.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS]
-    return [s for s in _stemmer().stemWords(words) if s not in _STOP_STEMS]
+    return [s for s in stemmer().stemWords(words) if s not in _STOP_STEMS]
 
 
 def index_turns(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str]]) -> None:

@@ -1,5 +1,5 @@
 """The extractive summary, written without a model, which replaces a model's summary that
-fails the check (mlxmem.memory.summary_check), and the specifics a model's summary left out.
+fails the check (mlxmem.memory.context.summary_check), and the specifics a model's summary left out.
 
 The sentences of the earlier summary and of the folded turns that carry the most names, numbers
 and dates not yet kept, each under its speaker and its day, within the cap. A sentence that
@@ -14,10 +14,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from mlxmem.engine import Engine
-from mlxmem.memory.dates import day_label
-from mlxmem.memory.speakers import ROLE_LABELS, addressed_names, without_address
-from mlxmem.memory.summary_check import DAY_LINE_RE
-from mlxmem.memory.summary_words import (
+from mlxmem.memory.context.speakers import ROLE_LABELS, addressed_names, without_address
+from mlxmem.memory.context.summary_check import DAY_LINE_RE
+from mlxmem.memory.context.summary_words import (
     CALENDAR_WORDS,
     SENTENCE_RE,
     TOKEN_RE,
@@ -27,8 +26,9 @@ from mlxmem.memory.summary_words import (
     norm_word,
     text_words,
 )
-from mlxmem.memory.terms import STOPWORDS
-from mlxmem.memory.turns import Turn
+from mlxmem.memory.tables.dates import day_label
+from mlxmem.memory.tables.terms import STOPWORDS
+from mlxmem.memory.tables.turns import Turn
 
 FRESH_SHARE = 0.2  # of the cap, kept for the folded turns before the earlier summary competes
 # What an extracted sentence is worth: the names, numbers and dates it adds first, its other

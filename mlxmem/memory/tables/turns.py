@@ -12,9 +12,9 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 
 from mlxmem.errors import InputError, NotFoundError
-from mlxmem.memory.db import Database
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.terms import index_turns, unindex
+from mlxmem.memory.tables.db import Database
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.terms import index_turns, unindex
 from mlxmem.text import ROLES, as_utc, check_new_name, check_text, to_db, utc_now
 
 SEARCH_LIMIT = 50
@@ -78,12 +78,16 @@ class TurnLog(Database):
         epoch: int | None = None,
         at: datetime | None = None,
         look_due: bool = False,
+        checked: bool = False,
     ) -> Turn:
         """Append a turn; committed before return. Without `epoch` the conversation is
         created on first use. With it (a reply, derived from what the store held at that
         forget epoch) the write is refused with StaleError if anything was deleted since, and
         a deleted conversation is never recreated. `at`: when the turn was written, if not
-        now (see insert_turn)."""
+        now (see insert_turn). `checked`: the caller checked `text` already (the Companion's
+        message: a message is checked once on its way through a turn)."""
+        if not checked:
+            check_text(text, "message")
         with self.guarded(epoch) as con:
             return insert_turn(
                 con,
@@ -200,10 +204,11 @@ def insert_turn(
     (timezone-aware; default now): a turn written elsewhere first, such as a chat log being
     imported or replayed, keeps its own time, which the window, recall and summaries show.
     Either way it is recorded no older than the conversation's newest turn. `look_due`: a
-    person's message to look at for a fact (until clear_looks)."""
+    person's message to look at for a fact (until clear_looks). `text` is checked by the
+    caller (TurnLog.append_turn, or the Companion's checked_message: a message is checked
+    once on its way through a turn)."""
     if role not in ROLES:
         raise InputError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    check_text(text, "message")
     check_text(conversation, "conversation name", allow_empty=False)
     now = utc_now() if at is None else turn_time(at)
     cid = conversation_id(con, conversation, create=now if create else None, new=True)
@@ -402,3 +407,36 @@ def turn_of(row: tuple) -> Turn:
 
 def _conversation(row: tuple) -> Conversation:
     return Conversation(row[0], row[1], as_utc(row[2]), row[3], bool(row[4]))
+
+
+def drop_conversation_row(con: duckdb.DuckDBPyConnection, cid: int) -> None:
+    """Conversation `cid`'s own row, inside the caller's erase (its turns and summaries first)."""
+    con.execute("DELETE FROM conversations WHERE id = ?", [cid])
+
+
+def set_private(
+    con: duckdb.DuckDBPyConnection,
+    cid: int,
+    private: bool,
+    version: int,
+    at: datetime,
+    device: str | None,
+) -> None:
+    """Conversation `cid`'s private flag as another device set it (`device`; None: this one)."""
+    con.execute(
+        "UPDATE conversations SET private = ?, private_version = ?, private_at = ?,"
+        " private_device = ? WHERE id = ?",
+        [private, version, to_db(at), device, cid],
+    )
+
+
+def renumber(con: duckdb.DuckDBPyConnection, cid: int, last_seq: int, seqs: dict[int, int]) -> None:
+    """Give turns new numbers (`seqs`: turn id to seq) after a merge put other turns among
+    them, and conversation `cid` its new last seq."""
+    con.execute("UPDATE conversations SET last_seq = ? WHERE id = ?", [last_seq, cid])
+    if seqs:
+        con.execute(
+            "UPDATE turns SET seq = m.seq FROM (SELECT unnest(?) AS id, unnest(?) AS seq) m"
+            " WHERE turns.id = m.id",
+            [list(seqs), list(seqs.values())],
+        )

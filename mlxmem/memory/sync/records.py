@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeGuard
 
@@ -32,8 +31,8 @@ import duckdb
 
 from mlxmem.defaults import MAX_MESSAGE_CHARS
 from mlxmem.errors import InputError
-from mlxmem.memory.facts import MAX_FACT_CHARS, SOURCES
-from mlxmem.memory.turns import conversation_uid
+from mlxmem.memory.tables.facts import MAX_FACT_CHARS, SOURCES
+from mlxmem.memory.tables.turns import conversation_uid
 from mlxmem.text import ROLES, as_utc, check_text, to_db, utc_now
 
 Record = dict[str, Any]
@@ -67,25 +66,6 @@ def latest_time() -> datetime:
 MAX_VERSION = 2**62  # a fact's version counter: far beyond any number of edits, inside BIGINT
 MAX_FLAG_VERSION = 2**31 - 1  # a private flag's version counter: an INTEGER column
 MAX_CLOCK_DEVICES = 10_000  # devices in one fact's version vector: far beyond a person's
-# The namespace of the uids given to the losing text of two concurrent edits of a fact.
-FORK_NAMESPACE = uuid.UUID("5b0c3f7e-6d1a-4c0e-9a57-2f1d8e3b9c41")
-
-
-def fork_uid(fact_uid: str, version: int, device: str) -> str:
-    """The uid of the fact that keeps the text `device` gave fact `fact_uid` at `version`, when
-    a concurrent edit elsewhere wins the fact: derived from the edit, so every device that forks
-    the same text makes the same fact, and a deletion of that text can name it in advance."""
-    return str(uuid.uuid5(FORK_NAMESPACE, f"{fact_uid}:{version}:{device}"))
-
-
-@dataclass(frozen=True)
-class Tombstone:
-    """A deletion as it travels between devices: what was deleted (a uid), and when."""
-
-    uid: str
-    kind: str  # message, fact or conversation
-    deleted_at: datetime
-    device_uid: str | None = None  # the device that deleted it (None: this one)
 
 
 def local_records(con: duckdb.DuckDBPyConnection, device: str) -> list[Record]:

@@ -1,14 +1,13 @@
 """The words a summary is judged and built by: sentences, word tokens of any script, and the
-names, numbers and dates of a text (its key items), shared by the summary check
-(mlxmem.memory.summary_check), speaker detection (mlxmem.memory.speakers) and the extractive
-summary (mlxmem.memory.extractive)."""
+names, numbers and dates of a text (its key items), shared by the summary check (summary_check),
+speaker detection (speakers) and the extractive summary (extractive), all in this folder."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 
-from mlxmem.memory.dates import MONTHS, WEEKDAYS
+from mlxmem.memory.tables.dates import MONTHS, WEEKDAYS
 
 SENTENCE_RE = re.compile(r"(?<=[.!?…])\s+|\n+")
 # Words of any script (a Russian or Greek summary is no "empty" one), and numbers.

@@ -9,9 +9,9 @@ from datetime import datetime
 import duckdb
 
 from mlxmem.errors import InputError
-from mlxmem.memory.db import Database
-from mlxmem.memory.rows import one_row
-from mlxmem.memory.turns import conversation_id
+from mlxmem.memory.tables.db import Database
+from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.turns import conversation_id
 from mlxmem.text import as_utc, check_text, to_db, utc_now
 
 
@@ -155,3 +155,8 @@ def summary_of(row: tuple) -> Summary:
     return Summary(
         row[0], row[1], row[2], row[3], row[4], row[5], as_utc(row[6]), tuple(row[7] or ()), row[8]
     )
+
+
+def delete_of_conversation(con: duckdb.DuckDBPyConnection, cid: int) -> None:
+    """Every summary of conversation `cid`, inside the caller's erase."""
+    con.execute("DELETE FROM summaries WHERE conversation_id = ?", [cid])

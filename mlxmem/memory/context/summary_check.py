@@ -4,7 +4,7 @@ A small model's summary is often no summary: SmolLM2-135M repeats one sentence u
 retells the conversation as "I", or answers the last message instead. `check_summary` catches a
 refusal, repeated n-grams, a first- or second-person retelling, and too few of the names,
 numbers and dates of what the summary folds. One that fails is replaced by the extractive
-summary (mlxmem.memory.extractive).
+summary (mlxmem.memory.context.extractive).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlxmem.memory.dates import MONTHS
-from mlxmem.memory.summary_words import (
+from mlxmem.memory.context.summary_words import (
     SENTENCE_RE,
     key_items,
     text_words,
 )
+from mlxmem.memory.tables.dates import MONTHS
 
 # Set against SmolLM2-135M's and Qwen2.5-Coder-1.5B's summaries of LoCoMo windows
 # (benchmarks/summary_prompts.py) and a plain third-person one (tests/test_summary_check.py).

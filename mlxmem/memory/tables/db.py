@@ -18,7 +18,7 @@ or a whole one, never a WAL to replay. DuckDB replays the WAL of the file it sta
 its built-in functions are registered, so a WAL holding a schema change (an older first run, a
 migration killed before its checkpoint) fails there; such a WAL is replayed through an attach,
 and one that fails there too is moved aside and said, never deleted. Every connection is
-offline (mlxmem.memory.connect).
+offline (mlxmem.memory.tables.connect).
 
 Deleted means gone, and erasing is one durable operation owned here, not by callers. The facts
 live in their own small file (attached as `facts_db`), so erasing a fact rewrites the facts,
@@ -63,9 +63,10 @@ import duckdb
 
 from mlxmem import paths
 from mlxmem.errors import StaleError, StoreError
-from mlxmem.memory.connect import connect
-from mlxmem.memory.migrations import FACTS_DB, attach_facts, facts_path, migrate
-from mlxmem.memory.rows import one_row
+from mlxmem.memory.tables.connect import connect
+from mlxmem.memory.tables.facts import FactEdit, write_erased_facts
+from mlxmem.memory.tables.migrations import FACTS_DB, attach_facts, facts_path, migrate
+from mlxmem.memory.tables.rows import one_row
 
 LOCK_TIMEOUT_S = 5.0
 # How often a holder looks for another process's request for the store: the most a waiter
@@ -79,27 +80,6 @@ _COMPACT_SUFFIXES = (".compact", ".compact.wal")
 # Tables of the main file whose rows can hold text a deletion removes.
 _MAIN_TEXT_TABLES = ("turns", "summaries", "conversations")
 T = TypeVar("T")
-
-
-def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
-    """This data directory's device id and name."""
-    rows = dict(
-        con.execute(
-            "SELECT key, value FROM state WHERE key IN ('device_uid', 'device_name')"
-        ).fetchall()
-    )
-    return rows["device_uid"], rows["device_name"]
-
-
-@dataclass(frozen=True)
-class FactEdit:
-    text: str
-    updated_at: datetime
-    device_uid: str | None = None
-    version: int | None = None  # the version another device wrote; None: one more than now
-    clock: str | None = None  # its version vector (JSON; facts.edited_clock), None: unknown
-    replaced_by: str | None = None  # the uid of the fact that replaced it, if one did
-    replaced_at: datetime | None = None
 
 
 @dataclass
@@ -302,24 +282,7 @@ class Database:
         if not ids and not edits:
             return
         with self._transaction() as con:
-            if ids:
-                con.execute("DELETE FROM facts WHERE list_contains(?, id)", [list(ids)])
-            for fact_id, edit in edits.items():
-                con.execute(
-                    "UPDATE facts SET text = ?, updated_at = ?, device_uid = ?,"
-                    " version = coalesce(?, coalesce(version, 0) + 1), clock = ?,"
-                    " replaced_by = ?, replaced_at = ? WHERE id = ?",
-                    [
-                        edit.text,
-                        edit.updated_at,
-                        edit.device_uid,
-                        edit.version,
-                        edit.clock,
-                        edit.replaced_by,
-                        edit.replaced_at,
-                        fact_id,
-                    ],
-                )
+            write_erased_facts(con, ids, edits)
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -341,7 +304,7 @@ class Database:
         try:
             yield con
         except duckdb.IOException as exc:  # a file cut short: DuckDB reads blocks lazily
-            raise self._damaged_error(exc) from None
+            raise damaged_error(self.path, exc) from None
         try:
             con.commit()
         except duckdb.Error as exc:  # a full disk, most often: nothing was written
@@ -397,7 +360,7 @@ class Database:
         if self._owner == threading.get_ident():
             raise StoreError(f"database {self.path} is already open in this process (nested use?)")
         if not self._mutex.acquire(timeout=self.timeout):
-            raise self._busy_error(str(os.getpid()))
+            raise busy_error(self.path, str(os.getpid()))
         self._owner = threading.get_ident()
         try:
             if release:
@@ -496,7 +459,7 @@ class Database:
             lost = not had_facts and not _has_table(con, FACTS_DB, "facts")
         except duckdb.Error as exc:
             con.close()
-            raise self._damaged_error(exc) from None
+            raise damaged_error(self.path, exc) from None
         if lost:
             con.close()
             raise self._facts_lost_error()
@@ -623,35 +586,15 @@ class Database:
                 pid = holder_pid()
             except duckdb.IOException as exc:
                 if "Could not set lock" not in str(exc):
-                    raise self._open_error(exc) from None
+                    raise open_error(self.path, exc) from None
                 found = re.search(r"PID (\d+)", str(exc))
                 pid = found.group(1) if found else "unknown"
             except duckdb.Error as exc:
-                raise self._open_error(exc) from None
+                raise open_error(self.path, exc) from None
             if time.monotonic() > deadline:
-                raise self._busy_error(pid)
+                raise busy_error(self.path, pid)
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
-
-    def _busy_error(self, pid: str) -> StoreError:
-        if pid == str(os.getpid()):
-            return StoreError(f"database {self.path} is already open in this process (nested use?)")
-        return StoreError(f"database is in use by another process (pid {pid}): {self.path}")
-
-    def _open_error(self, exc: duckdb.Error) -> StoreError:
-        if "not a valid DuckDB database file" in str(exc):
-            return StoreError(
-                f"{self.path} is not a DuckDB database (corrupt, or another kind of file). "
-                "mlxmem leaves it untouched: move it away to start a new database, "
-                "or restore it from a backup."
-            )
-        return StoreError(f"cannot open the database {self.path}: {exc}")
-
-    def _damaged_error(self, exc: duckdb.Error) -> StoreError:
-        return StoreError(
-            f"cannot read the database {self.path}: {exc}. A file cut short or damaged is "
-            "left untouched: restore it from a backup, or move it away to start a new database."
-        )
 
     def _facts_lost_error(self) -> StoreError:
         """The facts file is gone while the log is not: say so, and leave no empty file for
@@ -677,43 +620,10 @@ class Database:
         try:
             if source is None:
                 source = one_row(con.execute("SELECT current_database()"))[0]
-            self._copy_database(con, path, source, drop_pending)
+            copy_database(con, path, source, drop_pending)
         finally:
             con.close()
-        self._replace_with_copy(path)
-
-    def _copy_database(
-        self, con: duckdb.DuckDBPyConnection, path: Path, source: str, drop_pending: bool
-    ) -> None:
-        tmp = Path(f"{path}.compact")
-        for leftover in (tmp, Path(f"{tmp}.wal")):
-            leftover.unlink(missing_ok=True)
-        crash_point("compact:leftovers-removed")
-        con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
-        crash_point("compact:checkpointed")
-        con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
-        paths.make_private(tmp)
-        crash_point("compact:attached")
-        con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
-        crash_point("compact:copied")
-        if drop_pending:
-            con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
-        con.execute(f"DETACH {_COMPACT_ALIAS}")
-        crash_point("compact:detached")
-
-    def _replace_with_copy(self, path: Path) -> None:
-        tmp = Path(f"{path}.compact")
-        # A WAL left by the old file would be replayed onto the new one.
-        if Path(f"{path}.wal").exists() or Path(f"{tmp}.wal").exists():
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
-        paths.make_private(tmp)
-        paths.fsync_path(tmp)
-        crash_point("compact:flushed")
-        os.replace(tmp, path)
-        crash_point("compact:replaced")
-        paths.fsync_path(path.parent)
-        crash_point("compact:dir-flushed")
+        replace_with_copy(path)
 
     def _leftovers(self) -> list[Path]:
         """Copies an interrupted compaction left behind."""
@@ -728,6 +638,67 @@ class Database:
         for path in (self.path, self.facts_path):
             paths.make_private(path)
             paths.make_private(Path(f"{path}.wal"))
+
+
+def copy_database(
+    con: duckdb.DuckDBPyConnection, path: Path, source: str, drop_pending: bool
+) -> None:
+    """Copy database `source` of `con` into `path`.compact (without the pending record, with
+    `drop_pending`): the copy holds the live rows only."""
+    tmp = Path(f"{path}.compact")
+    for leftover in (tmp, Path(f"{tmp}.wal")):
+        leftover.unlink(missing_ok=True)
+    crash_point("compact:leftovers-removed")
+    con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
+    crash_point("compact:checkpointed")
+    con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
+    paths.make_private(tmp)
+    crash_point("compact:attached")
+    con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
+    crash_point("compact:copied")
+    if drop_pending:
+        con.execute(f"DELETE FROM {_COMPACT_ALIAS}.state WHERE key = ?", [ERASE_PENDING])
+    con.execute(f"DETACH {_COMPACT_ALIAS}")
+    crash_point("compact:detached")
+
+
+def replace_with_copy(path: Path) -> None:
+    """Put the copy copy_database made in the place of `path`, durably."""
+    tmp = Path(f"{path}.compact")
+    # A WAL left by the old file would be replayed onto the new one.
+    if Path(f"{path}.wal").exists() or Path(f"{tmp}.wal").exists():
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"could not compact {path}: its write-ahead log stayed behind")
+    paths.make_private(tmp)
+    paths.fsync_path(tmp)
+    crash_point("compact:flushed")
+    os.replace(tmp, path)
+    crash_point("compact:replaced")
+    paths.fsync_path(path.parent)
+    crash_point("compact:dir-flushed")
+
+
+def busy_error(path: Path, pid: str) -> StoreError:
+    if pid == str(os.getpid()):
+        return StoreError(f"database {path} is already open in this process (nested use?)")
+    return StoreError(f"database is in use by another process (pid {pid}): {path}")
+
+
+def open_error(path: Path, exc: duckdb.Error) -> StoreError:
+    if "not a valid DuckDB database file" in str(exc):
+        return StoreError(
+            f"{path} is not a DuckDB database (corrupt, or another kind of file). "
+            "mlxmem leaves it untouched: move it away to start a new database, "
+            "or restore it from a backup."
+        )
+    return StoreError(f"cannot open the database {path}: {exc}")
+
+
+def damaged_error(path: Path, exc: duckdb.Error) -> StoreError:
+    return StoreError(
+        f"cannot read the database {path}: {exc}. A file cut short or damaged is "
+        "left untouched: restore it from a backup, or move it away to start a new database."
+    )
 
 
 def open_lock_file(lock: Path) -> int:
@@ -747,6 +718,11 @@ def open_lock_file(lock: Path) -> int:
             " rename what is there, and retry"
         )
     return fd
+
+
+def set_state(con: duckdb.DuckDBPyConnection, key: str, value: str) -> None:
+    """Keep one of this data directory's small values in `state`, under `key`."""
+    con.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", [key, value])
 
 
 def forget_epoch(con: duckdb.DuckDBPyConnection) -> int:
