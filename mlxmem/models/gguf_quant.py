@@ -29,7 +29,7 @@ perplexity is unchanged (docs/notebook/benchmarks.md, "GGUF conversion: nothing 
 
 Scales and biases are stored as float16 (as in mlx-community's models); where float16 cannot
 hold a tensor's scales within its rounding (overflow, subnormals) that tensor keeps float32
-scales. On the CPU the model is dequantized to float32 at load (mlxmem/cpu.py), as before.
+scales. On the CPU the model is dequantized to float32 at load (mlxmem/cpu.py).
 Only 2-D `.weight` tensors stay quantized (they feed Linear and Embedding layers); anything
 else quantized is dequantized.
 """
