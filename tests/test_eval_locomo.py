@@ -491,3 +491,20 @@ def test_per_session_without_answers_measures_the_prompts_only(tmp_path):
     assert result["recall"]["evidence_in_prompt"]["overall"]["mean"] == 1.0
     assert result["recall"]["f1"]["overall"]["n"] == 0
     assert not [c for c in engine.calls if c.slot.startswith("probe/")]
+
+
+def test_default_data_dir_is_the_corpus_beside_the_repository(tmp_path, monkeypatch):
+    """With no $MLXMEM_LOCOMO and a working directory elsewhere, LoCoMo is found in
+    shared/corpora/locomo beside the clone that holds the package."""
+    from mlxmem.eval.locomo import data
+
+    clone = tmp_path / "work" / "mlxmem"
+    module = clone / "mlxmem" / "eval" / "locomo" / "data.py"
+    corpus = tmp_path / "work" / "shared" / "corpora" / "locomo"
+    corpus.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere" / "cwd"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.delenv(data.DATA_ENV, raising=False)
+    monkeypatch.setattr(data, "__file__", str(module))
+    monkeypatch.chdir(elsewhere)
+    assert data.default_data_dir() == corpus

@@ -8,7 +8,7 @@
 - `threads`: how many CPU threads an engine computes with (`--threads`, `MLXMEM_THREADS`);
 - `mlx`: `MLXEngine`, MLX through mlx-lm, the engine on Apple silicon;
 - `llamacpp`: `LlamaCppEngine`, llama.cpp through llama-cpp-python, wherever MLX has no fast
-  path (an optional extra: `pip install "mlxmem[llamacpp]"`); `native` and `canary`: whether
+  path (a dependency there; on a Mac the `llamacpp` extra); `native` and `canary`: whether
   a llama.cpp build with AMX kernels may load its fastest way on this CPU.
 
 Only this package imports `mlx` or `llama_cpp`, and only when an engine is made.

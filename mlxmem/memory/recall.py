@@ -173,7 +173,8 @@ def refers_to_past(text: str) -> bool:
 # - then the prior, added to the fused score of the best PRIOR_POOL: length_prior,
 #   question_penalty, answer_bonus, self_bonus.
 # The constants were measured on LoCoMo's development conversations (found at 4,
-# benchmarks/recall_retrieval.py; each term set to its neutral value in benchmarks/README.md),
+# benchmarks/recall_retrieval.py; each term set to its neutral value in docs/notebook/benchmarks.md,
+# "Recall at 1,000,000 messages, and the ranking methods tried"),
 # the prior's fit by logistic regression on the top 20 of each question, one conversation left
 # out at a time, and rounded: each is worth a few places among close matches, not a strong
 # match's lead. Ranking holds them all, so that a test or a benchmark sets one apart.
@@ -276,7 +277,8 @@ def in_days(ranges: int) -> str:
 
 # A turn of the conversation the message is written in, against one of another conversation:
 # no preference. Asked from the last session's conversation, 1.5 and 2 found no more at 4 or 6
-# on any development conversation and fewer on most (benchmarks/README.md).
+# on any development conversation and fewer on most (docs/notebook/benchmarks.md, "Recall across
+# conversations").
 CURRENT_BOOST = 1.0
 
 

@@ -28,7 +28,8 @@ MIN_VERBATIM = 4
 # The summary's hard cap (a tenth of a 4,096-token budget): with SmolLM2's tokenizer, the
 # extractive summary of a whole LoCoMo conversation kept 34% of the named entities of its
 # folded evidence turns at 160, 63% at 320 and 71% at 400, and the prompts held more of the
-# gold answers' words each time (benchmarks/summary_entities.py, benchmarks/README.md).
+# gold answers' words each time (benchmarks/summary_entities.py; docs/notebook/benchmarks.md,
+# "Summaries that keep more of what they fold").
 SUMMARY_MAX_TOKENS = 400
 # A model's summary that leaves this much of the cap free is followed by the folded turns'
 # sentences that hold the names, numbers and dates it left out (extractive.specifics_left_out).

@@ -25,11 +25,11 @@ the 6-bit codes of that sub-block times 4, exactly); the other sub-block's value
 that finer grid, an error of at most 1/8 of its own pair's larger Q6_K step (1/4 at the single
 clipped extreme of equal-and-opposite scales). That is far below Q6_K's own rounding (half a
 step) and costs 8.5 bits per weight instead of 6.56; measured on Qwen2.5-Coder-0.5B the
-perplexity is unchanged (benchmarks/README.md).
+perplexity is unchanged (docs/notebook/benchmarks.md, "GGUF conversion: nothing lost").
 
 Scales and biases are stored as float16 (as in mlx-community's models); where float16 cannot
 hold a tensor's scales within its rounding (overflow, subnormals) that tensor keeps float32
-scales. On the CPU the model is dequantized to float32 at load (mlxmem/cpu.py), as before.
+scales. On the CPU the model is dequantized to float32 at load (mlxmem/cpu.py).
 Only 2-D `.weight` tensors stay quantized (they feed Linear and Embedding layers); anything
 else quantized is dequantized.
 """

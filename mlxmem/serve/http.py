@@ -201,7 +201,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             handler, args = route(self.command, url.path)
             if req.unread_body and self.command not in ("POST", "PATCH"):
                 req.discard_body()  # read under the watchdog, so the answer is not timed
-                self.close_connection = True  # as before: a body nobody takes ends it
+                self.close_connection = True  # a body nobody takes ends the connection
             if not req.unread_body and not self.request_read():
                 self.close_connection = True
                 return

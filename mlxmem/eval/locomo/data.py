@@ -93,7 +93,7 @@ def default_data_dir() -> Path:
 
     if os.environ.get(DATA_ENV):
         return Path(os.environ[DATA_ENV])
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]  # mlxmem/eval/locomo/data.py -> the repository
     for base in (Path.cwd(), repo):
         found = base.parent / "shared" / "corpora" / "locomo"
         if found.is_dir():

@@ -40,7 +40,8 @@ MAX_UNIT_WORDS = 40  # a longer sentence is cut: one sentence must not take the 
 # its clauses with a name, number or date: the newest fold keeps whole sentences, older ones
 # their specifics with a few words around them (with SmolLM2's tokenizer the development
 # conversations' final summaries kept 102 of 167 named entities of the folded evidence turns
-# instead of 92 on the same folds; benchmarks/README.md).
+# instead of 92 on the same folds; docs/notebook/benchmarks.md, "Summaries that keep more of
+# what they fold").
 AGED_WORDS = 6
 _SPEAKER_LABEL_RE = re.compile(r"^([A-Z][\w'’-]*(?: [A-Z][\w'’-]*)?): (.+)$", re.DOTALL)
 # Where a sentence splits into clauses: a comma, semicolon or dash. A clause that opens with a
