@@ -12,13 +12,9 @@ runs; it opens the file again at its next operation. A holder that never release
 mlxmem, a process stuck in an operation) still makes the others fail after LOCK_TIMEOUT_S with
 the holder's pid.
 
-A new database (the log and the facts file) is made in a folder beside them, migrated and
-checkpointed, and moved into place whole, so that a kill during a first run leaves no database
-or a whole one, never a WAL to replay. DuckDB replays the WAL of the file it starts on before
-its built-in functions are registered, so a WAL holding a schema change (an older first run, a
-migration killed before its checkpoint) fails there; such a WAL is replayed through an attach,
-and one that fails there too is moved aside and said, never deleted. Every connection is
-offline (mlxmem.memory.tables.connect).
+A new database is made aside and moved into place whole, and a WAL that a kill left behind is
+replayed or set aside (mlxmem.memory.tables.creation). Every connection is offline
+(mlxmem.memory.tables.connect).
 
 Deleted means gone, and erasing is one durable operation owned here, not by callers. The facts
 live in their own small file (attached as `facts_db`), so erasing a fact rewrites the facts,
@@ -51,7 +47,6 @@ import shutil
 import stat
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -63,10 +58,10 @@ import duckdb
 
 from mlxmem import paths
 from mlxmem.errors import StaleError, StoreError
-from mlxmem.memory.tables.connect import connect
+from mlxmem.memory.tables import creation
 from mlxmem.memory.tables.facts import FactEdit, write_erased_facts
 from mlxmem.memory.tables.migrations import FACTS_DB, attach_facts, facts_path, migrate
-from mlxmem.memory.tables.rows import one_row
+from mlxmem.memory.tables.rows import one_row, sql_string
 
 LOCK_TIMEOUT_S = 5.0
 # How often a holder looks for another process's request for the store: the most a waiter
@@ -75,7 +70,6 @@ HOLD_POLL_S = 0.002
 ERASE_PENDING = "compaction_pending"  # the key's name predates the cache wipe; kept for old files
 FORGET_EPOCH = "forget_epoch"
 _COMPACT_ALIAS = "mlxmem_compacted"
-_REPLAY_ALIAS = "mlxmem_replayed"
 _COMPACT_SUFFIXES = (".compact", ".compact.wal")
 # Tables of the main file whose rows can hold text a deletion removes.
 _MAIN_TEXT_TABLES = ("turns", "summaries", "conversations")
@@ -165,8 +159,8 @@ class Database:
                 ).fetchone()
             if pending or self._leftovers():
                 self._erase_locked(ErasePlan.parse(pending[0]) if pending else ErasePlan())
-            # A creation killed after its files moved in (_create_aside): its empty folder.
-            shutil.rmtree(self._sibling(".new"), ignore_errors=True)
+            # A creation killed after its files moved in (create_aside): its empty folder.
+            shutil.rmtree(creation.new_folder(self.path), ignore_errors=True)
 
     @contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -447,10 +441,12 @@ class Database:
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         if not self.path.exists():
-            self._create_aside()
+            creation.create_aside(self.path, crash_point)
         had_facts = self.facts_path.exists()  # ATTACH creates a missing one, empty
         self.opens += 1
-        con = self._retry(self._connect_main, lambda: "unknown")
+        con = self._retry(
+            lambda: creation.connect_replaying(self.path, crash_point), lambda: "unknown"
+        )
         try:
             attach_facts(con)
             if migrate(con):  # schema changes reach the files now, not a WAL left to replay
@@ -464,116 +460,6 @@ class Database:
             con.close()
             raise self._facts_lost_error()
         return con
-
-    def _connect_main(self) -> duckdb.DuckDBPyConnection:
-        """Connect to the main file; a WAL that DuckDB fails to replay on connecting is
-        replayed through an attach (see _replay_wal) and the connection tried again."""
-        try:
-            return connect(str(self.path))
-        except duckdb.Error as exc:
-            if "replaying WAL" not in str(exc):
-                raise
-        self._replay_wal()
-        if not self.path.exists():  # a blank file whose WAL was set aside (_drop_if_blank)
-            self._create_aside()
-        return connect(str(self.path))
-
-    def _replay_wal(self) -> None:
-        """Replay the main file's WAL into it and empty it. DuckDB replays the WAL of the file
-        it is started on before its built-in functions are registered, so a WAL that holds a
-        schema change naming one (a DEFAULT gen_random_uuid(), from a first run or a
-        migration killed before its checkpoint) fails there, and DuckDB looks for the function
-        in an extension to download; attached to a running instance, it replays. A WAL that
-        fails there too is moved aside, never deleted."""
-        mem = connect()
-        try:
-            mem.execute(f"ATTACH {_sql_string(str(self.path))} AS {_REPLAY_ALIAS}")
-            mem.execute(f"CHECKPOINT {_REPLAY_ALIAS}")
-            mem.execute(f"DETACH {_REPLAY_ALIAS}")
-        except duckdb.IOException as exc:
-            if "Could not set lock" in str(exc):
-                raise
-            self._set_wal_aside(exc)
-        except duckdb.Error as exc:
-            self._set_wal_aside(exc)
-        finally:
-            mem.close()
-        self._drop_if_blank()
-
-    def _drop_if_blank(self) -> None:
-        """Remove the main file if it holds no table: a first run (of an older mlxmem) killed
-        before its first checkpoint, whose WAL was set aside; a new database takes its place."""
-        if Path(f"{self.path}.wal").exists() or _count_tables(self.path) != 0:
-            return
-        self.path.unlink()
-        crash_point("create:blank-removed")
-
-    def _set_wal_aside(self, exc: duckdb.Error) -> None:
-        """Move a WAL that cannot be replayed beside the file, under a name that says so,
-        and say so in one line: the database opens at its last checkpoint."""
-        wal = Path(f"{self.path}.wal")
-        aside = wal.with_name(f"{wal.name}.unreplayable-{time.strftime('%Y%m%dT%H%M%S')}")
-        os.replace(wal, aside)
-        paths.fsync_path(self.path.parent)
-        reason = str(exc).splitlines()[0]
-        warnings.warn(
-            f"the database's write-ahead log could not be replayed ({reason}); it was moved to "
-            f"{aside} and {self.path.name} opens without the changes made just before a crash."
-            f" Keep {aside.name} to report the problem or restore from a backup; delete it "
-            "when you no longer need it (it may hold text you deleted).",
-            stacklevel=2,
-        )
-
-    def _create_aside(self) -> None:
-        """Make a new database (the log and the facts file) in a folder beside them, migrated
-        and checkpointed (no WAL to replay), and move it into place: the facts file, then the
-        log, whose arrival ends the creation. A kill at any point leaves no database (the next
-        open starts again; the folder holds only an empty schema) or a whole one."""
-        work = self._sibling(".new")
-        shutil.rmtree(work, ignore_errors=True)
-        crash_point("create:leftovers-removed")
-        self._clear_place_for_new()
-        work.mkdir(mode=0o700)
-        new = work / self.path.name
-        con = connect(str(new))
-        try:
-            attach_facts(con)
-            migrate(con)
-            con.execute(f"CHECKPOINT {FACTS_DB}")
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        for made in (new, facts_path(new)):
-            paths.make_private(made)
-            paths.fsync_path(made)
-        crash_point("create:made")
-        os.replace(facts_path(new), self.facts_path)
-        crash_point("create:facts-moved")
-        os.replace(new, self.path)
-        crash_point("create:moved")
-        paths.fsync_path(self.path.parent)
-        shutil.rmtree(work, ignore_errors=True)
-
-    def _clear_place_for_new(self) -> None:
-        """Before a new database moves in: a facts file without a log is one a creation
-        moved in before it was killed (no facts: it goes, with its WAL), or a person's
-        (facts in it, or unreadable: refused, untouched); a WAL without its file is moved
-        aside, never replayed onto the new one."""
-        if Path(f"{self.path}.wal").exists():
-            self._set_wal_aside(duckdb.Error("its database file is missing"))
-        if not self.facts_path.exists():
-            return
-        held = _count_facts(self.facts_path)
-        if held != 0:
-            what = "cannot be read" if held is None else f"holds {held} facts"
-            raise StoreError(
-                f"the chat log {self.path} is missing, but the facts file {self.facts_path} "
-                f"{what}; mlxmem leaves it untouched: restore the log from a backup, or move "
-                f"{self.facts_path.name} away to start a new database."
-            )
-        for path in (self.facts_path, Path(f"{self.facts_path}.wal")):
-            path.unlink(missing_ok=True)
-        crash_point("create:empty-facts-removed")
 
     def _retry(self, attempt: Callable[[], T], holder_pid: Callable[[], str]) -> T:
         """Call attempt() until it stops failing on a lock held elsewhere, up to the timeout."""
@@ -651,7 +537,7 @@ def copy_database(
     crash_point("compact:leftovers-removed")
     con.execute(f"CHECKPOINT {_sql_ident(source)}")  # empties the WAL of the old file
     crash_point("compact:checkpointed")
-    con.execute(f"ATTACH {_sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
+    con.execute(f"ATTACH {sql_string(str(tmp))} AS {_COMPACT_ALIAS}")
     paths.make_private(tmp)
     crash_point("compact:attached")
     con.execute(f"COPY FROM DATABASE {_sql_ident(source)} TO {_COMPACT_ALIAS}")
@@ -741,32 +627,6 @@ def bump_forget_epoch(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def _count_tables(path: Path) -> int | None:
-    """The tables in the database file at `path`, opened read-only; None if it cannot be."""
-    mem = connect()
-    try:
-        mem.execute(f"ATTACH {_sql_string(str(path))} AS {_REPLAY_ALIAS} (READ_ONLY)")
-        query = "SELECT count(*) FROM duckdb_tables() WHERE database_name = ?"
-        return int(one_row(mem.execute(query, [_REPLAY_ALIAS]))[0])
-    except duckdb.Error:
-        return None
-    finally:
-        mem.close()
-
-
-def _count_facts(path: Path) -> int | None:
-    """The facts in the facts file at `path` (its WAL replayed, the file untouched); None if
-    it cannot be read as one."""
-    mem = connect()
-    try:
-        mem.execute(f"ATTACH {_sql_string(str(path))} AS {_REPLAY_ALIAS} (READ_ONLY)")
-        return int(one_row(mem.execute(f"SELECT count(*) FROM {_REPLAY_ALIAS}.facts"))[0])
-    except duckdb.Error:
-        return None
-    finally:
-        mem.close()
-
-
 def _has_table(con: duckdb.DuckDBPyConnection, database: str, table: str) -> bool:
     found = con.execute(
         "SELECT 1 FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
@@ -808,10 +668,6 @@ def wipe_caches(cache_dir: Path) -> int:
             removed += 1
         crash_point("erase:cache-removed")
     return removed
-
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def _sql_ident(value: str) -> str:

@@ -29,3 +29,8 @@ def device_of(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
         ).fetchall()
     )
     return rows["device_uid"], rows["device_name"]
+
+
+def sql_string(value: str) -> str:
+    """`value` as an SQL string literal (for statements that take no parameters: ATTACH)."""
+    return "'" + value.replace("'", "''") + "'"
