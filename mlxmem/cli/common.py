@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -231,6 +231,18 @@ def on_terminal() -> bool:
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, ensure_ascii=False, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def listed_plainly(items: Sequence[Any], as_json: bool, empty: str) -> bool:
+    """What every listing command prints before its table: `items` as JSON with --json, or the
+    line `empty` when there are none. True when that said it all (no table to print)."""
+    if as_json:
+        print_json([json_ready(item) for item in items])
+        return True
+    if not items:
+        say(empty)
+        return True
+    return False
 
 
 def nonempty_path(value: str) -> Path:

@@ -12,11 +12,14 @@ import typer
 from rich.table import Table
 
 from mlxmem import bench
+from mlxmem.bench import BenchModel
 from mlxmem.defaults import DEFAULT_REPLACE_FACTS, SummaryKind
+from mlxmem.engine import Engine
 from mlxmem.errors import InputError
 from mlxmem.eval import facts as fe
 from mlxmem.eval import locomo as ev
 from mlxmem.eval.locomo.convert import convert_locomo
+from mlxmem.measure import Progress as OnProgress
 from mlxmem.memory.context.budget import context_budget
 
 from .bench import DB, SEED, _model, _print_json, _progress
@@ -165,9 +168,7 @@ def locomo(
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(ev.no_data_hint(folder))
-        name = model_or_default(model, engine_name)
-        chosen = _model(name, None, None, seed, as_json, engine_name)
-        with bench.bench_engine(chosen, persist=False) as engine, _progress("eval") as progress:
+        with _eval_engine(model, engine_name, seed, as_json, "eval") as (chosen, engine, progress):
             result = ev.run_locomo(
                 engine,
                 folder,
@@ -199,6 +200,17 @@ def locomo(
     if plot is not None:
         err.print(f"plot written to {plot}")
     err.print(f"[dim]stored as run {run.id}; `mlxmem bench history --kind eval` lists runs[/dim]")
+
+
+@contextlib.contextmanager
+def _eval_engine(
+    model: str | None, engine_name: str | None, seed: int, as_json: bool, label: str
+) -> Iterator[tuple[BenchModel, Engine, OnProgress]]:
+    """The model an eval asks (said on stderr unless --json), loaded with its slots in memory,
+    and the progress line `label` of its run."""
+    chosen = _model(model_or_default(model, engine_name), None, None, seed, as_json, engine_name)
+    with bench.bench_engine(chosen, persist=False) as engine, _progress(label) as progress:
+        yield chosen, engine, progress
 
 
 @contextlib.contextmanager
@@ -269,10 +281,8 @@ def facts_command(
         ids = conversation or ev.available_conversations(folder)
         if not ids:
             raise InputError(ev.no_data_hint(folder))
-        name = model_or_default(model, engine_name)
-        chosen = _model(name, None, None, seed, as_json, engine_name)
         runs = []
-        with bench.bench_engine(chosen, persist=False) as engine, _progress("facts") as progress:
+        with _eval_engine(model, engine_name, seed, as_json, "facts") as (chosen, engine, progress):
             for cid in ids:
                 runs.append(
                     fe.run_fact_eval(
@@ -325,17 +335,13 @@ def _updates(
         pairs = [p for p in pairs if p.conversation in conversation]
     if not pairs:
         raise InputError(f"no labelled pairs for {', '.join(conversation or [])} in {pairs_file}")
-    with _locomo_folder(data or ev.default_data_dir()) as folder:
-        name = model_or_default(model, engine_name)
-        chosen = _model(name, None, None, seed, as_json, engine_name)
-        with bench.bench_engine(chosen, persist=False) as engine, _progress("updates") as progress:
-            run = fe.run_update_eval(
-                engine,
-                folder,
-                pairs,
-                context_budget(context_tokens, chosen.context_tokens),
-                progress,
-            )
+    with (
+        _locomo_folder(data or ev.default_data_dir()) as folder,
+        _eval_engine(model, engine_name, seed, as_json, "updates") as (chosen, engine, progress),
+    ):
+        run = fe.run_update_eval(
+            engine, folder, pairs, context_budget(context_tokens, chosen.context_tokens), progress
+        )
     result = {"model": chosen.label, "pairs_file": pairs_file.name, **run}
     if as_json:
         return print_json(result)

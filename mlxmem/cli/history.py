@@ -10,7 +10,7 @@ from mlxmem.memory.store import LAST_SEQ, Store, Summary, Turn
 from mlxmem.memory.tables.summaries import describe_source
 from mlxmem.memory.tables.turns import SEARCH_LIMIT
 
-from .common import JSON, confirm, json_ready, out, plain_typer, plural, print_json, say, shown
+from .common import JSON, confirm, listed_plainly, out, plain_typer, plural, say, shown
 from .memory import local_time
 
 app = plain_typer(
@@ -32,11 +32,7 @@ def list_conversations(as_json: bool = JSON) -> None:
     """List the conversations with their number of turns, and whether each is recalled in the
     others ("shared") or kept out of recall ("private", see `history private`)."""
     conversations = Store().conversations()
-    if as_json:
-        print_json([json_ready(c) for c in conversations])
-        return
-    if not conversations:
-        say("No conversations yet.")
+    if listed_plainly(conversations, as_json, "No conversations yet."):
         return
     table = Table("name", "turns", "started", "recall")
     for c in conversations:
@@ -165,11 +161,7 @@ def remove(
 def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -> None:
     if last is not None:
         summaries = summaries[-last:]
-    if as_json:
-        print_json([json_ready(s) for s in summaries])
-        return
-    if not summaries:
-        say("No summaries.")
+    if listed_plainly(summaries, as_json, "No summaries."):
         return
     table = Table("id", "turns", "source", "tokens", "written", "text")
     for s in summaries:
@@ -185,11 +177,7 @@ def print_summaries(summaries: list[Summary], as_json: bool, last: int | None) -
 
 
 def print_turns(turns: list[Turn], as_json: bool, show_conversation: bool) -> None:
-    if as_json:
-        print_json([json_ready(m) for m in turns])
-        return
-    if not turns:
-        say("No turns.")
+    if listed_plainly(turns, as_json, "No turns."):
         return
     columns = ["id", "conversation", "#", "role", "text"]
     table = Table(*(columns if show_conversation else columns[:1] + columns[2:]))

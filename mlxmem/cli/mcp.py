@@ -9,7 +9,7 @@ import typer
 from mlxmem.errors import InputError
 
 from .common import err
-from .serve import DEFAULT_HOST
+from .serve import ALLOW_REMOTE, DEFAULT_HOST, token_option
 
 DEFAULT_MCP_PORT = 8765
 
@@ -22,14 +22,10 @@ def mcp(
     port: int = typer.Option(
         DEFAULT_MCP_PORT, min=0, max=65535, help="With --http: port (0: any free one)."
     ),
-    allow_remote: bool = typer.Option(
-        False, "--allow-remote", help="Allow a --host other than loopback (needs a token)."
-    ),
-    token: str = typer.Option(
-        None,
-        "--token",
-        envvar="MLXMEM_MCP_TOKEN",
-        help="With --http: require `Authorization: Bearer TOKEN` (env MLXMEM_MCP_TOKEN).",
+    allow_remote: bool = ALLOW_REMOTE,
+    token: str = token_option(
+        "MLXMEM_MCP_TOKEN",
+        "With --http: require `Authorization: Bearer TOKEN` (env MLXMEM_MCP_TOKEN).",
     ),
 ) -> None:
     """Serve the memory over the Model Context Protocol: tools to list, search, add, edit and

@@ -9,7 +9,7 @@ from rich.text import Text
 from mlxmem.memory.store import Store
 from mlxmem.memory.tables.facts import check_source
 
-from .common import JSON, confirm, json_ready, out, plain_typer, plural, print_json, say, shown
+from .common import JSON, confirm, listed_plainly, out, plain_typer, plural, say, shown
 
 app = plain_typer(
     help="The facts about you that the model sees (layer 3). Each is tagged manual (added by "
@@ -31,11 +31,7 @@ def list_facts(
 ) -> None:
     """List the facts the model knows about you (--all: and those replaced by newer ones)."""
     facts = Store().facts(replaced=show_all)
-    if as_json:
-        print_json([json_ready(fact) for fact in facts])
-        return
-    if not facts:
-        say("No facts yet. Add one with: mlxmem memory add TEXT")
+    if listed_plainly(facts, as_json, "No facts yet. Add one with: mlxmem memory add TEXT"):
         return
     table = Table("id", "source", "text", "updated", *(["replaced"] if show_all else []))
     for fact in facts:

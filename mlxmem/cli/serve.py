@@ -6,6 +6,7 @@ import errno
 import os
 import signal
 import sys
+from typing import Any
 
 import typer
 
@@ -35,19 +36,25 @@ from .common import (
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
+# The binding options of every server (serve, mcp --http), checked alike by check_binding.
+ALLOW_REMOTE = typer.Option(
+    False, "--allow-remote", help="Allow a --host other than loopback (needs a token)."
+)
+
+
+def token_option(envvar: str, help: str) -> Any:
+    """A server's --token: the bearer token each request must carry, else from `envvar`."""
+    return typer.Option(None, "--token", envvar=envvar, help=help)
+
 
 def serve(
     host: str = typer.Option(DEFAULT_HOST, help="Address to listen on (loopback by default)."),
     port: int = typer.Option(DEFAULT_PORT, min=0, max=65535, help="Port (0: any free one)."),
     model: str = MODEL,
-    allow_remote: bool = typer.Option(
-        False, "--allow-remote", help="Allow a --host other than loopback (needs a token)."
-    ),
-    token: str = typer.Option(
-        None,
-        "--token",
-        envvar="MLXMEM_SERVE_TOKEN",
-        help="Require `Authorization: Bearer TOKEN` on every request (env MLXMEM_SERVE_TOKEN).",
+    allow_remote: bool = ALLOW_REMOTE,
+    token: str = token_option(
+        "MLXMEM_SERVE_TOKEN",
+        "Require `Authorization: Bearer TOKEN` on every request (env MLXMEM_SERVE_TOKEN).",
     ),
     conversation: str = typer.Option(
         DEFAULT_CONVERSATION,

@@ -242,8 +242,7 @@ class Engine:
                 for token in run.tokens():
                     if first is None:
                         first = time.perf_counter()
-                        if self.restart is not None:
-                            self.restart.record_prefill(len(prompt) - run.cached, first - start)
+                        self._record_prefill(len(prompt) - run.cached, first - start)
                     out.append(token)
                     if run.is_end(token) and not sampling.ignore_eos:
                         finish = "stop"
@@ -278,6 +277,11 @@ class Engine:
     def close(self) -> None:
         """Let go of the model and its caches now; the engine cannot be used after."""
         self._closed = True
+
+    def _record_prefill(self, tokens: int, seconds: float) -> None:
+        """Tell the restart policy, where the engine has one, how long `tokens` took to prefill."""
+        if self.restart is not None:
+            self.restart.record_prefill(tokens, seconds)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # llama.cpp's threads meet at an OpenMP barrier after every step of the graph, where libgomp
 # spins by default: beside another busy process that multiplied a turn's time by 4 to 7, and
@@ -58,7 +58,6 @@ from mlxmem.engine.base import Request, Sampling, StopGeneration
 from mlxmem.engine.identity import gguf_identity
 from mlxmem.engine.slots import (
     PooledSlots,
-    SlotPool,
     common_prefix_len,
     discard,
     read_checked,
@@ -69,9 +68,6 @@ from mlxmem.engine.template import TemplatedEngine
 from mlxmem.engine.threads import engine_threads
 from mlxmem.errors import InputError, ModelLoadError
 from mlxmem.paths import data_dir
-
-if TYPE_CHECKING:
-    from mlxmem.restart import RestartPolicy
 
 LAYOUT_VERSION = "llamacpp-2"  # llama_state_seq_get_data's bytes, in blocks and a tail
 MAX_SLOTS = 3  # sequences in the context: chat, facts and one more (a fold's fresh summary)
@@ -114,8 +110,6 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
     """A GGUF model through llama.cpp, with named KV slots persisted under `cache_dir`.
     `context_tokens`: the longest prompt and reply one slot holds (the model's budget)."""
 
-    restart: RestartPolicy
-
     def __init__(
         self,
         gguf: Path,
@@ -127,7 +121,6 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
     ):
         from mlxmem.models.gguf import GEMMA_TEMPLATE
         from mlxmem.models.gguf_file import read_header
-        from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
         self.model_path = Path(gguf)
         header = read_header(self.model_path)  # a clear error for what is not a GGUF file
@@ -152,11 +145,9 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         # differently), as an MLX cache is for float32 or float16 weights.
         backend = "gpu" if lc.llama_supports_gpu_offload() else "cpu"
         self.model_id = model_id or f"{file_id}-llamacpp{llama_cpp.__version__}-{backend}"
-        profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
-        self.restart = RestartPolicy(profile, self.model_id, restart_policy)
         # The cells are counted here (`_slot`), so the byte cap never frees a slot.
-        self.slots = SlotPool(
-            self._new_slot, self.model_id, cache_dir, 1 << 62, self.restart, MAX_SLOTS
+        self._pool_slots(
+            self._new_slot, self.model_id, cache_dir, restart_policy, 1 << 62, MAX_SLOTS
         )
         self._init_template()
 
@@ -223,7 +214,7 @@ class LlamaCppEngine(PooledSlots, TemplatedEngine):
         cached = held.reuse_prefix(prompt)
         start = time.perf_counter()
         self._context.decode(held, prompt[cached:], logits=False, progress=self.on_prefill)
-        self.restart.record_prefill(len(prompt) - cached, time.perf_counter() - start)
+        self._record_prefill(len(prompt) - cached, time.perf_counter() - start)
         return len(prompt) - cached
 
     def _slot(self, name: str, tokens: int) -> LlamaSlot:

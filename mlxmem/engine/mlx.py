@@ -27,7 +27,6 @@ from mlxmem.engine.base import Request, StopGeneration
 from mlxmem.engine.identity import model_identity
 from mlxmem.engine.slots import (
     PooledSlots,
-    SlotPool,
     blocks_dir,
     common_prefix_len,
     discard,
@@ -40,7 +39,6 @@ from mlxmem.engine.slots import (
 from mlxmem.engine.template import TemplatedEngine
 from mlxmem.engine.threads import engine_threads
 from mlxmem.errors import InputError, ModelLoadError
-from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
 PREFILL_STEP = 512
 LAYOUT_VERSION = "1"  # one file, mlx-lm's prompt-cache format
@@ -49,8 +47,6 @@ BLOCK_LAYOUT_VERSION = "2"  # blocks of KV_BLOCK_TOKENS and a tail
 
 class MLXEngine(PooledSlots, TemplatedEngine):
     """A real model through MLX, with named KV slots persisted under `cache_dir`."""
-
-    restart: RestartPolicy
 
     def __init__(
         self,
@@ -90,15 +86,12 @@ class MLXEngine(PooledSlots, TemplatedEngine):
         self.model_id = model_id or model_identity(self.model_path)
         if self.dequantized and model_id is None:  # its KV caches are float32, not float16
             self.model_id += "-f32"
-        # Whether a stored prefix is loaded after a restart or recomputed (see mlxmem.restart).
-        profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
-        self.restart = RestartPolicy(profile, self.model_id, restart_policy)
-        self.slots = SlotPool(
+        self._pool_slots(
             lambda name: KVSlot(name, lambda: make_prompt_cache(self.model)),
             self.model_id,
             cache_dir,
+            restart_policy,
             max_slot_bytes,
-            self.restart,
         )
         self._init_template()
 
@@ -152,7 +145,7 @@ class MLXEngine(PooledSlots, TemplatedEngine):
                 if self.on_prefill is not None:
                     done = min(i + PREFILL_STEP, len(prompt)) - cached
                     self.on_prefill(done, len(prompt) - cached)
-            self.restart.record_prefill(len(prompt) - cached, time.perf_counter() - start)
+            self._record_prefill(len(prompt) - cached, time.perf_counter() - start)
         finally:
             kv.sync_tokens(prompt)
             self.slots.enforce_cap(keep=slot)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mlxmem.paths import ensure_private_dir, make_private
-from mlxmem.restart import RestartPolicy
+from mlxmem.restart import PROFILE_FILENAME, RestartPolicy
 
 SUFFIX = ".safetensors"
 DIGEST_SUFFIX = ".sum"
@@ -368,9 +368,27 @@ class SlotPool:
 
 
 class PooledSlots:
-    """`Engine.save_slots` and `drop_slot` for an engine whose slots are a SlotPool."""
+    """An engine whose slots are a SlotPool: the pool and its restart policy made alike for
+    every engine (`_pool_slots`), and `Engine.save_slots` and `drop_slot` on it."""
 
     slots: SlotPool
+    restart: RestartPolicy | None
+
+    def _pool_slots(
+        self,
+        make_slot: Callable[[str], Slot],
+        model_id: str,
+        cache_dir: Path | None,
+        restart_policy: str,
+        max_bytes: int,
+        max_slots: int | None = None,
+    ) -> None:
+        """Make the engine's pool of slots under `cache_dir` (None: in memory only), and the
+        restart policy that decides whether a stored prefix is loaded after a restart or
+        recomputed (see mlxmem.restart), its profile beside `cache_dir`."""
+        profile = cache_dir.parent / PROFILE_FILENAME if cache_dir is not None else None
+        self.restart = RestartPolicy(profile, model_id, restart_policy)
+        self.slots = SlotPool(make_slot, model_id, cache_dir, max_bytes, self.restart, max_slots)
 
     def save_slots(self, names: Sequence[str] | None = None) -> None:
         for name in names if names is not None else self.slots.names():
