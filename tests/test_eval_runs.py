@@ -151,12 +151,12 @@ def test_a_replay_stopped_inside_an_exchange_goes_on_from_the_last_copy_of_its_s
     real_generate = engine.generate
     seen = [0]
 
-    def generate(tokens, **kw):
-        if kw.get("max_tokens") == 1:
+    def generate(tokens, sampling, **kw):
+        if sampling.max_tokens == 1:
             seen[0] += 1
             if seen[0] == stop_at:
                 raise Stop
-        return real_generate(tokens, **kw)
+        return real_generate(tokens, sampling, **kw)
 
     engine.generate = generate
     run_dir = tmp_path / "run"

@@ -92,12 +92,12 @@ def stopped_inside_the_replay(data: Path, run_dir: Path, monkeypatch) -> None:
     engine = FakeEngine(extracting_reader)
     real_generate, seen = engine.generate, [0]
 
-    def generate(tokens, **kw):
-        if kw.get("max_tokens") == 1:
+    def generate(tokens, sampling, **kw):
+        if sampling.max_tokens == 1:
             seen[0] += 1
             if seen[0] == 5:
                 raise Stop
-        return real_generate(tokens, **kw)
+        return real_generate(tokens, sampling, **kw)
 
     engine.generate = generate  # type: ignore[method-assign]
     with pytest.raises(Stop):
