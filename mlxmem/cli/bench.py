@@ -286,10 +286,18 @@ def turns(
         plot_turns(result, plot, title)
     if as_json:
         return _print_json(run)
-    s = result.summary()
     budget = result.settings["context_tokens"]
     title = f"bench turns: {source}, {chosen.label}, {budget} tokens"
     table = Table("figure", "value", title=title)
+    for name, value in _turns_rows(result):
+        table.add_row(name, value)
+    out().print(table)
+    _footer(run, plot)
+
+
+def _turns_rows(result: bench.TurnsResult) -> list[tuple[str, str]]:
+    """The figures `bench turns` prints, named, from a run's summary."""
+    s = result.summary()
     rows = [
         ("turns (exchanges)", str(s["turns"])),
         ("prompt tokens from cache, all calls", _share(s["cache_share"])),
@@ -350,10 +358,7 @@ def turns(
                 f"{_number(s['foreground_wait_before_reply_ms_p95'], 1)} ms",
             ),
         ]
-    for name, value in rows:
-        table.add_row(name, value)
-    out().print(table)
-    _footer(run, plot)
+    return rows
 
 
 def _exchanges(transcript, replay: bool, synthetic_turns: int, seed: int, max_turns):
