@@ -15,6 +15,7 @@ from test_eval_runs import Stop, comparable
 
 from mlxmem.errors import InputError
 from mlxmem.eval import locomo as ev
+from mlxmem.eval.locomo import runner
 from mlxmem.eval.runlog import RunDir, RunFileWarning, read_lines
 from mlxmem.testing import FakeEngine
 
@@ -88,7 +89,7 @@ def test_a_damaged_replay_figures_file_is_said_and_the_figures_made_again(tmp_pa
 def stopped_inside_the_replay(data: Path, run_dir: Path, monkeypatch) -> None:
     """A run stopped while the model reads a prompt late in the replay, copies of its store
     kept every 2 exchanges."""
-    monkeypatch.setattr(ev, "KEEP_EVERY", 2)
+    monkeypatch.setattr(runner, "KEEP_EVERY", 2)
     engine = FakeEngine(extracting_reader)
     real_generate, seen = engine.generate, [0]
 
