@@ -10,16 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import duckdb
 import pytest
 from conftest import cli
-from test_forgetting import CLI_GROUP, strace  # noqa: F401 - strace is a fixture
+from test_forgetting import CLI_GROUP, forked_killed_at, strace  # noqa: F401 - a fixture
 
 from mlxmem import paths
-from mlxmem.cli import memory as cli_memory
 from mlxmem.errors import StoreError
 from mlxmem.memory.store import Store
 from mlxmem.memory.tables import db
@@ -43,27 +41,6 @@ def opens_after(home: Path, where: str) -> bool:
     leftovers = [p.name for p in home.iterdir() if p.name.endswith((".new", ".wal"))]
     assert leftovers == [], f"{where}: {leftovers}"
     return FACT in result.stdout
-
-
-def forked_first_run(n: int) -> bool:
-    """`mlxmem memory add` on an empty data directory in a forked process that dies at the
-    n-th step the fault seam sees; return whether it died there."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            steps = itertools.count(1)
-            db.fault_hook = lambda name: os._exit(137) if next(steps) == n else None
-            cli_memory.app(FIRST[1:], prog_name="mlxmem", standalone_mode=False)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    assert code in (0, 137), f"the first command failed ({code}) at kill point {n}"
-    return code == 137
 
 
 def strace_first_run(home: Path, n: int) -> bool:
@@ -96,7 +73,7 @@ def sweep_first_run(tmp_path: Path, killed_at) -> tuple[int, int]:
 def test_a_kill_at_every_step_of_a_first_run_leaves_a_store_that_opens(tmp_path, monkeypatch):
     def killed_at(home: Path, n: int) -> bool:
         monkeypatch.setenv("MLXMEM_HOME", str(home))
-        return forked_first_run(n)
+        return forked_killed_at(FIRST, n)
 
     points, kept = sweep_first_run(tmp_path, killed_at)
     print(f"first run: {points} kill points, the fact kept after {kept}")

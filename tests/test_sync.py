@@ -874,9 +874,15 @@ def test_a_deletion_reaches_the_next_sync_past_a_damaged_file_of_its_device(devi
     assert "Reading 1 other device in" in said
 
 
-def test_a_deletion_reaches_the_next_sync_past_a_damaged_device_json(devices):
+@pytest.mark.parametrize("passphrase", [None, "a passphrase"])
+def test_a_deletion_reaches_the_next_sync_past_a_damaged_device_json(
+    devices, monkeypatch, passphrase
+):
     # B removes a fact; then B's device.json is damaged. B's other changes wait for B to
-    # write it again, but the tombstone, in a plain file A can read whole, applies now.
+    # write it again, but the tombstone applies now: read whole from a plain file, or, with a
+    # passphrase, unsealed with the key A remembers from B's device.json as it read it before.
+    if passphrase:
+        monkeypatch.setenv("MLXMEM_SYNC_PASSPHRASE", passphrase)
     a, b, folder = devices
     on(b, "memory", "add", f"Allergic to {MARKER}")
     on(b, "sync", str(folder))
@@ -885,6 +891,8 @@ def test_a_deletion_reaches_the_next_sync_past_a_damaged_device_json(devices):
     on(b, "memory", "rm", "1")
     on(b, "memory", "add", "Reads at night")
     on(b, "sync")
+    if passphrase:
+        assert all(p.name.endswith(".enc") for p in stream_files(folder, b))
     info = folder / "mlxmem" / "devices" / device(b) / "device.json"
     info.write_text("{not json")
     said = " ".join(on(a, "sync").stderr.split())

@@ -68,8 +68,11 @@ def sync_command(
         return
     for problem in report.bad_devices:
         say(
-            f"Skipped a device: {problem}. Its changes wait for it"
-            + ("" if passphrase else " but for their deletions, which apply now")
+            f"Skipped a device: {problem}. Its changes wait for it but for their deletions,"
+            " which apply now"
+            # Sealed deletions open with the key remembered from that device's description as
+            # this device last read it (mlxmem.sync.cursor); none is remembered before a first read.
+            + (" if this device has read that device's files before" if passphrase else "")
             + "; the next sync retries (that device rewrites the file at its next sync).",
             err=True,
         )
