@@ -17,6 +17,7 @@ import pytest
 from conftest import cli
 from test_forgetting import CLI_GROUP, forked_killed_at, strace  # noqa: F401 - a fixture
 
+import mlxmem
 from mlxmem import paths
 from mlxmem.errors import StoreError
 from mlxmem.memory.store import Store
@@ -242,7 +243,7 @@ def test_chat_killed_at_any_delay_on_an_empty_home_leaves_a_store_every_command_
 def test_every_duckdb_connection_goes_through_the_offline_connect():
     """No module opens DuckDB but through mlxmem.memory.tables.connect, which turns extension
     autoinstall and autoload off (checked here on a live connection)."""
-    root = Path(db.__file__).parents[1]
+    root = Path(mlxmem.__file__).parent  # the whole package, every folder
     direct = [
         str(path.relative_to(root))
         for path in root.rglob("*.py")

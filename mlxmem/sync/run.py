@@ -351,10 +351,6 @@ def _held_device_tombstones(
         return _tombstones(folder, Cipher.from_description(passphrase, described, folder.device))
     except InputError:
         return []
-    try:
-        return Cipher.from_description(passphrase, described, folder.device)
-    except InputError:
-        return False
 
 
 def plan_writes(log: SyncLog, mine: DeviceFolder, cipher: Cipher | None, others: set[str]) -> Plan:
