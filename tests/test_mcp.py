@@ -24,7 +24,7 @@ from mlxmem.cli.repl import Session
 from mlxmem.cli.terminal import Terminal
 from mlxmem.memory.companion import ChatSettings, Companion
 from mlxmem.memory.store import Store
-from mlxmem.surfaces.mcp_server import build_server, tool_names
+from mlxmem.surfaces.mcp_server import build_server
 from mlxmem.surfaces.memory import MemoryTools
 from mlxmem.testing import FakeEngine
 
@@ -341,12 +341,15 @@ def test_a_replaced_fact_is_restored_as_memory_restore_does():
     async def session() -> None:
         async with Client(build_server(MemoryTools(Store()))) as client:
             old = await call(client, "add_memories", text="I live in Lisbon.")
-            new = await call(client, "add_memories", text="I moved to Porto.", replaces=old["id"])
+            await call(client, "add_memories", text="I moved to Porto.", replaces=old["id"])
             assert texts_of(await call(client, "list_memories"), "text") == ["I moved to Porto."]
+            every = await call(client, "list_memories", include_replaced=True)
+            assert [f["replaced_by"] is None for f in every["items"]] == [False, True]
             await call(client, "restore_memory", memory_id=old["id"])
             listed = texts_of(await call(client, "list_memories"), "text")
             assert sorted(listed) == ["I live in Lisbon.", "I moved to Porto."]
-            assert new["replaced_by"] is None
+            every = await call(client, "list_memories", include_replaced=True)
+            assert [f["replaced_by"] for f in every["items"]] == [None, None]
 
     asyncio.run(session())
 
@@ -367,7 +370,12 @@ def test_bad_input_is_one_line_and_changes_nothing():
 
 
 def test_the_tools_are_the_shared_operations_and_each_is_documented():
-    names = tool_names()
-    assert set(names) == {n for n in dir(MemoryTools) if not n.startswith("_")}
-    for name in names:
-        assert getattr(MemoryTools, name).__doc__, name
+    """The server lists every public operation of MemoryTools, and each has its help."""
+
+    async def listed() -> dict[str, str | None]:
+        async with Client(build_server(MemoryTools(Store()))) as client:
+            return {t.name: t.description for t in (await client.list_tools()).tools}
+
+    tools = asyncio.run(listed())
+    assert set(tools) == {n for n in dir(MemoryTools) if not n.startswith("_")}
+    assert all(tools.values()), [n for n, d in tools.items() if not d]
