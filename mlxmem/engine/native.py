@@ -46,10 +46,11 @@ CANARY_TIMEOUT_S = 120.0
 # The loads tried in turn: llama.cpp's default (extra buffer types: AMX, repacking), then
 # without them.
 LOADS = ("default", "no-extra-bufts")
+# install.sh's flags, not llama.cpp's GGML_AMX_* options: a -march=native build ignores those
+# and compiles AMX in whenever the CPU has it; only the compiler's -mno-amx-* leave it out.
 REBUILD_HINT = (
-    "rebuild it without AMX: CMAKE_ARGS='-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
-    " -DGGML_AMX_BF16=OFF' pip install --force-reinstall --no-cache-dir llama-cpp-python,"
-    " or run with --engine mlx"
+    "rebuild it without AMX: `pip uninstall -y llama-cpp-python`, then `sh install.sh` in"
+    " mlxmem's clone (it builds llama.cpp for this CPU without AMX), or run with --engine mlx"
 )
 
 
@@ -76,17 +77,29 @@ def safe_load(canary: Canary) -> str:
     if cached in LOADS:
         return cached
     if cached is None:
+        # Only a child that exited says something about the build: one that timed out (a cold
+        # disk, a busy machine) or could not start leaves nothing cached, and the next load
+        # asks again.
+        decided = True
         for load in LOADS:
-            if _survives(canary.command(load), canary.timeout_s):
-                _record(canary, load)
+            survived = _survives(canary.command(load), canary.timeout_s)
+            if survived:
+                if decided:
+                    _record(canary, load)
                 return load
+            decided = decided and survived is not None
+        if not decided:
+            raise ModelLoadError(
+                "llama.cpp's check of this build did not finish in "
+                f"{canary.timeout_s:.0f} s; try again, or {REBUILD_HINT}"
+            )
         _record(canary, "none")
     raise ModelLoadError(f"llama.cpp crashes on this CPU with every load tried; {REBUILD_HINT}")
 
 
-def _survives(command: Sequence[str], timeout_s: float) -> bool:
-    """Whether `command` exits with status 0 within `timeout_s` (a signal, such as SIGSEGV,
-    gives a negative status)."""
+def _survives(command: Sequence[str], timeout_s: float) -> bool | None:
+    """Whether `command` exits with status 0 (a signal, such as SIGSEGV, gives a negative
+    status); None when it did not finish within `timeout_s` or could not start."""
     try:
         done = subprocess.run(
             list(command),
@@ -97,7 +110,7 @@ def _survives(command: Sequence[str], timeout_s: float) -> bool:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return None
     return done.returncode == 0
 
 
