@@ -3,7 +3,7 @@
 - a toolbox, `Mlxmem` (`llm -T Mlxmem ...`): MemoryTools' operations, the same as the MCP
   server's, as tools named `Mlxmem_search_memory`, `Mlxmem_delete_memories`, ...;
 - fragments: `-f mlxmem:facts` (the current facts) and `-f mlxmem:recall:QUERY` (the turns
-  mlxmem would recall for QUERY).
+  recall's ranking finds for QUERY).
 
 Each reads the data directory ($MLXMEM_HOME, else the platform's) through the Store at every
 call, so a delete made anywhere is seen by the next call. `llm` keeps its own log of prompts,
@@ -25,7 +25,7 @@ from .memory import MemoryTools
 
 FRAGMENT_PREFIX = "mlxmem"
 FACTS_HEADER = "Facts about the user (from mlxmem's memory):"
-RECALL_HEADER = "Turns of earlier conversations that may be relevant (recalled by mlxmem):"
+RECALL_HEADER = "Turns of earlier conversations that may be relevant (found by mlxmem's recall):"
 
 
 def store_at(data_dir: str | None) -> Store:

@@ -145,9 +145,10 @@ class MemoryTools:
     def recall(
         self, query: str, conversation: str = DEFAULT_CONVERSATION, limit: int = RECALL_TURNS
     ) -> dict:
-        """The turns of the chat log that mlxmem itself would recall into a chat for the
-        message QUERY, best first: from every conversation not kept private, and from
-        `conversation`'s own turns that left its window."""
+        """The turns of the chat log that recall's ranking finds for QUERY, best first (a
+        chat's own search, asked whatever QUERY says; a chat recalls only for messages about
+        the past, within its token budget): from every conversation not kept private, and
+        from `conversation`'s own turns that left its window."""
         self._check_shown(conversation)
         asked = recall_query(query, date.today())
         if not asked:
