@@ -40,12 +40,6 @@ class App:
         self.allow_remote = allow_remote
         self.started = int(time.time())
 
-    def check_origin(self, host: str | None, origin: str | None) -> None:
-        check_origin(host, origin, self.allow_remote)
-
-    def check_auth(self, header: str | None) -> None:
-        check_auth(header, self.token)
-
 
 def check_origin(host: str | None, origin: str | None, allow_remote: bool = False) -> None:
     """Keep other web sites out of a loopback server. A page elsewhere could send requests

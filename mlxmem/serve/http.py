@@ -19,7 +19,7 @@ from mlxmem import __version__
 from mlxmem.errors import InputError
 
 from . import memory_api
-from .app import App
+from .app import App, check_auth, check_origin
 from .chat import chat_completions, list_models
 from .request import Request
 from .schema import ApiError, api_error, log_failure
@@ -187,9 +187,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             is_page = url.path == "/" or url.path.startswith("/static/")
             if self.command == "HEAD":
                 self.close_connection = True  # its answer has a body the client will not read
-            app.check_origin(self.headers.get("Host"), self.headers.get("Origin"))
+            check_origin(self.headers.get("Host"), self.headers.get("Origin"), app.allow_remote)
             try:
-                app.check_auth(self.headers.get("Authorization"))
+                check_auth(self.headers.get("Authorization"), app.token)
             except ApiError as exc:
                 challenge = 'Basic realm="mlxmem"' if is_page else "Bearer"
                 self.fail(exc, None, {"WWW-Authenticate": challenge})
