@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 from mlxmem.errors import InputError
-from mlxmem.paths import CACHE_DIRNAME, fsync_path, make_private, write_whole
+from mlxmem.paths import CACHE_DIRNAME, ensure_private_dir, fsync_path, make_private, write_whole
 
 SETTINGS = "settings.json"
 COUNT = "replay-lines"  # in a copy of the store: the replay lines it matches
@@ -175,8 +175,7 @@ def private_folder(path: Path) -> None:
     """Make `path` (0700), or check that the one there is the user's and closed to others:
     a run folder holds LoCoMo's text and the model's answers. InputError, saying why, if not."""
     if not path.exists():
-        path.mkdir(parents=True, mode=0o700)
-        os.chmod(path, 0o700)
+        ensure_private_dir(path)
         return
     info = path.stat()
     if info.st_uid != os.getuid():
