@@ -91,6 +91,15 @@ def test_an_unreachable_hub_falls_back_at_once_with_one_line(monkeypatch, capsys
     assert err.startswith("Note: llama-3.2-3b cannot be downloaded") and err.count("\n") == 1
 
 
+def test_with_mlx_on_a_gpu_off_a_mac_the_default_is_the_3b_on_mlx(monkeypatch):
+    linux(monkeypatch, llamacpp=False)
+    monkeypatch.setattr("mlxmem.cpu.on_cpu_only", lambda: False)  # mlx[cuda]
+    hub_allowed_but_unreachable(monkeypatch)  # allowed: the choice itself touches no network
+    chosen = choice.default_model()
+    assert chosen.name == DEFAULT_MODEL and "on mlx" in chosen.why
+    assert fit.note(resolve(DEFAULT_MODEL)) == ""
+
+
 def test_with_mlx_only_off_a_mac_no_3b_runs_in_float32_unannounced(monkeypatch, capsys):
     from mlxmem.cli.common import model_or_default
 

@@ -67,9 +67,11 @@ def builtin_default(engine: str | None = None) -> DefaultModel:
     - the hub is off (HF_HUB_OFFLINE) and it is not on disk: OFFLINE_MODEL, a trained GGUF from
       the package index, which needs no hub.
     Where the hub is merely unreachable, `fetch_default` finds out by trying the download."""
+    from mlxmem.models.fit import mlx_on_cpu  # fit reads this module's engine choice
+
     best = resolve(DEFAULT_MODEL)
     runs_on = engine_for(best, engine).name if _can_choose(best, engine) else "mlx"
-    if runs_on == "mlx" and not apple_silicon():
+    if runs_on == "mlx" and mlx_on_cpu():
         why = "MLX's CPU path here: the 3B would run in float32 (13 GB, about 1 token/s)"
         return DefaultModel(OFFLINE_MODEL, "built in", why)
     if hub_offline() and not on_disk_for(best, runs_on):

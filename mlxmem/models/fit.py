@@ -47,7 +47,7 @@ def cost_here(spec: ModelSpec, engine: str | None = None) -> str:
 
 def mlx_cpu_cost(spec: ModelSpec) -> str:
     """What `spec` costs on MLX's CPU path ("" on a GPU, or for a small or unsized model)."""
-    if spec.parameters is None or spec.parameters < SLOW_PARAMETERS or not _mlx_on_cpu():
+    if spec.parameters is None or spec.parameters < SLOW_PARAMETERS or not mlx_on_cpu():
         return ""
     dequantized = os.environ.get(DEQUANTIZE_ENV, "1") != "0"
     weights = spec.parameters * 4 if dequantized else spec.parameters // 2
@@ -78,7 +78,8 @@ def _faster(spec: ModelSpec) -> str:
     return "llama.cpp would run its GGUF about 14x faster (install llama-cpp-python: README)"
 
 
-def _mlx_on_cpu() -> bool:
+def mlx_on_cpu() -> bool:
+    """Whether MLX runs here on its CPU path (off Apple silicon, without a GPU build)."""
     from mlxmem.models.choice import apple_silicon
 
     if apple_silicon():
