@@ -67,8 +67,6 @@ def builtin_default(engine: str | None = None) -> DefaultModel:
     - the hub is off (HF_HUB_OFFLINE) and it is not on disk: OFFLINE_MODEL, a trained GGUF from
       the package index, which needs no hub.
     Where the hub is merely unreachable, `fetch_default` finds out by trying the download."""
-    from mlxmem.models.fit import mlx_on_cpu  # fit reads this module's engine choice
-
     best = resolve(DEFAULT_MODEL)
     runs_on = engine_for(best, engine).name if _can_choose(best, engine) else "mlx"
     if runs_on == "mlx" and mlx_on_cpu():
@@ -171,6 +169,18 @@ def _write_config(config: dict) -> None:
 
 
 ENGINE_ENV = "MLXMEM_ENGINE"
+
+
+def mlx_on_cpu() -> bool:
+    """Whether MLX runs here on its CPU path (off Apple silicon, without a GPU build)."""
+    if apple_silicon():
+        return False
+    try:
+        from mlxmem.cpu import on_cpu_only
+
+        return on_cpu_only()
+    except ImportError:  # no MLX here at all: nothing runs on its CPU path
+        return False
 
 
 def install_llamacpp() -> str:

@@ -47,6 +47,8 @@ def cost_here(spec: ModelSpec, engine: str | None = None) -> str:
 
 def mlx_cpu_cost(spec: ModelSpec) -> str:
     """What `spec` costs on MLX's CPU path ("" on a GPU, or for a small or unsized model)."""
+    from mlxmem.models.choice import mlx_on_cpu
+
     if spec.parameters is None or spec.parameters < SLOW_PARAMETERS or not mlx_on_cpu():
         return ""
     dequantized = os.environ.get(DEQUANTIZE_ENV, "1") != "0"
@@ -76,20 +78,6 @@ def _faster(spec: ModelSpec) -> str:
     if llamacpp_installed():
         return "llama.cpp runs its GGUF about 14x faster (--engine llamacpp)"
     return "llama.cpp would run its GGUF about 14x faster (install llama-cpp-python: README)"
-
-
-def mlx_on_cpu() -> bool:
-    """Whether MLX runs here on its CPU path (off Apple silicon, without a GPU build)."""
-    from mlxmem.models.choice import apple_silicon
-
-    if apple_silicon():
-        return False
-    try:
-        from mlxmem.cpu import on_cpu_only
-
-        return on_cpu_only()
-    except ImportError:  # no MLX here at all: nothing runs on its CPU path
-        return False
 
 
 def physical_memory() -> int | None:
