@@ -24,7 +24,7 @@ from typing import Any
 from mlxmem.defaults import DEFAULT_CONVERSATION
 from mlxmem.errors import InputError
 from mlxmem.memory.recall import RECALL_TURNS, recall_query
-from mlxmem.memory.store import LAST_SEQ, Deletion, Fact, Store, Turn
+from mlxmem.memory.store import LAST_SEQ, Deletion, Fact, Store
 from mlxmem.memory.tables.facts import check_source
 from mlxmem.memory.tables.terms import terms
 from mlxmem.text import json_ready
@@ -124,7 +124,7 @@ class MemoryTools:
             self._check_shown(conversation)
             found = self._store.search(query, conversation=conversation, limit=_limit(limit))
             return _listing(found)
-        return _listing(self._search_shown(query, _limit(limit)))
+        return _listing(self._store.search(query, limit=_limit(limit), shared_only=True))
 
     def delete_turns(self, turn_ids: list[int], with_mentions: bool = False) -> dict:
         """Delete turns of the chat log by id, for good, with the summaries and automatic
@@ -164,17 +164,6 @@ class MemoryTools:
                 f"conversation {conversation!r} is private: its turns are shown only inside it"
                 f" (`mlxmem history show {conversation}`)"
             )
-
-    def _search_shown(self, query: str, limit: int) -> list[Turn]:
-        """Store.search over the conversations not kept private: asked for more until
-        `limit` shown turns are found or the log has no more."""
-        private, asked = self._store.private_conversations(), limit
-        while True:
-            found = self._store.search(query, limit=asked)
-            shown = [t for t in found if t.conversation not in private]
-            if len(shown) >= limit or len(found) < asked:
-                return shown[:limit]
-            asked *= 4
 
     def _deletion(self, deletion: Deletion) -> dict:
         """Deletion.to_json(), without the text of a private conversation's turns."""

@@ -172,9 +172,14 @@ class TurnLog(Database):
         return [_conversation(row) for row in rows]
 
     def search(
-        self, query: str, conversation: str | None = None, limit: int = SEARCH_LIMIT
+        self,
+        query: str,
+        conversation: str | None = None,
+        limit: int = SEARCH_LIMIT,
+        shared_only: bool = False,
     ) -> list[Turn]:
-        """Turns containing `query` (case-insensitive), newest first."""
+        """Turns containing `query` (case-insensitive), newest first; `shared_only`: none of
+        a conversation kept private (set_private)."""
         check_text(query, "search query", allow_empty=False)
         pattern = "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%"
         sql = f"{SELECT_TURNS} WHERE m.text ILIKE ? ESCAPE '\\'"
@@ -182,6 +187,8 @@ class TurnLog(Database):
         if conversation is not None:
             sql += " AND c.name = ?"
             params.append(conversation)
+        if shared_only:
+            sql += " AND NOT c.private"
         with self.connect() as con:
             rows = con.execute(f"{sql} ORDER BY m.id DESC LIMIT ?", [*params, limit]).fetchall()
         return [turn_of(row) for row in rows]
