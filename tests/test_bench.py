@@ -26,6 +26,7 @@ from mlxmem.cli.bench import _seconds_list
 from mlxmem.cli.main import app
 from mlxmem.engine import Message, MLXEngine, Sampling
 from mlxmem.errors import InputError
+from mlxmem.memory.companion import Companion
 from mlxmem.models.tiny import make_tiny
 from mlxmem.restart import PROFILE_FILENAME
 from mlxmem.testing import FakeEngine
@@ -200,6 +201,28 @@ def test_memory_work_in_the_background_moves_the_wait_to_while_the_person_types(
     assert typing["settings"]["think_s"] == 2 * NOTING_S
     assert typing["wait_before_reply_ms_median"] < NOTING_S * 1e3 * 0.8
     assert len(typing["per_turn"]) == 6
+
+
+def test_the_bench_sends_as_the_repl_does_with_the_store_held(monkeypatch):
+    """The waits are the REPL's: the store held (a turn opens nothing after the first), and a
+    message sent while the last turn's memory work runs is logged before it waits."""
+    logged: list[str] = []
+    log_message = Companion.log_message
+
+    def spy(self: Companion, text: str):
+        logged.append(text)
+        return log_message(self, text)
+
+    monkeypatch.setattr(Companion, "log_message", spy)
+    exchanges = bench.synthetic_transcript(5)
+    result = run_turns(
+        FakeEngine(slow_facts), exchanges, 1024, 64, facts=True, rebuild_every=0,
+        fresh_summaries=False,
+    ).to_dict()  # fmt: skip
+    check_turns(result)
+    assert [t["store_opens"] for t in result["per_turn"]] == [1, 0, 0, 0, 0]
+    # Each later message came while the last turn still looked for a fact (NOTING_S).
+    assert logged == [user for user, _ in exchanges[1:]]
 
 
 def test_think_times_are_taken_in_turn_and_checked():

@@ -154,6 +154,7 @@ class TurnRecord:
     # next message accepted, and from Enter to the model starting on this message.
     wait_after_reply_ms: float = 0.0
     wait_before_reply_ms: float = 0.0
+    store_opens: int = 0  # opens of the database file in the turn (none while held)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -384,14 +385,16 @@ def run_turns(
                 _rebuild_baseline(engine, result, rec)
             records.append(rec)
 
-        def one_turn(i: int, user: str, reply: str | None) -> TurnResult:
-            return _one_turn(companion, ran[i], user, None if generate else reply, hurry)
+        def one_turn(i: int, user: str, reply: str | None, logged: Turn | None) -> TurnResult:
+            return _one_turn(companion, ran[i], user, None if generate else reply, hurry, logged)
 
         ran = [RanTurn(i) for i in range(len(exchanges))]
         hurry = threading.Event()  # a message waits: the look for a fact gives way
-        _as_a_person(
-            ModelJobs(), exchanges, ran, one_turn, record, background, think_s, progress, hurry
-        )
+        with store.holding():  # as the interactive chat holds it: a turn opens nothing
+            _as_a_person(
+                ModelJobs(), exchanges, ran, one_turn, companion.log_message, record,
+                background, think_s, progress, hurry,
+            )  # fmt: skip
         progress("done", len(exchanges), len(exchanges))
         engine.drop_slot(companion.slot)
     result = TurnsResult(records, settings)
@@ -423,26 +426,32 @@ def _chat_settings(seed: int, facts: bool, max_tokens: int | None, recall: bool)
 
 
 def _one_turn(
-    companion: Companion, turn: RanTurn, user: str, reply: str | None, hurry: threading.Event
+    companion: Companion,
+    turn: RanTurn,
+    user: str,
+    reply: str | None,
+    hurry: threading.Event,
+    logged: Turn | None = None,
 ) -> TurnResult:
     """On the model's thread: the turn as a chat runs it, `reply` replayed (None: generated),
-    its moments noted in `turn`; a message waiting (`hurry`) makes the memory work give way."""
+    its moments noted in `turn`; a message waiting (`hurry`) makes the memory work give way.
+    `logged`: the message, logged already while that work ran."""
     start = time.perf_counter()
-    pending = companion.begin(user)
+    pending = companion.begin(user, logged=logged)
     turn.model_started = time.perf_counter()
 
-    def logged(_: TurnResult) -> None:
+    def reply_logged(_: TurnResult) -> None:
         turn.logged_at = time.perf_counter()
         turn.logged.set()
 
     if reply is None:
-        result = companion.reply(pending, on_written=logged, should_yield=hurry.is_set)
+        result = companion.reply(pending, on_written=reply_logged, should_yield=hurry.is_set)
     else:
         stats = companion.engine.generate(
             pending.prompt.tokens, Sampling(max_tokens=1), slot=companion.slot
         ).stats
         result = companion.finish(
-            pending, reply, stats, None, on_logged=logged, should_yield=hurry.is_set
+            pending, reply, stats, None, on_logged=reply_logged, should_yield=hurry.is_set
         )
     turn.seconds = time.perf_counter() - start
     return result
@@ -467,7 +476,8 @@ def _as_a_person(
     model: ModelJobs,
     exchanges: Sequence[Exchange],
     ran: list[RanTurn],
-    one_turn: Callable[[int, str, str | None], TurnResult],
+    one_turn: Callable[[int, str, str | None, Turn | None], TurnResult],
+    log: Callable[[str], Turn],
     record: Callable[[RanTurn, TurnResult], None],
     background: bool,
     think_s: float | Sequence[float],
@@ -478,8 +488,9 @@ def _as_a_person(
     thread (the one that loaded the model) runs the model's jobs. With `background`, the next
     message is accepted once the reply is logged, and the turn's memory work goes on while the
     person reads and types (`think_s`); the next message waits for what is left of it, having
-    set `hurry` (the look for a fact gives way to it, as at the REPL). Without,
-    the next message is accepted once the whole turn, memory work included, is done."""
+    logged the message (`log`) and set `hurry` (the look for a fact gives way to it), as the
+    REPL does (cli.repl.Session.send). Without, the next message is accepted once the whole
+    turn, memory work included, is done. The store is held throughout, as the REPL holds it."""
     failure: list[BaseException] = []
 
     thinks = [think_s] if isinstance(think_s, int | float) else list(think_s)
@@ -492,7 +503,10 @@ def _as_a_person(
                 time.sleep(thinks[i % len(thinks)])  # reading the reply and typing
                 entered = time.perf_counter()  # Enter
                 waited = 0.0
+                logged = None
                 if pending is not None:  # the previous turn's memory work, if still running
+                    if not pending.done():
+                        logged = log(user)
                     hurry.set()
                     result = pending.result()
                     hurry.clear()
@@ -500,7 +514,7 @@ def _as_a_person(
                     model.call(partial(record, ran[i - 1], result))
                     ran[i].folded_after_previous = ran[i - 1].folded_after
                 submitted = time.perf_counter()
-                pending = model.submit(partial(one_turn, i, user, reply))
+                pending = model.submit(partial(one_turn, i, user, reply, logged))
                 pending.add_done_callback(partial(_set_when_done, ran[i].logged))
                 if background:
                     ran[i].logged.wait()
@@ -615,6 +629,7 @@ def _record(i: int, result: TurnResult, calls: list[Call], companion: Companion,
         seconds=seconds,
         folds=folds,
         fact_calls=sum(c.slot != companion.slot for c in calls),
+        store_opens=result.timings.store_opens,
         fact_added=len(result.noted),
     )
 
