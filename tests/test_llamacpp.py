@@ -405,6 +405,28 @@ def test_engine_threads_come_from_the_option_then_the_environment(tiny_gguf, mon
         engine(tiny_gguf)
 
 
+def test_openmp_threads_spin_briefly_unless_the_person_chose_how_they_wait():
+    """Set before llama_cpp loads libgomp (mlxmem.engine.threads); a person's own choice kept."""
+    import subprocess
+    import sys
+
+    show = (
+        "import os, mlxmem.engine.llamacpp;"
+        "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    for chosen, expected in (
+        ({}, "300 None"),
+        ({"OMP_WAIT_POLICY": "active"}, "None active"),
+        ({"GOMP_SPINCOUNT": "5"}, "5 None"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-c", show], env=base | chosen, capture_output=True, text=True,
+            timeout=120, check=True,
+        )  # fmt: skip
+        assert run.stdout.split("\n")[-2] == expected, (chosen, run.stdout)
+
+
 def crashing_build(monkeypatch, programs: dict[str, str]) -> None:
     """This build as if it had AMX kernels, its canary child for each load running
     `programs[load]` (SIGSEGV stands for the AMX crash)."""

@@ -41,12 +41,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-# llama.cpp's threads meet at an OpenMP barrier after every step of the graph, where libgomp
-# spins by default: beside another busy process that multiplied a turn's time by 4 to 7, and
-# the passive wait (sleep at once) made it both faster alone and 1.7-2.5x beside such a job
-# (mlxmem.engine.threads). libgomp reads this when it loads, with llama_cpp; a value the
-# person set is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+from mlxmem.engine.threads import barrier_wait, engine_threads
+
+os.environ.update(barrier_wait(os.environ))  # read by libgomp when it loads, with llama_cpp
 
 import llama_cpp  # noqa: E402
 import llama_cpp.llama_cpp as lc  # noqa: E402
@@ -65,7 +62,6 @@ from mlxmem.engine.slots import (
     save_in_blocks,
 )
 from mlxmem.engine.template import TemplatedEngine
-from mlxmem.engine.threads import engine_threads
 from mlxmem.errors import InputError, ModelLoadError
 from mlxmem.paths import data_dir
 

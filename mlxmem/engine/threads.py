@@ -1,18 +1,24 @@
-"""How many CPU threads an engine computes with: `--threads`, else `$MLXMEM_THREADS`, else
-every core this process may use, a default chosen by measurement (docs/llamacpp.md,
-"Threads on a busy machine").
+"""How many CPU threads an engine computes with, and how they wait for each other: `--threads`,
+else `$MLXMEM_THREADS`, else every core this process may use (docs/llamacpp.md, "Threads on
+a busy machine").
 
 llama.cpp splits each step of its graph among its threads, which meet at an OpenMP barrier
-after every step. By default OpenMP's threads spin at a barrier, so a thread whose core
-another process took holds the others spinning: beside a 2-thread job on 2 cores a SmolLM2
-turn took 4 to 7 times its time alone. With OpenMP's passive wait (mlxmem.engine.llamacpp sets
-OMP_WAIT_POLICY) the waiting threads sleep instead: all cores then beat one thread both alone
-and beside the job, and the turn beside the job took 1.7 to 2.5 times its time alone.
+after every step, hundreds of times a token. How a thread waits there decides both speeds:
+- libgomp's default spins up to 300,000 turns, the whole wait on a quiet machine. Beside
+  another busy process, a thread whose core was taken keeps the others spinning: a SmolLM2
+  turn beside a 2-thread job on 2 cores took 3.4-3.6x its time alone (4-7x under more load).
+- OMP_WAIT_POLICY=passive sleeps at once: 1.2-1.8x beside that job, but a sleep and a
+  wake-up at every step decode 2.4x slower on a quiet machine (24 ms a token against 10).
+- A short spin, then sleep (GOMP_SPINCOUNT=300): the quiet machine's speed (turn 1.62 s
+  against 1.41 default and 2.27-2.49 passive) and 2.1x beside the job (3.41 s; passive
+  2.68-4.42). Spinning longer (1,000 to 10,000 turns) won little alone and lost beside the job
+  (2.55-3.6x). The MLX engine has no such barrier.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from mlxmem.errors import InputError
 
@@ -41,3 +47,16 @@ def engine_threads(requested: int | None = None) -> int:
     if requested < 1:
         raise InputError(f"threads must be at least 1, not {requested}")
     return requested
+
+
+SPIN_COUNT = 300  # libgomp's turns of spinning at a barrier before a thread sleeps
+
+
+def barrier_wait(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that make libgomp's threads spin SPIN_COUNT turns at a barrier, then
+    sleep (see above); none where the person chose how they wait (OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT in `environ`). Effective only before libgomp loads; other OpenMP runtimes
+    ignore them."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    return {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
