@@ -173,23 +173,38 @@ def _replay(
     """Import `pairs` into `companion`'s conversation from the first one not logged yet,
     writing a line per exchange to the run (facts noted, what the looks found, seconds)."""
     done = len(companion.store.turns(companion.conversation)) // 2
-    for i in range(done, len(pairs)):
-        tick(f"replay {i + 1}/{len(pairs)}")
-        start = time.perf_counter()
-        result = companion.import_exchange(*pairs[i], times[i])
-        line = {
-            "conversation": companion.conversation,
-            "exchange": i,
-            "noted": len(result.noted),
-            "looks": dict(Counter(result.looks)),
-            # Each fold's summary: the model's kept, or why not (FoldEvent.fallback).
-            "folds": [f.fallback or "model" for f in result.folds],
-            "seconds": round(time.perf_counter() - start, 3),
-            "sitting": run.sitting,
-        }
-        run.add_exchange(conv_id, line)
-        if (i + 1 - done) % KEEP_EVERY == 0:
+    for first in range(done, len(pairs), KEEP_EVERY):
+        last = min(first + KEEP_EVERY, len(pairs))
+        # The store held as a chat holds it (one open for these exchanges, not a few each),
+        # and closed before it is copied.
+        with companion.store.holding():
+            for i in range(first, last):
+                tick(f"replay {i + 1}/{len(pairs)}")
+                run.add_exchange(conv_id, _import(companion, run, pairs[i], times[i], i))
+        if last - first == KEEP_EVERY:
             run.keep_store(conv_id)
+
+
+def _import(
+    companion: Companion,
+    run: RunDir,
+    pair: tuple[str, str],
+    at: tuple[datetime | None, datetime | None],
+    i: int,
+) -> dict:
+    """Import exchange `i`; its replay line."""
+    start = time.perf_counter()
+    result = companion.import_exchange(*pair, at)
+    return {
+        "conversation": companion.conversation,
+        "exchange": i,
+        "noted": len(result.noted),
+        "looks": dict(Counter(result.looks)),
+        # Each fold's summary: the model's kept, or why not (FoldEvent.fallback).
+        "folds": [f.fallback or "model" for f in result.folds],
+        "seconds": round(time.perf_counter() - start, 3),
+        "sitting": run.sitting,
+    }
 
 
 def _resumable_store(run: RunDir, conv_id: str, conversations: Sequence[str]) -> Store:
