@@ -9,10 +9,10 @@ after every step, hundreds of times a token. How a thread waits there decides bo
   turn beside a 2-thread job on 2 cores took 3.4-3.6x its time alone (4-7x under more load).
 - OMP_WAIT_POLICY=passive sleeps at once: 1.2-1.8x beside that job, but a sleep and a
   wake-up at every step decode 2.4x slower on a quiet machine (24 ms a token against 10).
-- A short spin, then sleep (GOMP_SPINCOUNT=300): the quiet machine's speed (turn 1.62 s
-  against 1.41 default and 2.27-2.49 passive) and 2.1x beside the job (3.41 s; passive
-  2.68-4.42). Spinning longer (1,000 to 10,000 turns) won little alone and lost beside the job
-  (2.55-3.6x). The MLX engine has no such barrier.
+- A short spin, then sleep (GOMP_SPINCOUNT=300): about the quiet machine's speed (turn
+  1.50-1.62 s against 1.41 default and 2.18-2.49 passive) and 2.1x beside the job
+  (3.21-3.41 s; passive 2.68-4.42). Spinning longer (1,000 to 10,000 turns) won little alone
+  and lost beside the job (2.55-3.6x). The MLX engine has no such barrier.
 """
 
 from __future__ import annotations
